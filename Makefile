@@ -1,0 +1,39 @@
+# ingot — two commands on a fresh machine: `make demo` and `make test`.
+# Builds share one debug target directory outside the clone so a warm machine rebuilds only
+# what changed; `make bench` alone builds --release.
+
+CARGO_TARGET_DIR ?= $(HOME)/.cache/ingot-target
+export CARGO_TARGET_DIR
+CARGO ?= cargo
+PYTHON ?= python3
+INGOT := $(CARGO_TARGET_DIR)/debug/ingot
+
+.PHONY: build demo test bench lint data clean-lake
+
+build:
+	$(CARGO) build --bin ingot
+
+## demo: run the whole bronze story on the bundled data in data/landing (lake in data/lake)
+demo: build
+	INGOT=$(INGOT) bash scripts/demo.sh
+
+## test: every test (one integration-test binary; the CLI binary is built alongside)
+test:
+	$(CARGO) build --bin ingot
+	$(CARGO) test --test it -- --test-threads 2
+
+## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv)
+bench:
+	bash scripts/bench.sh
+
+## lint: formatting and clippy
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## data: regenerate the deterministic sample files in data/landing and data/bad
+data:
+	$(PYTHON) scripts/gen_demo_data.py
+
+clean-lake:
+	rm -rf data/lake

@@ -1,0 +1,396 @@
+//! Audit tables: `audit.ingestion_run_log` and `audit.row_failure_log` (DESIGN.md §5).
+//!
+//! A run-log record is the commit of its run: it is written once, as a one-row Parquet file, with
+//! a create-if-absent put (see [`crate::lake`]). Failure rows are streamed to a run-scoped Parquet
+//! file that only becomes visible through the run's committed record.
+//!
+//! Extension beyond DESIGN.md: the run log has an `ignored_columns` column (comma-separated input
+//! columns dropped under `unknown_fields: ignore`, null when none).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    TimestampMicrosecondArray, TimestampMicrosecondBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType};
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
+use object_store::buffered::BufWriter;
+
+use object_store::ObjectStoreExt;
+
+use crate::contract::timestamp_type;
+use crate::error::{Error, Result};
+use crate::lake::{Lake, layout};
+
+pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Status of a run (DESIGN.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Succeeded,
+    SucceededWithFailures,
+    Failed,
+    SkippedDuplicateFile,
+    RolledBack,
+}
+
+impl RunStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::SucceededWithFailures => "succeeded_with_failures",
+            RunStatus::Failed => "failed",
+            RunStatus::SkippedDuplicateFile => "skipped_duplicate_file",
+            RunStatus::RolledBack => "rolled_back",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        Some(match s {
+            "succeeded" => RunStatus::Succeeded,
+            "succeeded_with_failures" => RunStatus::SucceededWithFailures,
+            "failed" => RunStatus::Failed,
+            "skipped_duplicate_file" => RunStatus::SkippedDuplicateFile,
+            "rolled_back" => RunStatus::RolledBack,
+            _ => return None,
+        })
+    }
+
+    /// Does this run's data count (bronze rows, failure rows, file_hash for skipping)?
+    pub fn is_loaded(&self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::SucceededWithFailures)
+    }
+}
+
+/// One row of `audit.ingestion_run_log`. Times are microseconds since the epoch, UTC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub source: String,
+    pub contract_version: i32,
+    pub file_path: String,
+    pub file_hash: Option<String>,
+    pub file_bytes: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub status: RunStatus,
+    pub rows_seen: i64,
+    pub rows_inserted: i64,
+    pub rows_updated: i64,
+    pub rows_unchanged: i64,
+    pub rows_failed: i64,
+    pub replay_of: Option<String>,
+    pub error: Option<String>,
+    pub ingot_version: String,
+    pub ignored_columns: Option<String>,
+}
+
+impl RunRecord {
+    /// Did this run write a bronze data file?
+    pub fn has_data(&self) -> bool {
+        self.status.is_loaded() && self.rows_inserted + self.rows_updated > 0
+    }
+
+    pub fn has_failures(&self) -> bool {
+        self.status.is_loaded() && self.rows_failed > 0
+    }
+}
+
+pub fn run_log_schema() -> SchemaRef {
+    let ts = timestamp_type();
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("contract_version", DataType::Int32, false),
+        Field::new("file_path", DataType::Utf8, false),
+        Field::new("file_hash", DataType::Utf8, true),
+        Field::new("file_bytes", DataType::Int64, false),
+        Field::new("started_at", ts.clone(), false),
+        Field::new("finished_at", ts, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows_seen", DataType::Int64, false),
+        Field::new("rows_inserted", DataType::Int64, false),
+        Field::new("rows_updated", DataType::Int64, false),
+        Field::new("rows_unchanged", DataType::Int64, false),
+        Field::new("rows_failed", DataType::Int64, false),
+        Field::new("replay_of", DataType::Utf8, true),
+        Field::new("error", DataType::Utf8, true),
+        Field::new("ingot_version", DataType::Utf8, false),
+        Field::new("ignored_columns", DataType::Utf8, true),
+    ]))
+}
+
+pub fn failure_log_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("layer", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("table", DataType::Utf8, true),
+        Field::new("source_row_number", DataType::Int64, true),
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("raw_payload", DataType::Utf8, false),
+        Field::new("rule", DataType::Utf8, false),
+        Field::new("reason", DataType::Utf8, false),
+        Field::new("rules_version", DataType::Int32, true),
+        Field::new("failed_at", timestamp_type(), false),
+    ]))
+}
+
+fn ts_array(v: i64) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
+}
+
+fn str_array(v: Option<&str>) -> ArrayRef {
+    Arc::new(StringArray::from(vec![v]))
+}
+
+fn i64_array(v: i64) -> ArrayRef {
+    Arc::new(Int64Array::from(vec![v]))
+}
+
+impl RunRecord {
+    pub fn to_batch(&self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            str_array(Some(&self.run_id)),
+            str_array(Some(&self.source)),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![self.contract_version])),
+            str_array(Some(&self.file_path)),
+            str_array(self.file_hash.as_deref()),
+            i64_array(self.file_bytes),
+            ts_array(self.started_at),
+            ts_array(self.finished_at),
+            str_array(Some(self.status.as_str())),
+            i64_array(self.rows_seen),
+            i64_array(self.rows_inserted),
+            i64_array(self.rows_updated),
+            i64_array(self.rows_unchanged),
+            i64_array(self.rows_failed),
+            str_array(self.replay_of.as_deref()),
+            str_array(self.error.as_deref()),
+            str_array(Some(&self.ingot_version)),
+            str_array(self.ignored_columns.as_deref()),
+        ];
+        Ok(RecordBatch::try_new(run_log_schema(), cols)?)
+    }
+
+    /// Read every record of a batch in the run-log schema.
+    pub fn from_batch(batch: &RecordBatch) -> Result<Vec<RunRecord>> {
+        let col = |name: &str| -> Result<&ArrayRef> {
+            batch.column_by_name(name).ok_or_else(|| Error::RunFailed(format!("run log record lacks column {name}")))
+        };
+        let s = |name: &str| -> Result<&StringArray> {
+            col(name)?.as_string_opt::<i32>().ok_or_else(|| Error::RunFailed(format!("run log column {name} is not utf8")))
+        };
+        let i = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<Int64Type>> {
+            col(name)?.as_primitive_opt::<Int64Type>().ok_or_else(|| Error::RunFailed(format!("run log column {name} is not int64")))
+        };
+        let t = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
+            col(name)?
+                .as_primitive_opt::<TimestampMicrosecondType>()
+                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not a timestamp")))
+        };
+        let opt = |a: &StringArray, r: usize| if a.is_null(r) { None } else { Some(a.value(r).to_string()) };
+        let cv = col("contract_version")?
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| Error::RunFailed("run log column contract_version is not int32".into()))?;
+        let mut out = Vec::with_capacity(batch.num_rows());
+        for r in 0..batch.num_rows() {
+            let status_text = s("status")?.value(r);
+            let status = RunStatus::parse(status_text)
+                .ok_or_else(|| Error::RunFailed(format!("run log has unknown status \"{status_text}\"")))?;
+            out.push(RunRecord {
+                run_id: s("run_id")?.value(r).to_string(),
+                source: s("source")?.value(r).to_string(),
+                contract_version: cv.value(r),
+                file_path: s("file_path")?.value(r).to_string(),
+                file_hash: opt(s("file_hash")?, r),
+                file_bytes: i("file_bytes")?.value(r),
+                started_at: t("started_at")?.value(r),
+                finished_at: t("finished_at")?.value(r),
+                status,
+                rows_seen: i("rows_seen")?.value(r),
+                rows_inserted: i("rows_inserted")?.value(r),
+                rows_updated: i("rows_updated")?.value(r),
+                rows_unchanged: i("rows_unchanged")?.value(r),
+                rows_failed: i("rows_failed")?.value(r),
+                replay_of: opt(s("replay_of")?, r),
+                error: opt(s("error")?, r),
+                ingot_version: s("ingot_version")?.value(r).to_string(),
+                ignored_columns: match batch.column_by_name("ignored_columns") {
+                    Some(_) => opt(s("ignored_columns")?, r),
+                    None => None,
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Serialize one batch as a complete Parquet file in memory (small audit records).
+pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(crate::bronze::writer_properties()))?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(Bytes::from(buf))
+}
+
+/// Commit a run: its record, create-if-absent. Errors if the record already exists.
+pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::failpoint::hit("ingest.before_commit")?;
+    if !lake.put_create(&layout::run_record(&record.run_id), bytes).await? {
+        return Err(Error::RunFailed(format!(
+            "run {} is already committed; refusing to overwrite its record",
+            record.run_id
+        )));
+    }
+    Ok(())
+}
+
+/// Every committed run record of the lake, in start order (then run id).
+pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
+    let mut out = Vec::new();
+    for meta in lake.list(layout::RUN_LOG).await? {
+        if meta.location.extension() != Some("parquet") {
+            continue;
+        }
+        let bytes = lake.store.get(&meta.location).await.map_err(Error::from);
+        let bytes = match bytes {
+            Ok(g) => g.bytes().await?,
+            Err(e) => return Err(e),
+        };
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
+            out.extend(RunRecord::from_batch(&batch)?);
+        }
+    }
+    out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
+    Ok(out)
+}
+
+/// A rejected record, bronze or silver.
+#[derive(Debug, Clone)]
+pub struct FailureRow {
+    pub source_row_number: Option<i64>,
+    pub natural_key_fingerprint: Option<String>,
+    pub raw_payload: String,
+    pub rule: String,
+    pub reason: String,
+}
+
+/// Streams failure rows of one run into its run-scoped Parquet file.
+pub struct FailureWriter {
+    run_id: String,
+    layer: &'static str,
+    source: String,
+    table: Option<String>,
+    rules_version: Option<i32>,
+    failed_at: i64,
+    pending: Vec<FailureRow>,
+    writer: Option<AsyncArrowWriter<BufWriter>>,
+    lake: Lake,
+    rel: String,
+    pub count: u64,
+}
+
+const FAILURE_FLUSH: usize = 8192;
+
+impl FailureWriter {
+    pub fn new(lake: &Lake, run_id: &str, source: &str, failed_at: i64) -> FailureWriter {
+        FailureWriter {
+            run_id: run_id.to_string(),
+            layer: "bronze",
+            source: source.to_string(),
+            table: None,
+            rules_version: None,
+            failed_at,
+            pending: Vec::new(),
+            writer: None,
+            lake: lake.clone(),
+            rel: layout::failures(run_id),
+            count: 0,
+        }
+    }
+
+    pub async fn push(&mut self, row: FailureRow) -> Result<()> {
+        self.pending.push(row);
+        self.count += 1;
+        if self.pending.len() >= FAILURE_FLUSH {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    fn batch(&mut self) -> Result<RecordBatch> {
+        let n = self.pending.len();
+        let mut run = StringBuilder::with_capacity(n, n * 36);
+        let mut layer = StringBuilder::new();
+        let mut source = StringBuilder::new();
+        let mut table = StringBuilder::new();
+        let mut row_no = Int64Builder::with_capacity(n);
+        let mut fp = StringBuilder::new();
+        let mut raw = StringBuilder::new();
+        let mut rule = StringBuilder::new();
+        let mut reason = StringBuilder::new();
+        let mut rv = Int32Builder::with_capacity(n);
+        let mut at = TimestampMicrosecondBuilder::with_capacity(n);
+        for f in self.pending.drain(..) {
+            run.append_value(&self.run_id);
+            layer.append_value(self.layer);
+            source.append_value(&self.source);
+            table.append_option(self.table.as_deref());
+            row_no.append_option(f.source_row_number);
+            fp.append_option(f.natural_key_fingerprint.as_deref());
+            raw.append_value(&f.raw_payload);
+            rule.append_value(&f.rule);
+            reason.append_value(&f.reason);
+            rv.append_option(self.rules_version);
+            at.append_value(self.failed_at);
+        }
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(run.finish()),
+            Arc::new(layer.finish()),
+            Arc::new(source.finish()),
+            Arc::new(table.finish()),
+            Arc::new(row_no.finish()),
+            Arc::new(fp.finish()),
+            Arc::new(raw.finish()),
+            Arc::new(rule.finish()),
+            Arc::new(reason.finish()),
+            Arc::new(rv.finish()),
+            Arc::new(at.finish().with_timezone("UTC")),
+        ];
+        Ok(RecordBatch::try_new(failure_log_schema(), cols)?)
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = self.batch()?;
+        if self.writer.is_none() {
+            let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
+            self.writer = Some(AsyncArrowWriter::try_new(w, failure_log_schema(), Some(crate::bronze::writer_properties()))?);
+        }
+        if let Some(w) = self.writer.as_mut() {
+            w.write(&batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Flush and close the file (if any row was written). Returns the number of rows.
+    pub async fn finish(mut self) -> Result<u64> {
+        self.flush().await?;
+        if let Some(w) = self.writer.take() {
+            w.close().await?;
+        }
+        Ok(self.count)
+    }
+}

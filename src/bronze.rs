@@ -1,0 +1,110 @@
+//! Bronze tables: the columns ingot adds to every row, and the streaming Parquet writer of a run.
+//!
+//! `bronze.<source>` holds every committed version of every record (append-only, one folder per
+//! run). The writer streams batches to the run-scoped object with a multipart upload; nothing is
+//! visible before the run's record commits (see [`crate::lake`]).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::parquet::arrow::AsyncArrowWriter;
+use object_store::buffered::BufWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::properties::WriterProperties;
+
+use crate::contract::timestamp_type;
+use crate::error::Result;
+use crate::lake::Lake;
+
+/// The bronze columns after the contract fields (DESIGN.md §5), in order.
+pub fn meta_fields() -> Vec<Field> {
+    vec![
+        Field::new("ingestion_run_id", DataType::Utf8, true),
+        Field::new("file_hash", DataType::Utf8, true),
+        Field::new("row_hash", DataType::Utf8, true),
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("natural_key_version", DataType::Int32, true),
+        Field::new("contract_version", DataType::Int32, true),
+        Field::new("source_row_number", DataType::Int64, true),
+        Field::new("ingested_at", timestamp_type(), true),
+    ]
+}
+
+/// Parquet settings of every file ingot writes: zstd, dictionary on (the default).
+pub fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
+        .set_max_row_group_row_count(Some(1 << 20))
+        .build()
+}
+
+/// Constant columns of one run, repeated for a batch.
+pub struct RunStamp {
+    pub run_id: String,
+    pub file_hash: String,
+    pub natural_key_version: i32,
+    pub contract_version: i32,
+    pub ingested_at: i64,
+}
+
+impl RunStamp {
+    /// Append the bronze columns to `fields` (contract columns, already filtered to the rows kept).
+    pub fn stamp(
+        &self,
+        schema: &SchemaRef,
+        mut columns: Vec<ArrayRef>,
+        row_hash: ArrayRef,
+        fingerprint: ArrayRef,
+        row_numbers: ArrayRef,
+    ) -> Result<RecordBatch> {
+        let n = row_hash.len();
+        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.run_id.as_str(), n))));
+        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.file_hash.as_str(), n))));
+        columns.push(row_hash);
+        columns.push(fingerprint);
+        columns.push(Arc::new(Int32Array::from_value(self.natural_key_version, n)));
+        columns.push(Arc::new(Int32Array::from_value(self.contract_version, n)));
+        columns.push(row_numbers);
+        columns.push(Arc::new(TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC")));
+        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+    }
+}
+
+/// Streams a run's bronze rows to `bronze/<source>/run_id=<run>/part-00000.parquet`.
+pub struct BronzeWriter {
+    lake: Lake,
+    rel: String,
+    schema: SchemaRef,
+    writer: Option<AsyncArrowWriter<BufWriter>>,
+    pub rows: u64,
+}
+
+impl BronzeWriter {
+    pub fn new(lake: &Lake, rel: String, schema: SchemaRef) -> BronzeWriter {
+        BronzeWriter { lake: lake.clone(), rel, schema, writer: None, rows: 0 }
+    }
+
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.writer.is_none() {
+            let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
+            self.writer = Some(AsyncArrowWriter::try_new(w, self.schema.clone(), Some(writer_properties()))?);
+        }
+        if let Some(w) = self.writer.as_mut() {
+            w.write(batch).await?;
+        }
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Close the file; returns the number of rows written (0: no file was created).
+    pub async fn finish(mut self) -> Result<u64> {
+        if let Some(w) = self.writer.take() {
+            w.close().await?;
+        }
+        Ok(self.rows)
+    }
+}

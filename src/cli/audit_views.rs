@@ -1,0 +1,66 @@
+//! `ingot runs` and `ingot failures`: the audit tables as readable tables for people (or csv/json).
+
+use datafusion::prelude::{col, lit};
+
+use crate::cli::{Cli, OutputArgs};
+use crate::error::Result;
+use crate::output::write_dataframe;
+
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    /// Only runs of this source.
+    #[arg(long)]
+    pub source: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FailuresArgs {
+    /// Only failures of this run.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Only failures of this source.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Show at most this many rows.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let catalog = crate::catalog::open(&ws).await?;
+    let mut df = catalog.ctx.table("audit.ingestion_run_log").await?;
+    if let Some(s) = &args.source {
+        df = df.filter(col("source").eq(lit(s.as_str())))?;
+    }
+    let df = df
+        .sort(vec![col("started_at").sort(true, true), col("run_id").sort(true, true)])?
+        .select_columns(&[
+            "started_at", "run_id", "source", "status", "rows_seen", "rows_inserted", "rows_updated",
+            "rows_unchanged", "rows_failed", "file_path", "error",
+        ])?;
+    write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
+    Ok(0)
+}
+
+pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let catalog = crate::catalog::open(&ws).await?;
+    let mut df = catalog.ctx.table("audit.row_failure_log").await?;
+    if let Some(r) = &args.run {
+        df = df.filter(col("run_id").eq(lit(r.as_str())))?;
+    }
+    if let Some(s) = &args.source {
+        df = df.filter(col("source").eq(lit(s.as_str())))?;
+    }
+    let df = df
+        .sort(vec![col("failed_at").sort(true, true), col("run_id").sort(true, true), col("source_row_number").sort(true, true)])?
+        .select_columns(&["run_id", "source", "source_row_number", "rule", "reason", "raw_payload"])?
+        .limit(0, Some(args.limit))?;
+    write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
+    Ok(0)
+}

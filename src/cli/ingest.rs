@@ -1,0 +1,92 @@
+//! `ingot ingest <source> <path|glob>...`: one run per file, a line per run.
+
+use std::io::IsTerminal;
+
+use crate::audit::{RunRecord, RunStatus};
+use crate::cli::Cli;
+use crate::contract::ContractSet;
+use crate::error::Result;
+use crate::ingest::{IngestOptions, expand_inputs, ingest_file};
+
+#[derive(Debug, clap::Args)]
+pub struct IngestArgs {
+    /// Source name: contracts/<source>.yaml must exist.
+    pub source: String,
+    /// Files or globs (quoted) to ingest; .gz is decompressed transparently.
+    #[arg(required = true)]
+    pub inputs: Vec<String>,
+    /// Print each run record as one JSON object per line instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
+    let inputs = expand_inputs(&args.inputs)?;
+    let opts = IngestOptions { progress: std::io::stdout().is_terminal() && !args.json, ..Default::default() };
+    let mut code = 0;
+    for path in &inputs {
+        let record = ingest_file(&ws, contract.clone(), path, &opts).await?;
+        if record.status == RunStatus::Failed {
+            code = 1;
+        }
+        if args.json {
+            println!("{}", record_json(&record));
+        } else {
+            println!("{}", describe(&record));
+        }
+    }
+    Ok(code)
+}
+
+/// One sentence per run, for people.
+pub fn describe(r: &RunRecord) -> String {
+    let ms = (r.finished_at - r.started_at) as f64 / 1000.0;
+    match r.status {
+        RunStatus::SkippedDuplicateFile => format!(
+            "{} {}: skipped, identical to a file already loaded (file_hash {}…) [run {}]",
+            r.source,
+            r.file_path,
+            r.file_hash.as_deref().map(|h| &h[..12.min(h.len())]).unwrap_or(""),
+            r.run_id
+        ),
+        RunStatus::Failed => format!(
+            "{} {}: FAILED, nothing loaded: {} [run {}]",
+            r.source,
+            r.file_path,
+            r.error.as_deref().unwrap_or("unknown error"),
+            r.run_id
+        ),
+        _ => format!(
+            "{} {}: {} rows seen: {} inserted, {} updated, {} unchanged, {} failed{} ({ms:.0} ms) [run {}]",
+            r.source,
+            r.file_path,
+            r.rows_seen,
+            r.rows_inserted,
+            r.rows_updated,
+            r.rows_unchanged,
+            r.rows_failed,
+            r.ignored_columns.as_deref().map(|c| format!("; ignored columns: {c}")).unwrap_or_default(),
+            r.run_id
+        ),
+    }
+}
+
+fn record_json(r: &RunRecord) -> String {
+    serde_json::json!({
+        "run_id": r.run_id,
+        "source": r.source,
+        "file_path": r.file_path,
+        "file_hash": r.file_hash,
+        "status": r.status.as_str(),
+        "rows_seen": r.rows_seen,
+        "rows_inserted": r.rows_inserted,
+        "rows_updated": r.rows_updated,
+        "rows_unchanged": r.rows_unchanged,
+        "rows_failed": r.rows_failed,
+        "error": r.error,
+        "ignored_columns": r.ignored_columns,
+    })
+    .to_string()
+}

@@ -1,0 +1,136 @@
+//! Command-line interface: argument types (clap derive; the doc comments are the `--help`) and
+//! dispatch to one module per command. Exit codes (DESIGN.md §8): 0 success (rejected rows are
+//! recorded, not an error), 1 a run failed and nothing of it was published, 2 invalid
+//! invocation, contract or rules.
+
+mod audit_views;
+mod check;
+mod ingest;
+mod sql;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::{Error, Result};
+use crate::lake::Lake;
+use crate::output::OutputFormat;
+use crate::session::{DEFAULT_MEMORY_LIMIT, Workspace, parse_size};
+
+/// ingot: idempotent bronze/silver batch pipelines on Apache DataFusion.
+///
+/// Break anywhere, re-run safely, zero duplicates, nothing lost. Every source has a contract
+/// (contracts/<source>.yaml); every file you ingest becomes one run in bronze with its audit
+/// record. Re-sending a file is skipped; a corrected re-delivery writes only the changed rows.
+///
+/// Exit codes: 0 success (rejected rows are recorded, not an error); 1 a run failed and nothing
+/// of it was published; 2 invalid invocation, contract or rules.
+#[derive(Debug, Parser)]
+#[command(name = "ingot", version, max_term_width = 100)]
+pub struct Cli {
+    /// Lake location: a local directory or file:// URL.
+    #[arg(long, global = true, env = "INGOT_LAKE", default_value = "data/lake")]
+    pub lake: String,
+    /// Directory of source contracts (<source>.yaml).
+    #[arg(long, global = true, env = "INGOT_CONTRACTS", default_value = "contracts")]
+    pub contracts: PathBuf,
+    /// Directory of silver rules (<table>/v<N>.yaml).
+    #[arg(long, global = true, env = "INGOT_RULES", default_value = "rules")]
+    pub rules: PathBuf,
+    /// Landing directory scanned by the nightly job (<landing>/<source>/...).
+    #[arg(long, global = true, env = "INGOT_LANDING", default_value = "data/landing")]
+    pub landing: PathBuf,
+    /// Memory for DataFusion operators before they spill to disk (e.g. 512M, 2G).
+    #[arg(long, global = true, env = "INGOT_MEMORY_LIMIT", default_value = "1G")]
+    pub memory_limit: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate every contract; print all problems at once as file:line:column: message.
+    Check,
+    /// Ingest files into bronze: one run per file, in sorted order.
+    ///
+    /// Each file is hashed first: a file a committed run already loaded is recorded as
+    /// skipped_duplicate_file and not read again. Rows are typed and checked against the
+    /// contract; rejected rows go to audit.row_failure_log and the rest loads. Only new and
+    /// changed records are written. A run becomes visible only when its run-log record commits,
+    /// so a crash at any point is undone by simply running the same command again.
+    Ingest(ingest::IngestArgs),
+    /// Run one read-only SQL query over bronze.*, bronze.*_current and audit.*.
+    ///
+    /// Tables: bronze.<source> (every version), bronze.<source>_current (latest version per
+    /// natural key), audit.ingestion_run_log, audit.row_failure_log. The UDFs row_hash,
+    /// natural_key_fingerprint, canonical_text and normalize_text are available. DDL, DML and
+    /// COPY are refused.
+    Sql(sql::SqlArgs),
+    /// Show the ingestion runs, oldest first.
+    Runs(audit_views::RunsArgs),
+    /// Show rejected rows with their rule, reason and raw payload.
+    Failures(audit_views::FailuresArgs),
+}
+
+/// Output options shared by commands that print rows.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: OutputFormat,
+    /// Write to this file instead of stdout.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+impl Cli {
+    pub fn workspace(&self) -> Result<Workspace> {
+        let memory_limit = parse_size(&self.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))?;
+        Ok(Workspace {
+            lake: Lake::open(&self.lake)?,
+            contracts_dir: self.contracts.clone(),
+            rules_dir: self.rules.clone(),
+            landing_dir: self.landing.clone(),
+            memory_limit: if memory_limit == 0 { DEFAULT_MEMORY_LIMIT } else { memory_limit },
+        })
+    }
+}
+
+/// Run a parsed command line; returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            report(&e);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Print an error with its cause chain.
+pub fn report(e: &Error) {
+    eprintln!("error: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        eprintln!("  caused by: {s}");
+        source = s.source();
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<u8> {
+    match &cli.command {
+        Command::Check => check::run(&cli),
+        Command::Ingest(args) => ingest::run(&cli, args).await,
+        Command::Sql(args) => sql::run(&cli, args).await,
+        Command::Runs(args) => audit_views::runs(&cli, args).await,
+        Command::Failures(args) => audit_views::failures(&cli, args).await,
+    }
+}

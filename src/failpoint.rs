@@ -1,0 +1,36 @@
+//! Named crash points for fault-injection tests.
+//!
+//! `INGOT_FAILPOINT=<name>` makes the process abort (no destructors, no flushes: like a crash or
+//! a SIGKILL) when it reaches that point; `INGOT_FAILPOINT=<name>:error` makes the call return an
+//! error instead, for in-process tests. The names of every point are listed in [`ALL`] so tests can
+//! iterate over them; a point missing from the list is a bug that the failpoint test catches.
+
+use crate::error::{Error, Result};
+
+/// Every failpoint of the ingest commit sequence, in the order they are reached.
+pub const INGEST: &[&str] = &[
+    "ingest.after_lock",
+    "ingest.after_hash",
+    "ingest.mid_data",
+    "ingest.after_data",
+    "ingest.after_failures",
+    "ingest.before_commit",
+    "ingest.after_commit",
+];
+
+/// Every failpoint.
+pub const ALL: &[&[&str]] = &[INGEST];
+
+/// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
+pub fn hit(name: &str) -> Result<()> {
+    let Ok(spec) = std::env::var("INGOT_FAILPOINT") else { return Ok(()) };
+    let (point, mode) = spec.split_once(':').unwrap_or((spec.as_str(), "abort"));
+    if point != name {
+        return Ok(());
+    }
+    if mode == "error" {
+        return Err(Error::Failpoint(name.to_string()));
+    }
+    eprintln!("ingot: failpoint {name} reached: aborting");
+    std::process::abort();
+}

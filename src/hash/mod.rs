@@ -1,0 +1,254 @@
+//! Record identity: `row_hash`, `natural_key_fingerprint`, canonical text and `normalize`
+//! steps (DESIGN §2), as Arrow kernels and as DataFusion scalar UDFs.
+//!
+//! Role: the only place that decides which bytes are hashed. Bronze uses the kernels
+//! directly; analysts and the rules engine use the UDFs registered by [`register_udfs`].
+//!
+//! Formulas (64 lowercase hex SHA-256 digests):
+//! * `row_hash` = sha256(`"1|" + e1 + "|" + ... + "|" + en`), `ei` = `\N` for null, else the
+//!   canonical text with `\` → `\\` then `|` → `\|`. The leading `1` is the format version.
+//! * `natural_key_fingerprint` = sha256(`"{version}|" + v1 + "|" + ... + "|" + vn`), null →
+//!   empty string, no escaping: byte-for-byte JavaScript's
+//!   `` sha256(`${version}|${fields.join('|')}`) `` (so zero fields hash `"{version}|"`).
+//!
+//! Hazards: any change to these bytes silently splits every natural key in existing lakes
+//! into "new" records. The golden vectors in `tests/it/hashing.rs` pin them; a failing
+//! golden test means the change is wrong, not the test. Normalization is *not* applied here:
+//! callers normalize string columns first (see [`normalize::normalize_array`]).
+
+pub mod canonical;
+pub mod normalize;
+pub mod udf;
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, Int64Array, NullBufferBuilder, StringArray};
+use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use datafusion::common::{exec_datafusion_err, exec_err};
+use datafusion::error::Result;
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::prelude::SessionContext;
+use sha2::{Digest, Sha256};
+
+pub use canonical::CanonicalColumn;
+pub use normalize::NormalizeStep;
+
+/// The row-hash format version, the first field of every row-hash message.
+pub const ROW_HASH_FORMAT_VERSION: &[u8] = b"1";
+
+/// Compute `row_hash` for each row of `columns` (all of equal length) as a `Utf8` array of
+/// 64-char lowercase hex digests. With no columns the result is empty (no row count).
+pub fn row_hash_array(columns: &[ArrayRef]) -> Result<ArrayRef> {
+    let num_rows = common_len(columns)?;
+    let columns = canonical_columns(columns.iter().map(|c| c.as_ref()))?;
+    row_hash_columns(&columns, num_rows)
+}
+
+/// Compute `natural_key_fingerprint` with one `version` for every row of `columns`.
+/// The fields must already be normalized. With no columns the result is empty.
+pub fn fingerprint_array(version: i64, columns: &[ArrayRef]) -> Result<ArrayRef> {
+    let num_rows = common_len(columns)?;
+    let columns = canonical_columns(columns.iter().map(|c| c.as_ref()))?;
+    fingerprint_columns(KeyVersion::Constant(version), &columns, num_rows)
+}
+
+/// Write the 64 lowercase hex characters of `digest` into `out`.
+pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (byte, pair) in digest.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0x0f)];
+    }
+}
+
+/// Register `row_hash`, `natural_key_fingerprint`, `canonical_text` and `normalize_text`.
+pub fn register_udfs(ctx: &SessionContext) {
+    for udf in udfs() {
+        ctx.register_udf(udf);
+    }
+}
+
+/// The hashing UDFs, for registries other than a `SessionContext`.
+pub fn udfs() -> Vec<ScalarUDF> {
+    vec![
+        ScalarUDF::from(udf::RowHash::new()),
+        ScalarUDF::from(udf::NaturalKeyFingerprint::new()),
+        ScalarUDF::from(udf::CanonicalText::new()),
+        ScalarUDF::from(udf::NormalizeText::new()),
+    ]
+}
+
+/// The version of a fingerprint: one for all rows, or one per row (UDF with a column).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyVersion<'a> {
+    Constant(i64),
+    PerRow(&'a Int64Array),
+}
+
+/// The length shared by all `columns` (0 when there are none).
+fn common_len(columns: &[ArrayRef]) -> Result<usize> {
+    let num_rows = columns.first().map_or(0, |c| c.len());
+    match columns.iter().position(|c| c.len() != num_rows) {
+        Some(i) => exec_err!(
+            "hash input columns differ in length: column 1 has {num_rows} rows, column {} has {}",
+            i + 1,
+            columns[i].len()
+        ),
+        None => Ok(num_rows),
+    }
+}
+
+/// Downcast every array once.
+pub(crate) fn canonical_columns<'a>(
+    arrays: impl Iterator<Item = &'a dyn Array>,
+) -> Result<Vec<CanonicalColumn<'a>>> {
+    arrays.map(CanonicalColumn::new).collect()
+}
+
+/// `row_hash` of `num_rows` rows over already-downcast columns.
+pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize) -> Result<ArrayRef> {
+    let mut out = HexOutput::with_capacity(num_rows);
+    let mut message = Vec::with_capacity(256);
+    let mut scratch = Vec::new();
+    for row in 0..num_rows {
+        message.clear();
+        message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+        for column in columns {
+            message.push(b'|');
+            let start = message.len();
+            if column.write(row, &mut message) {
+                escape_from(&mut message, start, &mut scratch);
+            } else {
+                message.extend_from_slice(b"\\N");
+            }
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
+/// Escape `\` as `\\` and `|` as `\|` in `buf[start..]`, in place. Common case (nothing
+/// to escape) is one scan and no copy.
+fn escape_from(buf: &mut Vec<u8>, start: usize, scratch: &mut Vec<u8>) {
+    let needs_escape = |b: &u8| *b == b'\\' || *b == b'|';
+    if !buf[start..].iter().any(needs_escape) {
+        return;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(&buf[start..]);
+    buf.truncate(start);
+    for byte in scratch.iter() {
+        if needs_escape(byte) {
+            buf.push(b'\\');
+        }
+        buf.push(*byte);
+    }
+}
+
+/// `natural_key_fingerprint` of `num_rows` rows. A null per-row version is an error: the
+/// version comes from the contract and is never missing.
+pub(crate) fn fingerprint_columns(
+    version: KeyVersion<'_>,
+    columns: &[CanonicalColumn<'_>],
+    num_rows: usize,
+) -> Result<ArrayRef> {
+    let mut out = HexOutput::with_capacity(num_rows);
+    let mut message = Vec::with_capacity(256);
+    let mut digits = itoa::Buffer::new();
+    for row in 0..num_rows {
+        let version = match version {
+            KeyVersion::Constant(v) => v,
+            KeyVersion::PerRow(versions) if versions.is_valid(row) => versions.value(row),
+            KeyVersion::PerRow(_) => {
+                return exec_err!("natural_key_fingerprint: version is null in row {}", row + 1);
+            }
+        };
+        message.clear();
+        message.extend_from_slice(digits.format(version).as_bytes());
+        message.push(b'|');
+        for (i, column) in columns.iter().enumerate() {
+            if i > 0 {
+                message.push(b'|');
+            }
+            column.write(row, &mut message);
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
+/// Builds a `Utf8` array by appending bytes to one values buffer; UTF-8 is validated once,
+/// in [`Utf8Output::finish`].
+pub(crate) struct Utf8Output {
+    values: Vec<u8>,
+    offsets: Vec<i32>,
+    nulls: NullBufferBuilder,
+}
+
+impl Utf8Output {
+    /// Room for `rows` values of `bytes` bytes in total.
+    pub(crate) fn with_capacity(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Utf8Output { values: Vec::with_capacity(bytes), offsets, nulls: NullBufferBuilder::new(rows) }
+    }
+
+    /// The values buffer: append the next value's bytes, then call [`Self::end_value`].
+    pub(crate) fn values_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.values
+    }
+
+    /// Close the value appended since the previous call (may be empty).
+    pub(crate) fn end_value(&mut self) -> Result<()> {
+        self.push_offset()?;
+        self.nulls.append_non_null();
+        Ok(())
+    }
+
+    /// Append a null (anything appended since the last value is discarded).
+    pub(crate) fn push_null(&mut self) -> Result<()> {
+        let last = self.offsets.last().copied().unwrap_or(0);
+        self.values.truncate(last as usize);
+        self.push_offset()?;
+        self.nulls.append_null();
+        Ok(())
+    }
+
+    fn push_offset(&mut self) -> Result<()> {
+        let end = i32::try_from(self.values.len()).map_err(|_| {
+            exec_datafusion_err!("text output of one batch exceeds 2 GiB; use smaller batches")
+        })?;
+        self.offsets.push(end);
+        Ok(())
+    }
+
+    /// The finished `Utf8` array.
+    pub(crate) fn finish(mut self) -> Result<ArrayRef> {
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets));
+        let values = Buffer::from_vec(self.values);
+        let array = StringArray::try_new(offsets, values, self.nulls.finish())?;
+        Ok(Arc::new(array))
+    }
+}
+
+/// A column of hex digests.
+struct HexOutput(Utf8Output);
+
+impl HexOutput {
+    fn with_capacity(rows: usize) -> Self {
+        HexOutput(Utf8Output::with_capacity(rows, rows * 64))
+    }
+
+    /// Append the hex SHA-256 of `message`.
+    fn push_digest(&mut self, message: &[u8]) -> Result<()> {
+        let digest: [u8; 32] = Sha256::digest(message).into();
+        let mut hex = [0u8; 64];
+        hex_lower(&digest, &mut hex);
+        self.0.values_mut().extend_from_slice(&hex);
+        self.0.end_value()
+    }
+
+    fn finish(self) -> Result<ArrayRef> {
+        self.0.finish()
+    }
+}

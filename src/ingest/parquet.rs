@@ -1,0 +1,191 @@
+//! Parquet loader: columns are matched by name and cast to the contract types.
+//!
+//! A value that does not survive the cast (`safe` cast gives null where the source was not null)
+//! rejects its row with `type:<field>`; the raw payload of a rejected row is the source row as
+//! JSON. Schema problems (a required field absent, an unknown column with `unknown_fields:
+//! reject`) fail the run before anything is written.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, new_null_array};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::{Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
+use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+
+use crate::contract::{Contract, Field, FieldType, UnknownFields};
+use crate::error::{Error, Result};
+use crate::ingest::Loader;
+use crate::ingest::sink::{ParsedBatch, RowRejection};
+use crate::ingest::typing::{Rejection, Value, check_value};
+
+pub struct ParquetLoader {
+    reader: ParquetRecordBatchReader,
+    contract: Arc<Contract>,
+    /// For each contract field, its column index in the file.
+    field_column: Vec<Option<usize>>,
+    ignored: Vec<String>,
+    row_number: u64,
+    norm: String,
+    scratch: String,
+    keep_raw: bool,
+}
+
+impl ParquetLoader {
+    pub fn open(contract: Arc<Contract>, file: File, display: String, batch_size: usize, keep_raw: bool) -> Result<ParquetLoader> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| Error::RunFailed(format!("{display}: not a readable Parquet file: {e}")))?;
+        let schema = builder.schema().clone();
+        let mut field_column = vec![None; contract.fields.len()];
+        let mut unknown = Vec::new();
+        for (j, f) in schema.fields().iter().enumerate() {
+            match contract.field_index(f.name()) {
+                Some(i) => field_column[i] = Some(j),
+                None => unknown.push(f.name().clone()),
+            }
+        }
+        if !unknown.is_empty() && contract.unknown_fields == UnknownFields::Reject {
+            return Err(Error::RunFailed(format!(
+                "{display}: column{} {} not in contract {} (unknown_fields: reject); contract fields are: {}",
+                if unknown.len() > 1 { "s" } else { "" },
+                unknown.join(", "),
+                contract.path.display(),
+                contract.field_names().join(", ")
+            )));
+        }
+        let missing: Vec<&str> = contract
+            .fields
+            .iter()
+            .zip(&field_column)
+            .filter(|(f, c)| f.required && c.is_none())
+            .map(|(f, _)| f.name.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::RunFailed(format!(
+                "{display}: required column{} {} missing; the file has: {}",
+                if missing.len() > 1 { "s" } else { "" },
+                missing.join(", "),
+                schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let reader = builder
+            .with_batch_size(batch_size)
+            .build()
+            .map_err(|e| Error::RunFailed(format!("{display}: {e}")))?;
+        Ok(ParquetLoader { reader, contract, field_column, ignored: unknown, row_number: 0, norm: String::new(), scratch: String::new(), keep_raw })
+    }
+
+    fn convert(&mut self, batch: RecordBatch) -> Result<ParsedBatch> {
+        let n = batch.num_rows();
+        let mut columns = Vec::with_capacity(self.contract.fields.len());
+        let mut first: Vec<Option<Rejection>> = vec![None; n];
+        let mut key_ok = vec![true; n];
+        let opts = CastOptions { safe: true, ..Default::default() };
+        let contract = self.contract.clone();
+        for (i, f) in contract.fields.iter().enumerate() {
+            let target = f.ty.arrow_type();
+            let typed: ArrayRef = match self.field_column[i] {
+                None => new_null_array(&target, n),
+                Some(j) => {
+                    let src = batch.column(j);
+                    let typed = cast_with_options(src, &target, &opts)?;
+                    for row in 0..n {
+                        if src.is_valid(row) && typed.is_null(row) && first[row].is_none() {
+                            first[row] = Some(Rejection::new(
+                                format!("type:{}", f.name),
+                                format!("{}: {} value cannot be read as {}", f.name, src.data_type(), f.ty.name()),
+                            ));
+                        }
+                    }
+                    typed
+                }
+            };
+            let is_key = contract.natural_key.fields.contains(&i);
+            for row in 0..n {
+                let rej = match value_at(&typed, f, row) {
+                    None if typed.is_null(row) && f.required => Some(Rejection::new(
+                        format!("required:{}", f.name),
+                        format!("{}: required value is missing", f.name),
+                    )),
+                    None => None,
+                    Some(v) => check_value(f, &v, &mut self.norm, &mut self.scratch),
+                };
+                if is_key && (typed.is_null(row) && (f.required || first[row].as_ref().is_some_and(|r| r.rule == format!("type:{}", f.name)))) {
+                    key_ok[row] = false;
+                }
+                if first[row].is_none() {
+                    first[row] = rej;
+                }
+            }
+            columns.push(typed);
+        }
+        let mut rejections = Vec::new();
+        let mut valid = Vec::with_capacity(n);
+        let start = self.row_number;
+        for (row, rej) in first.into_iter().enumerate() {
+            valid.push(rej.is_none());
+            if let Some(r) = rej {
+                rejections.push(RowRejection {
+                    index: row,
+                    row_number: start + row as u64 + 1,
+                    rule: r.rule,
+                    reason: r.reason,
+                    raw_payload: row_as_json(&batch, row),
+                    key_ok: key_ok[row],
+                });
+            }
+        }
+        self.row_number += n as u64;
+        let row_numbers = Arc::new(Int64Array::from_iter_values((start + 1..=start + n as u64).map(|r| r as i64)));
+        let valid = if rejections.is_empty() { None } else { Some(BooleanArray::from(valid)) };
+        let raw = self.keep_raw.then(|| (0..n).map(|r| Some(row_as_json(&batch, r))).collect());
+        Ok(ParsedBatch { columns, row_numbers, valid, rejections, raw, bytes_read: 0 })
+    }
+}
+
+/// The value of a typed column at `row`, for the checks.
+fn value_at<'a>(array: &'a ArrayRef, field: &Field, row: usize) -> Option<Value<'a>> {
+    if array.is_null(row) {
+        return None;
+    }
+    Some(match field.ty {
+        FieldType::String => Value::Str(array.as_string::<i32>().value(row)),
+        FieldType::Int32 => Value::Int(array.as_primitive::<Int32Type>().value(row) as i64),
+        FieldType::Int64 => Value::Int(array.as_primitive::<Int64Type>().value(row)),
+        FieldType::Float64 => Value::Float(array.as_primitive::<Float64Type>().value(row)),
+        FieldType::Decimal { .. } => Value::Decimal(array.as_primitive::<Decimal128Type>().value(row)),
+        FieldType::Boolean => Value::Bool(array.as_boolean().value(row)),
+        FieldType::Date => Value::Date(array.as_primitive::<Date32Type>().value(row)),
+        FieldType::Timestamp => Value::Timestamp(array.as_primitive::<TimestampMicrosecondType>().value(row)),
+    })
+}
+
+/// One source row rendered as a JSON object (the raw payload of a rejected Parquet row).
+pub fn row_as_json(batch: &RecordBatch, row: usize) -> String {
+    let slice = batch.slice(row, 1);
+    let mut buf = Vec::new();
+    {
+        let mut w = datafusion::arrow::json::LineDelimitedWriter::new(&mut buf);
+        if w.write(&slice).and_then(|_| w.finish()).is_err() {
+            return format!("<row {row} could not be rendered as JSON>");
+        }
+    }
+    String::from_utf8_lossy(trim_nl(&buf)).into_owned()
+}
+
+fn trim_nl(b: &[u8]) -> &[u8] {
+    b.strip_suffix(b"\n").unwrap_or(b)
+}
+
+impl Loader for ParquetLoader {
+    fn next_batch(&mut self) -> Result<Option<ParsedBatch>> {
+        match self.reader.next() {
+            None => Ok(None),
+            Some(batch) => Ok(Some(self.convert(batch?)?)),
+        }
+    }
+
+    fn ignored_columns(&self) -> Vec<String> {
+        self.ignored.clone()
+    }
+}

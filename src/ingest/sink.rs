@@ -1,0 +1,202 @@
+//! Assembling typed Arrow batches from records of text fields (CSV and NDJSON).
+//!
+//! A loader hands each record to [`RowSink::push_row`] as one optional text per contract field.
+//! The sink types and checks every field (DESIGN.md §3 order: type, required, min, max, allowed,
+//! pattern), appends to reusable builders and remembers which rows were rejected and why. The
+//! batch keeps rejected rows (as nulls where typing failed) so that the fingerprint of a rejected
+//! row can still be computed when its key fields were fine; [`ParsedBatch::valid`] says which rows
+//! load.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, StringBuilder};
+
+use crate::contract::Contract;
+use crate::ingest::typing::{ColumnBuilder, Rejection, check_value, parse_value};
+
+/// One rejected record of a batch.
+#[derive(Debug, Clone)]
+pub struct RowRejection {
+    /// Index of the row in its batch.
+    pub index: usize,
+    pub row_number: u64,
+    pub rule: String,
+    pub reason: String,
+    pub raw_payload: String,
+    /// True when every natural-key field typed fine, so the fingerprint is meaningful.
+    pub key_ok: bool,
+}
+
+/// A batch of typed contract columns, before hashing.
+#[derive(Debug)]
+pub struct ParsedBatch {
+    /// Contract fields in contract order; rejected rows included.
+    pub columns: Vec<ArrayRef>,
+    pub row_numbers: Arc<Int64Array>,
+    /// `None` when every row is valid.
+    pub valid: Option<BooleanArray>,
+    pub rejections: Vec<RowRejection>,
+    /// The raw payload of every row, when the loader was asked to keep it.
+    pub raw: Option<StringArray>,
+    /// Bytes of (decompressed) input consumed so far, for progress.
+    pub bytes_read: u64,
+}
+
+impl ParsedBatch {
+    pub fn num_rows(&self) -> usize {
+        self.row_numbers.len()
+    }
+}
+
+/// The text of one field of a record.
+#[derive(Debug, Clone, Copy)]
+pub enum FieldText<'a> {
+    Null,
+    Text(&'a str),
+    /// The field's bytes could not be read as its type at all (invalid UTF-8, a JSON object...).
+    Invalid(&'a str),
+}
+
+pub struct RowSink {
+    contract: Arc<Contract>,
+    builders: Vec<ColumnBuilder>,
+    row_numbers: Vec<i64>,
+    valid: Vec<bool>,
+    any_invalid: bool,
+    rejections: Vec<RowRejection>,
+    is_key: Vec<bool>,
+    norm: String,
+    scratch: String,
+    /// Keep the raw payload of every row (second pass of a file with key conflicts).
+    raw: Option<StringBuilder>,
+    pub batch_size: usize,
+}
+
+impl RowSink {
+    pub fn new(contract: Arc<Contract>, batch_size: usize, keep_raw: bool) -> RowSink {
+        let builders = contract.fields.iter().map(|f| ColumnBuilder::new(f.ty, batch_size)).collect();
+        let mut is_key = vec![false; contract.fields.len()];
+        for &i in &contract.natural_key.fields {
+            is_key[i] = true;
+        }
+        RowSink {
+            contract,
+            builders,
+            row_numbers: Vec::with_capacity(batch_size),
+            valid: Vec::with_capacity(batch_size),
+            any_invalid: false,
+            rejections: Vec::new(),
+            is_key,
+            norm: String::new(),
+            scratch: String::new(),
+            raw: keep_raw.then(StringBuilder::new),
+            batch_size,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.row_numbers.len()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.row_numbers.len() >= self.batch_size
+    }
+
+    /// Type and check one record. `field(i)` gives the text of contract field `i`; `raw` renders
+    /// the record as it arrived, called only when the row is rejected.
+    pub fn push_row<'a>(
+        &mut self,
+        row_number: u64,
+        mut field: impl FnMut(usize) -> FieldText<'a>,
+        raw: impl FnOnce() -> String,
+        line: Option<u64>,
+    ) {
+        let mut first: Option<Rejection> = None;
+        let mut key_ok = true;
+        for (i, f) in self.contract.fields.iter().enumerate() {
+            let builder = &mut self.builders[i];
+            let outcome = match field(i) {
+                FieldText::Null => {
+                    builder.append_null();
+                    if f.required {
+                        Some(Rejection::new(format!("required:{}", f.name), format!("{}: required value is missing", f.name)))
+                    } else {
+                        None
+                    }
+                }
+                FieldText::Invalid(why) => {
+                    builder.append_null();
+                    Some(Rejection::new(format!("type:{}", f.name), format!("{}: {why}", f.name)))
+                }
+                FieldText::Text(t) => match parse_value(f, t) {
+                    Ok(v) => {
+                        builder.append(&v);
+                        check_value(f, &v, &mut self.norm, &mut self.scratch)
+                    }
+                    Err(r) => {
+                        builder.append_null();
+                        Some(r)
+                    }
+                },
+            };
+            if let Some(r) = outcome {
+                if self.is_key[i] && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
+                    key_ok = false;
+                }
+                if first.is_none() {
+                    first = Some(r);
+                }
+            }
+        }
+        if let (Some(r), Some(line)) = (&mut first, line) {
+            r.reason = format!("line {line}: {}", r.reason);
+        }
+        self.push_outcome(row_number, first, key_ok, raw);
+    }
+
+    /// Reject a whole record before its fields are read (wrong field count, invalid JSON).
+    pub fn reject_row(&mut self, row_number: u64, rule: &str, reason: String, raw: String) {
+        for b in &mut self.builders {
+            b.append_null();
+        }
+        self.push_outcome(row_number, Some(Rejection::new(rule, reason)), false, || raw);
+    }
+
+    fn push_outcome(&mut self, row_number: u64, rejection: Option<Rejection>, key_ok: bool, raw: impl FnOnce() -> String) {
+        let index = self.row_numbers.len();
+        self.row_numbers.push(row_number as i64);
+        let text = (self.raw.is_some() || rejection.is_some()).then(raw);
+        if let (Some(b), Some(t)) = (self.raw.as_mut(), &text) {
+            b.append_value(t);
+        }
+        match rejection {
+            None => self.valid.push(true),
+            Some(r) => {
+                self.valid.push(false);
+                self.any_invalid = true;
+                self.rejections.push(RowRejection {
+                    index,
+                    row_number,
+                    rule: r.rule,
+                    reason: r.reason,
+                    raw_payload: text.unwrap_or_default(),
+                    key_ok,
+                });
+            }
+        }
+    }
+
+    /// Finish the current batch (None when empty); builders are reused.
+    pub fn finish(&mut self, bytes_read: u64) -> datafusion::error::Result<Option<ParsedBatch>> {
+        if self.row_numbers.is_empty() {
+            return Ok(None);
+        }
+        let columns = self.builders.iter_mut().map(|b| b.finish()).collect::<datafusion::error::Result<Vec<_>>>()?;
+        let row_numbers = Arc::new(Int64Array::from(std::mem::take(&mut self.row_numbers)));
+        let valid = if self.any_invalid { Some(BooleanArray::from(std::mem::take(&mut self.valid))) } else { None };
+        self.valid.clear();
+        self.any_invalid = false;
+        let raw = self.raw.as_mut().map(|b| b.finish());
+        Ok(Some(ParsedBatch { columns, row_numbers, valid, rejections: std::mem::take(&mut self.rejections), raw, bytes_read }))
+    }
+}

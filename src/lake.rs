@@ -1,0 +1,137 @@
+//! The lake: where tables live, and the commit protocol that makes crashes harmless.
+//!
+//! All storage goes through `object_store`, so the local disk and S3 behave alike. Layout under
+//! the lake root:
+//!
+//! ```text
+//! bronze/<source>/run_id=<run>/part-00000.parquet        run-scoped data (invisible until committed)
+//! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
+//! audit/ingestion_run_log/<run>.parquet                  the commit record: one put, create-if-absent
+//! _locks/<source>.lock                                   one ingest per source at a time
+//! ```
+//!
+//! Commit order (DESIGN.md §6): data file, then failure file, then the run-log record with
+//! `PutMode::Create`. Readers only look at files named by committed run-log records, so a crash
+//! before the record leaves orphans that nothing reads (and that `gc` can remove); a crash after it
+//! leaves a complete run. Hazard: never write into a committed run's paths.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// A lake root on an object store.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    pub store: Arc<dyn ObjectStore>,
+    /// Object-store path of the root (no trailing slash).
+    root: Path,
+    /// URL of the object store itself (`file:///`), for DataFusion's registry.
+    pub store_url: Url,
+    /// What the user gave, for messages.
+    pub display: String,
+}
+
+impl Lake {
+    /// Open a lake from a local path or a `file://` URL. The directory is created if missing.
+    pub fn open(location: &str) -> Result<Lake> {
+        if let Some(scheme) = location.split_once("://").map(|(s, _)| s) {
+            if scheme != "file" {
+                return Err(Error::Invalid(format!(
+                    "lake URL scheme \"{scheme}://\" is not supported by this build; supported: a local path or file://"
+                )));
+            }
+        }
+        let local = location.strip_prefix("file://").unwrap_or(location);
+        std::fs::create_dir_all(local).map_err(|e| Error::io(local, e))?;
+        let abs = std::fs::canonicalize(local).map_err(|e| Error::io(local, e))?;
+        let root = Path::from_absolute_path(&abs)
+            .map_err(|e| Error::Invalid(format!("lake path {}: {e}", abs.display())))?;
+        let store_url = Url::parse("file:///").map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok(Lake { store: Arc::new(LocalFileSystem::new()), root, store_url, display: location.to_string() })
+    }
+
+    /// Object-store path of `rel` under the root.
+    pub fn path(&self, rel: &str) -> Path {
+        let mut p = self.root.clone();
+        for part in rel.split('/').filter(|s| !s.is_empty()) {
+            p = p.clone().join(part);
+        }
+        p
+    }
+
+    /// Full URL of `rel`, for DataFusion listing tables.
+    pub fn url(&self, rel: &str) -> String {
+        format!("{}{}", self.store_url, self.path(rel))
+    }
+
+    pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        self.store.put(&self.path(rel), PutPayload::from(bytes)).await?;
+        Ok(())
+    }
+
+    /// Create-if-absent put. `Ok(false)` when the object already exists.
+    pub async fn put_create(&self, rel: &str, bytes: Bytes) -> Result<bool> {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&self.path(rel), PutPayload::from(bytes), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn get(&self, rel: &str) -> Result<Option<Bytes>> {
+        match self.store.get(&self.path(rel)).await {
+            Ok(r) => Ok(Some(r.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn delete(&self, rel: &str) -> Result<()> {
+        match self.store.delete(&self.path(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every object under `rel` (recursively), sorted by path.
+    pub async fn list(&self, rel: &str) -> Result<Vec<ObjectMeta>> {
+        let prefix = self.path(rel);
+        let mut out: Vec<ObjectMeta> = match self.store.list(Some(&prefix)).try_collect().await {
+            Ok(v) => v,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+}
+
+/// Relative paths of the lake layout.
+pub mod layout {
+    pub const RUN_LOG: &str = "audit/ingestion_run_log";
+    pub const FAILURE_LOG: &str = "audit/row_failure_log";
+
+    pub fn bronze_data(source: &str, run_id: &str) -> String {
+        format!("bronze/{source}/run_id={run_id}/part-00000.parquet")
+    }
+
+    pub fn failures(run_id: &str) -> String {
+        format!("{FAILURE_LOG}/run_id={run_id}/part-00000.parquet")
+    }
+
+    pub fn run_record(run_id: &str) -> String {
+        format!("{RUN_LOG}/{run_id}.parquet")
+    }
+
+    pub fn lock(source: &str) -> String {
+        format!("_locks/{source}.lock")
+    }
+}

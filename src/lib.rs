@@ -1,0 +1,23 @@
+//! ingot: idempotent bronze/silver (medallion) batch pipelines on Apache DataFusion.
+//!
+//! The library is the pipeline; `src/main.rs` only parses arguments. Module map:
+//! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
+//! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
+//! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`cli`].
+
+pub mod audit;
+pub mod bronze;
+pub mod catalog;
+pub mod cli;
+pub mod contract;
+pub mod error;
+pub mod failpoint;
+pub mod hash;
+pub mod ingest;
+pub mod lake;
+pub mod lock;
+pub mod output;
+pub mod session;
+pub mod yaml;
+
+pub use error::{Error, Result};

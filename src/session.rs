@@ -1,0 +1,73 @@
+//! The workspace (lake, contracts, rules, landing folders) and DataFusion sessions over it.
+//!
+//! Every `SessionContext` ingot creates has a bounded memory pool that spills (`--memory-limit`),
+//! the hashing UDFs registered, and the lake's object store registered, so plans run the same from
+//! the CLI, from tests and later on a cluster.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::error::{Error, Result};
+use crate::lake::Lake;
+
+/// Default DataFusion memory pool size.
+pub const DEFAULT_MEMORY_LIMIT: usize = 1 << 30;
+
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    pub lake: Lake,
+    pub contracts_dir: PathBuf,
+    pub rules_dir: PathBuf,
+    pub landing_dir: PathBuf,
+    pub memory_limit: usize,
+}
+
+impl Workspace {
+    /// A new DataFusion session: memory pool, UDFs and the lake's object store.
+    pub fn session(&self) -> Result<SessionContext> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(FairSpillPool::new(self.memory_limit)))
+            .build_arc()?;
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_default_catalog_and_schema("ingot", "public")
+            .with_create_default_catalog_and_schema(true);
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        ctx.register_object_store(&self.lake.store_url, self.lake.store.clone());
+        crate::hash::register_udfs(&ctx);
+        Ok(ctx)
+    }
+}
+
+/// Parse a size such as `512M`, `2G`, `1048576` into bytes.
+pub fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        None => (t, 1usize),
+        Some((i, _)) => {
+            let unit = t[i..].to_ascii_uppercase();
+            let m = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(Error::Invalid(format!("invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)"))),
+            };
+            (&t[..i], m)
+        }
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::Invalid(format!("invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)")))?;
+    if !(n > 0.0) {
+        return Err(Error::Invalid(format!("invalid size \"{s}\": must be greater than zero")));
+    }
+    Ok((n * mult as f64) as usize)
+}
+

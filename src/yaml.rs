@@ -1,0 +1,173 @@
+//! A YAML tree that remembers where every node stands in its file.
+//!
+//! Contracts and rules are validated by hand from this tree rather than through serde, so that
+//! `ingot check` can report *every* problem of a file at once, each at its own line and column
+//! (serde stops at the first error and forgets positions). Anchors/aliases are not supported:
+//! contracts are meant to be read by people, and an alias is reported as an error.
+
+use std::path::{Path, PathBuf};
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+use crate::error::Located;
+
+/// Position of a node: 1-based line and column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pos {
+    pub line: usize,
+    pub column: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// A scalar with its text and whether it was quoted (quoted scalars are always strings).
+    Scalar { text: String, quoted: bool },
+    Seq(Vec<Node>),
+    /// Keys in file order. Duplicate keys are kept so the validator can report them.
+    Map(Vec<(Node, Node)>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub kind: Kind,
+    pub pos: Pos,
+}
+
+impl Node {
+    /// The scalar's text, if this is a scalar (null `~`/empty counts as a scalar too).
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Scalar { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    pub fn is_null(&self) -> bool {
+        matches!(&self.kind, Kind::Scalar { text, quoted: false } if text.is_empty() || text == "~" || text == "null")
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            Kind::Scalar { .. } if self.is_null() => "null",
+            Kind::Scalar { .. } => "a scalar",
+            Kind::Seq(_) => "a list",
+            Kind::Map(_) => "a mapping",
+        }
+    }
+}
+
+/// A parsed YAML file plus an error sink: validators push located problems and go on.
+pub struct Doc {
+    pub file: PathBuf,
+    pub root: Node,
+}
+
+/// Collects located problems for one or more files.
+#[derive(Debug, Default)]
+pub struct Problems {
+    pub items: Vec<Located>,
+}
+
+impl Problems {
+    pub fn push(&mut self, file: &Path, pos: Pos, message: impl Into<String>) {
+        self.items.push(Located {
+            file: file.to_path_buf(),
+            line: pos.line,
+            column: pos.column,
+            message: message.into(),
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// Parse `text` (the contents of `file`) into a [`Doc`]. A syntax error is returned located.
+pub fn parse(file: &Path, text: &str) -> Result<Doc, Located> {
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    if let Err(e) = parser.load(&mut builder, false) {
+        let m = e.marker();
+        return Err(Located {
+            file: file.to_path_buf(),
+            line: m.line(),
+            column: m.col() + 1,
+            message: format!("invalid YAML: {}", e.info()),
+        });
+    }
+    if let Some((pos, msg)) = builder.error {
+        return Err(Located { file: file.to_path_buf(), line: pos.line, column: pos.column, message: msg });
+    }
+    let root = builder.root.unwrap_or(Node {
+        kind: Kind::Map(Vec::new()),
+        pos: Pos { line: 1, column: 1 },
+    });
+    Ok(Doc { file: file.to_path_buf(), root })
+}
+
+enum Frame {
+    Seq(Pos, Vec<Node>),
+    Map(Pos, Vec<(Node, Node)>, Option<Node>),
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<Frame>,
+    root: Option<Node>,
+    error: Option<(Pos, String)>,
+}
+
+fn pos_of(mark: Marker) -> Pos {
+    // yaml-rust2 markers: line is 1-based, column 0-based.
+    Pos { line: mark.line(), column: mark.col() + 1 }
+}
+
+impl Builder {
+    fn finish(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(node);
+                }
+            }
+            Some(Frame::Seq(_, items)) => items.push(node),
+            Some(Frame::Map(_, entries, pending)) => match pending.take() {
+                None => *pending = Some(node),
+                Some(key) => entries.push((key, node)),
+            },
+        }
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let pos = pos_of(mark);
+        match ev {
+            Event::Scalar(text, style, _, _) => {
+                let quoted = !matches!(style, TScalarStyle::Plain);
+                self.finish(Node { kind: Kind::Scalar { text, quoted }, pos });
+            }
+            Event::SequenceStart(..) => self.stack.push(Frame::Seq(pos, Vec::new())),
+            Event::MappingStart(..) => self.stack.push(Frame::Map(pos, Vec::new(), None)),
+            Event::SequenceEnd => {
+                if let Some(Frame::Seq(p, items)) = self.stack.pop() {
+                    self.finish(Node { kind: Kind::Seq(items), pos: p });
+                }
+            }
+            Event::MappingEnd => {
+                if let Some(Frame::Map(p, entries, _)) = self.stack.pop() {
+                    self.finish(Node { kind: Kind::Map(entries), pos: p });
+                }
+            }
+            Event::Alias(_) => {
+                if self.error.is_none() {
+                    self.error = Some((pos, "YAML aliases (*name) are not supported in ingot files".into()));
+                }
+                self.finish(Node { kind: Kind::Scalar { text: String::new(), quoted: false }, pos });
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Bad input: every case gets a clear error or a failure-log row, never a panic, and nothing
+//! already committed is lost.
+
+use crate::util::{TestLake, bad, landing, stderr, stdout};
+
+fn committed(t: &TestLake) -> crate::util::LakeSnapshot {
+    t.snapshot(&["bookings"])
+}
+
+/// Ingest day one, then `file`; return the process output. Checks that the committed day-one
+/// state survived whatever happened.
+fn after_day_one(file: &str) -> (TestLake, std::process::Output) {
+    let t = TestLake::new();
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    let before = committed(&t);
+    let out = t.ingest("bookings", &bad(file));
+    assert!(out.status.code().is_some(), "{file}: killed by a signal: {}", stderr(&out));
+    assert_ne!(out.status.code(), Some(101), "{file}: panicked: {}", stderr(&out));
+    let after = committed(&t);
+    assert_eq!(before.tables["bronze.bookings"], after.tables["bronze.bookings"][..before.tables["bronze.bookings"].len()].to_vec(), "{file}: committed rows changed");
+    (t, out)
+}
+
+fn last_run(t: &TestLake) -> std::collections::BTreeMap<String, serde_json::Value> {
+    t.query("SELECT * FROM audit.ingestion_run_log ORDER BY started_at DESC, run_id DESC LIMIT 1").remove(0)
+}
+
+#[test]
+fn empty_file_fails_the_run_with_a_clear_message() {
+    let (t, out) = after_day_one("empty.csv");
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(text.contains("FAILED, nothing loaded") && text.contains("the file is empty: expected a header line"), "{text}");
+    let run = last_run(&t);
+    assert_eq!(run["status"], "failed");
+    assert!(run["error"].as_str().unwrap().contains("empty.csv"));
+    assert_eq!(run["rows_seen"], 0);
+}
+
+#[test]
+fn header_only_file_is_a_run_with_no_rows() {
+    let (t, out) = after_day_one("header_only.csv");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = last_run(&t);
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["rows_seen"], 0);
+}
+
+#[test]
+fn bom_and_crlf_are_transparent() {
+    let t = TestLake::new();
+    t.ingest_ok("bookings", &bad("bom_crlf.csv"));
+    let rows = t.query("SELECT booking_ref, notes FROM bronze.bookings ORDER BY source_row_number");
+    assert_eq!(rows.len(), 3);
+    // the BOM is not part of the first header name (else booking_ref would be missing) nor of
+    // any value, and CRLF leaves no \r behind
+    assert_eq!(rows[0]["booking_ref"], "BX900001");
+    for r in &rows {
+        let text = serde_json::to_string(r).unwrap();
+        assert!(!text.contains('\u{feff}') && !text.contains("\\r"), "{text}");
+    }
+}
+
+#[test]
+fn invalid_utf8_rejects_only_that_row() {
+    let (t, out) = after_day_one("invalid_utf8.csv");
+    assert_eq!(out.status.code(), Some(0));
+    let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log WHERE run_id = (SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at DESC LIMIT 1)");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0]["source_row_number"], 2);
+    assert_eq!(f[0]["rule"], "type:guest_email");
+    assert!(f[0]["reason"].as_str().unwrap().contains("not valid UTF-8"));
+}
+
+#[test]
+fn ragged_rows_are_rejected_as_malformed_records() {
+    let (t, _) = after_day_one("ragged.csv");
+    let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log WHERE rule = 'malformed_record' ORDER BY source_row_number");
+    let rows: Vec<i64> = f.iter().map(|r| r["source_row_number"].as_i64().unwrap()).collect();
+    assert_eq!(rows, vec![2, 4]);
+    assert!(f[0]["reason"].as_str().unwrap().contains("expected 12 fields, found"), "{f:?}");
+}
+
+#[test]
+fn missing_required_column_fails_and_writes_nothing() {
+    let (t, out) = after_day_one("missing_required_column.csv");
+    assert_eq!(out.status.code(), Some(1));
+    let run = last_run(&t);
+    assert_eq!(run["status"], "failed");
+    let err = run["error"].as_str().unwrap();
+    assert!(err.contains("required column \"booking_ref\" missing from the header"), "{err}");
+    let n = t.query(&format!("SELECT count(*) AS n FROM bronze.bookings WHERE ingestion_run_id = '{}'", run["run_id"].as_str().unwrap()));
+    assert_eq!(n[0]["n"], 0);
+}
+
+#[test]
+fn unknown_column_fails_under_reject_and_is_ignored_under_ignore() {
+    let (t, out) = after_day_one("unknown_column.csv");
+    assert_eq!(out.status.code(), Some(1));
+    let err = last_run(&t)["error"].as_str().unwrap().to_string();
+    assert!(err.contains("\"promo_code\"") && err.contains("unknown_fields: ignore"), "{err}");
+
+    let contract = std::fs::read_to_string(t.contracts().join("bookings.yaml")).unwrap();
+    std::fs::write(t.contracts().join("bookings.yaml"), contract.replace("unknown_fields: reject", "unknown_fields: ignore")).unwrap();
+    let out = t.ingest("bookings", &bad("unknown_column.csv"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = last_run(&t);
+    assert_eq!(run["ignored_columns"], "promo_code");
+    assert!(stdout(&out).contains("ignored columns: promo_code"));
+}
+
+#[test]
+fn invocation_errors_exit_2_with_a_message() {
+    let t = TestLake::new();
+    let out = t.ingest("bookings", std::path::Path::new("/no/such/file.csv"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no such file: /no/such/file.csv"), "{}", stderr(&out));
+
+    let out = t.ingest("bookingz", &landing("bookings/2026-11-01_bookings.csv"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("no contract for source \"bookingz\"") && err.contains("known sources: bookings, hotels, marketing_spend, web_sessions"), "{err}");
+
+    let contract = std::fs::read_to_string(t.contracts().join("bookings.yaml")).unwrap();
+    std::fs::write(t.contracts().join("bookings.yaml"), contract.replace("type: decimal(12,2)", "type: decimal(12,2")).unwrap();
+    let out = t.ingest("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("bookings.yaml:") && err.contains("unknown type \"decimal(12,2\""), "{err}");
+    // nothing was recorded for an invocation error
+    assert_eq!(t.query("SELECT * FROM audit.ingestion_run_log").len(), 0);
+}
+
+#[test]
+fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
+    let t = TestLake::new();
+    // A live lock held by this test process (pid alive, fresh heartbeat).
+    std::fs::create_dir_all(t.lake().join("_locks")).unwrap();
+    let lock = serde_json::json!({
+        "run_id": "0000-test", "host": ingot::lock::hostname(), "pid": std::process::id(),
+        "acquired_at": "now", "heartbeat_ms": chrono::Utc::now().timestamp_millis(), "ttl_ms": 60000
+    });
+    std::fs::write(t.lake().join("_locks/bookings.lock"), lock.to_string()).unwrap();
+    let out = t.ingest("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is being ingested by run 0000-test"), "{}", stderr(&out));
+    // another source is not blocked
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    // an expired lock is taken over
+    let stale = serde_json::json!({
+        "run_id": "0000-old", "host": "elsewhere", "pid": 1,
+        "acquired_at": "then", "heartbeat_ms": chrono::Utc::now().timestamp_millis() - 120_000, "ttl_ms": 60000
+    });
+    std::fs::write(t.lake().join("_locks/bookings.lock"), stale.to_string()).unwrap();
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    assert!(!t.lake().join("_locks/bookings.lock").exists(), "lock released after the run");
+}

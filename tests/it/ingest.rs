@@ -1,0 +1,200 @@
+//! Ingest end to end through the real binary: run records, failure rows and bronze rows are
+//! compared whole against the independent oracle in data/expected.json (computed by the Python
+//! generator from the DESIGN.md formulas, not by ingot).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::util::{TestLake, assert_ok, landing, repo, sha256_hex};
+
+fn oracle() -> Value {
+    let text = std::fs::read_to_string(repo().join("data/expected.json")).expect("data/expected.json (make data)");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn files_of<'a>(oracle: &'a Value, source: &str) -> Vec<&'a Value> {
+    oracle["landing"].as_array().unwrap().iter().filter(|f| f["source"] == source).collect()
+}
+
+/// Ingest every landing file of `source` in order and compare each run with the oracle.
+fn check_source(source: &str) {
+    let oracle = oracle();
+    let t = TestLake::new();
+    for (i, expected) in files_of(&oracle, source).iter().enumerate() {
+        let file = landing(expected["file"].as_str().unwrap().trim_start_matches("landing/"));
+        t.ingest_ok(source, &file);
+        let runs = t.query(&format!("SELECT * FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY started_at, run_id"));
+        assert_eq!(runs.len(), i + 1);
+        let run = &runs[i];
+        let ctx = format!("{source} file {}", expected["file"]);
+        assert_eq!(run["file_hash"], expected["file_hash"], "{ctx}");
+        assert_eq!(run["file_hash"].as_str().unwrap(), sha256_hex(&std::fs::read(&file).unwrap()), "{ctx}");
+        for k in ["status", "rows_seen", "rows_inserted", "rows_updated", "rows_unchanged", "rows_failed"] {
+            assert_eq!(run[k], expected[k], "{ctx}: {k}");
+        }
+        assert_eq!(run["file_path"].as_str().unwrap(), file.display().to_string());
+        assert_eq!(run["contract_version"], 1);
+        assert_eq!(run.get("error"), None, "{ctx}: error must be null");
+        let seen = run["rows_seen"].as_i64().unwrap();
+        let sum: i64 = ["rows_inserted", "rows_updated", "rows_unchanged", "rows_failed"].iter().map(|k| run[*k].as_i64().unwrap()).sum();
+        assert_eq!(seen, sum, "{ctx}: counts reconcile");
+        let run_id = run["run_id"].as_str().unwrap();
+
+        // failure rows, whole
+        let failures = t.query(&format!("SELECT * FROM audit.row_failure_log WHERE run_id = '{run_id}' ORDER BY source_row_number, rule"));
+        let want = expected["failures"].as_array().unwrap();
+        assert_eq!(failures.len(), want.len(), "{ctx}: failures {failures:#?}");
+        for (got, want) in failures.iter().zip(want) {
+            assert_eq!(got["source_row_number"], want["source_row_number"], "{ctx}");
+            assert_eq!(got["rule"], want["rule"], "{ctx} row {}", want["source_row_number"]);
+            assert_eq!(got.get("natural_key_fingerprint").cloned().unwrap_or(Value::Null), want["natural_key_fingerprint"], "{ctx} row {}", want["source_row_number"]);
+            if !want["raw_payload"].is_null() {
+                assert_eq!(got["raw_payload"], want["raw_payload"], "{ctx} row {}", want["source_row_number"]);
+            }
+            assert_eq!(got["layer"], "bronze");
+            assert_eq!(got["source"], source);
+            assert_eq!(got.get("table"), None);
+            assert_eq!(got.get("rules_version"), None);
+            assert!(!got["reason"].as_str().unwrap().is_empty());
+        }
+
+        // the rows this run wrote, with their hashes
+        let written = t.query(&format!(
+            "SELECT source_row_number, natural_key_fingerprint, row_hash, file_hash, natural_key_version, contract_version \
+             FROM bronze.{source} WHERE ingestion_run_id = '{run_id}' ORDER BY source_row_number"
+        ));
+        let want = expected["written"].as_array().unwrap();
+        assert_eq!(written.len(), want.len(), "{ctx}: written rows");
+        for (got, want) in written.iter().zip(want) {
+            for k in ["source_row_number", "natural_key_fingerprint", "row_hash"] {
+                assert_eq!(got[k], want[k], "{ctx}: {k} of row {}", want["source_row_number"]);
+            }
+            assert_eq!(got["file_hash"], expected["file_hash"]);
+            assert_eq!(got["natural_key_version"], 1);
+            assert_eq!(got["contract_version"], 1);
+        }
+    }
+    // the current view: one row per fingerprint, the latest version
+    let current = t.query(&format!("SELECT natural_key_fingerprint, row_hash FROM bronze.{source}_current ORDER BY natural_key_fingerprint"));
+    let want: Vec<BTreeMap<String, Value>> = oracle["current"][source]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let mut m = BTreeMap::new();
+            m.insert("natural_key_fingerprint".to_string(), r["natural_key_fingerprint"].clone());
+            m.insert("row_hash".to_string(), r["row_hash"].clone());
+            m
+        })
+        .collect();
+    assert_eq!(current, want, "{source}: bronze.{source}_current");
+}
+
+#[test]
+fn bookings_story_matches_oracle() {
+    check_source("bookings");
+}
+
+#[test]
+fn hotels_story_matches_oracle() {
+    check_source("hotels");
+}
+
+#[test]
+fn marketing_spend_story_matches_oracle() {
+    check_source("marketing_spend");
+}
+
+#[test]
+fn web_sessions_story_matches_oracle() {
+    check_source("web_sessions");
+}
+
+#[test]
+fn typed_values_land_as_arrived_and_volatile_changes_write_nothing() {
+    let t = TestLake::new();
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    let rows = t.query("SELECT booking_ref, hotel_code, amount, check_in, nights, exported_at, arrow_typeof(amount) AS t_amount, arrow_typeof(exported_at) AS t_exported FROM bronze.bookings WHERE source_row_number = 1");
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r["booking_ref"], "BK100001");
+    assert_eq!(r["hotel_code"], "MAD01");
+    assert_eq!(r["check_in"], "2026-11-08");
+    assert_eq!(r["nights"], 4);
+    assert_eq!(r["t_amount"], "Decimal128(12, 2)");
+    assert_eq!(r["t_exported"], "Timestamp(µs, \"UTC\")");
+    // the e-mail typed with spaces and capitals is stored as it arrived
+    let ann = t.query("SELECT guest_email FROM bronze.bookings WHERE guest_email LIKE '%Ann.Smith%'");
+    assert_eq!(ann.len(), 1);
+    assert_eq!(ann[0]["guest_email"], "  Ann.Smith@Example.COM ");
+}
+
+#[test]
+fn ingesting_the_same_file_twice_is_skipped_and_changes_nothing() {
+    let t = TestLake::new();
+    let file = landing("bookings/2026-11-01_bookings.csv");
+    t.ingest_ok("bookings", &file);
+    let before = t.snapshot(&["bookings"]);
+    let out = t.ingest_ok("bookings", &file);
+    assert!(out.contains("skipped, identical to a file already loaded"), "{out}");
+    let runs = t.query("SELECT status, rows_seen, rows_inserted, rows_failed FROM audit.ingestion_run_log ORDER BY started_at");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["status"], "skipped_duplicate_file");
+    assert_eq!(runs[1]["rows_seen"], 0);
+    let after = t.snapshot(&["bookings"]);
+    assert_eq!(before.tables["bronze.bookings"], after.tables["bronze.bookings"]);
+    assert_eq!(before.tables["audit.row_failure_log"], after.tables["audit.row_failure_log"]);
+}
+
+#[test]
+fn sql_udfs_agree_with_stored_hashes() {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    let rows = t.query(
+        "SELECT count(*) AS n, sum(CASE WHEN natural_key_fingerprint = natural_key_fingerprint(1, normalize_text(hotel_code, 'trim,upper')) THEN 1 ELSE 0 END) AS same FROM bronze.hotels",
+    );
+    assert_eq!(rows[0]["n"], rows[0]["same"]);
+    assert_eq!(rows[0]["n"], 20);
+}
+
+#[test]
+fn output_formats_for_scripts() {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    let out = t.run(&["sql", "SELECT hotel_code, rooms FROM bronze.hotels ORDER BY hotel_code LIMIT 2", "--format", "csv"]);
+    assert_ok(&out);
+    let text = crate::util::stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "hotel_code,rooms");
+    assert_eq!(lines.len(), 3);
+    let parquet = t.dir.path().join("out.parquet");
+    let out = t.run(&["sql", "SELECT * FROM bronze.hotels", "--format", "parquet", "--output", parquet.to_str().unwrap()]);
+    assert_ok(&out);
+    let file = std::fs::File::open(&parquet).unwrap();
+    let reader = ingot_parquet_rows(file);
+    assert_eq!(reader, 20);
+}
+
+fn ingot_parquet_rows(file: std::fs::File) -> usize {
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+    let r = SerializedFileReader::new(file).unwrap();
+    r.metadata().file_metadata().num_rows() as usize
+}
+
+#[test]
+fn sql_is_read_only() {
+    let t = TestLake::new();
+    for q in [
+        "CREATE TABLE x AS SELECT 1",
+        "CREATE EXTERNAL TABLE y STORED AS PARQUET LOCATION '/tmp/y'",
+        "INSERT INTO audit.ingestion_run_log SELECT * FROM audit.ingestion_run_log",
+        "COPY (SELECT 1) TO '/tmp/ingot-copy-test.parquet'",
+        "DROP TABLE bronze.bookings",
+    ] {
+        let out = t.run(&["sql", q]);
+        assert_eq!(out.status.code(), Some(2), "{q}");
+        let err = crate::util::stderr(&out);
+        assert!(err.contains("read-only"), "{q}: {err}");
+    }
+}

@@ -1,0 +1,8 @@
+//! The one integration-test binary (each test binary links DataFusion again).
+
+mod bad_input;
+mod contracts;
+mod crash;
+mod hashing;
+mod ingest;
+mod util;

@@ -1,0 +1,168 @@
+//! Shared helpers: a temporary lake, running the real `ingot` binary, reading tables back as
+//! JSON rows, and a normalized whole-lake snapshot for comparing two lakes.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn landing(rel: &str) -> PathBuf {
+    repo().join("data/landing").join(rel)
+}
+
+pub fn bad(rel: &str) -> PathBuf {
+    repo().join("data/bad").join(rel)
+}
+
+/// A temporary lake with its own copy of the repository's contracts.
+pub struct TestLake {
+    pub dir: tempfile::TempDir,
+}
+
+impl TestLake {
+    pub fn new() -> TestLake {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("contracts")).unwrap();
+        for e in std::fs::read_dir(repo().join("contracts")).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, dir.path().join("contracts").join(p.file_name().unwrap())).unwrap();
+        }
+        TestLake { dir }
+    }
+
+    pub fn lake(&self) -> PathBuf {
+        self.dir.path().join("lake")
+    }
+
+    pub fn contracts(&self) -> PathBuf {
+        self.dir.path().join("contracts")
+    }
+
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ingot"));
+        c.arg("--lake").arg(self.lake()).arg("--contracts").arg(self.contracts());
+        c.env_remove("INGOT_FAILPOINT");
+        c.env("INGOT_LOCK_TTL_SECS", "30");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().unwrap()
+    }
+
+    pub fn ingest(&self, source: &str, file: &Path) -> Output {
+        self.command().args(["ingest", source]).arg(file).output().unwrap()
+    }
+
+    /// Ingest and insist on exit code 0.
+    pub fn ingest_ok(&self, source: &str, file: &Path) -> String {
+        let out = self.ingest(source, file);
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Rows of a query, as JSON objects.
+    pub fn query(&self, sql: &str) -> Vec<BTreeMap<String, Value>> {
+        let out = self.command().args(["sql", sql, "--format", "json"]).output().unwrap();
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Every visible table of the lake, with run ids and clock values replaced by stable names so
+    /// that two lakes built by the same commands compare equal.
+    pub fn snapshot(&self, sources: &[&str]) -> LakeSnapshot {
+        let runs = self.query("SELECT * FROM audit.ingestion_run_log ORDER BY started_at, run_id");
+        let mut names = BTreeMap::new();
+        for (i, r) in runs.iter().enumerate() {
+            names.insert(r["run_id"].as_str().unwrap().to_string(), format!("run#{i}"));
+        }
+        let norm = |rows: Vec<BTreeMap<String, Value>>| -> Vec<BTreeMap<String, Value>> {
+            rows.into_iter()
+                .map(|mut row| {
+                    for (k, v) in row.iter_mut() {
+                        if let Value::String(s) = v {
+                            if let Some(n) = names.get(s.as_str()) {
+                                *v = Value::String(n.clone());
+                            }
+                        }
+                        if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
+                            *v = Value::String("<time>".into());
+                        }
+                    }
+                    row
+                })
+                .collect()
+        };
+        let mut tables = BTreeMap::new();
+        tables.insert("audit.ingestion_run_log".to_string(), norm(runs.clone()));
+        tables.insert(
+            "audit.row_failure_log".to_string(),
+            norm(self.query("SELECT * FROM audit.row_failure_log ORDER BY source, failed_at, source_row_number, rule")),
+        );
+        for s in sources {
+            tables.insert(
+                format!("bronze.{s}"),
+                norm(self.query(&format!("SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"))),
+            );
+            tables.insert(
+                format!("bronze.{s}_current"),
+                norm(self.query(&format!("SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"))),
+            );
+        }
+        LakeSnapshot { tables }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub struct LakeSnapshot {
+    pub tables: BTreeMap<String, Vec<BTreeMap<String, Value>>>,
+}
+
+impl LakeSnapshot {
+    /// Assert equality table by table, showing the first differing row.
+    pub fn assert_same(&self, other: &LakeSnapshot, context: &str) {
+        assert_eq!(self.tables.keys().collect::<Vec<_>>(), other.tables.keys().collect::<Vec<_>>(), "{context}");
+        for (name, rows) in &self.tables {
+            let theirs = &other.tables[name];
+            for (i, (a, b)) in rows.iter().zip(theirs.iter()).enumerate() {
+                assert_eq!(a, b, "{context}: table {name} differs at row {i}");
+            }
+            assert_eq!(rows.len(), theirs.len(), "{context}: table {name} row count");
+        }
+    }
+}
+
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "ingot failed with {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
