@@ -22,7 +22,9 @@ test:
 	$(CARGO) build --bin ingot
 	$(CARGO) test --test it -- --test-threads 2
 
-## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv)
+## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
+## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check.
+## Writes bench/results-sf$(SF).md.
 bench:
 	bash scripts/bench.sh
 

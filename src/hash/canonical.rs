@@ -29,14 +29,14 @@
 use std::io::Write as _;
 
 use datafusion::arrow::array::{
-    Array, ArrowPrimitiveType, AsArray, BooleanArray, LargeStringArray, PrimitiveArray, StringArray,
-    StringViewArray,
+    Array, ArrowPrimitiveType, AsArray, BooleanArray, LargeStringArray, PrimitiveArray,
+    StringArray, StringViewArray,
 };
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Decimal32Type, Decimal64Type, Decimal128Type,
-    Decimal256Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    TimeUnit, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    DataType, Date32Type, Date64Type, Decimal32Type, Decimal64Type, Decimal128Type, Decimal256Type,
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
     TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type, i256,
 };
 use datafusion::common::{exec_datafusion_err, plan_err};
@@ -53,8 +53,8 @@ pub fn check_supported(dt: &DataType) -> Result<()> {
     use DataType::*;
     match dt {
         Null | Utf8 | LargeUtf8 | Utf8View | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16
-        | UInt32 | UInt64 | Float32 | Float64 | Decimal32(..) | Decimal64(..)
-        | Decimal128(..) | Decimal256(..) | Boolean | Date32 | Date64 | Timestamp(..) => Ok(()),
+        | UInt32 | UInt64 | Float32 | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..)
+        | Decimal256(..) | Boolean | Date32 | Date64 | Timestamp(..) => Ok(()),
         Dictionary(_, values) if check_supported(values).is_ok() => Ok(()),
         other => plan_err!(
             "type {other} has no canonical text for hashing; supported types are: \
@@ -143,7 +143,10 @@ impl<'a> CanonicalColumn<'a> {
             DataType::Dictionary(..) => dictionary(array)?,
             other => return plan_err!("type {other} has no canonical text for hashing"),
         };
-        Ok(CanonicalColumn { nulls: array.nulls(), values })
+        Ok(CanonicalColumn {
+            nulls: array.nulls(),
+            values,
+        })
     }
 
     /// Append the canonical text of row `row` to `buf`; `false` (nothing written) if null.
@@ -186,14 +189,17 @@ const MILLIS_PER_DAY: i64 = 86_400_000;
 const SECONDS_PER_DAY: i64 = 86_400;
 
 /// Downcast to a concrete array type, as an error rather than a panic on mismatch.
-fn downcast<'a, T: 'static>(array: &'a dyn Array) -> Result<&'a T> {
+fn downcast<T: 'static>(array: &dyn Array) -> Result<&T> {
     array.as_any().downcast_ref::<T>().ok_or_else(|| {
-        exec_datafusion_err!("array of type {} did not downcast as declared", array.data_type())
+        exec_datafusion_err!(
+            "array of type {} did not downcast as declared",
+            array.data_type()
+        )
     })
 }
 
 /// The value slice of a primitive array (the slice is already offset for sliced arrays).
-fn prim<'a, T: ArrowPrimitiveType>(array: &'a dyn Array) -> Result<&'a [T::Native]> {
+fn prim<T: ArrowPrimitiveType>(array: &dyn Array) -> Result<&[T::Native]> {
     Ok(downcast::<PrimitiveArray<T>>(array)?.values())
 }
 

@@ -106,7 +106,10 @@ pub(crate) fn canonical_columns<'a>(
 }
 
 /// `row_hash` of `num_rows` rows over already-downcast columns.
-pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize) -> Result<ArrayRef> {
+pub(crate) fn row_hash_columns(
+    columns: &[CanonicalColumn<'_>],
+    num_rows: usize,
+) -> Result<ArrayRef> {
     let mut out = HexOutput::with_capacity(num_rows);
     let mut message = Vec::with_capacity(256);
     let mut scratch = Vec::new();
@@ -160,7 +163,10 @@ pub(crate) fn fingerprint_columns(
             KeyVersion::Constant(v) => v,
             KeyVersion::PerRow(versions) if versions.is_valid(row) => versions.value(row),
             KeyVersion::PerRow(_) => {
-                return exec_err!("natural_key_fingerprint: version is null in row {}", row + 1);
+                return exec_err!(
+                    "natural_key_fingerprint: version is null in row {}",
+                    row + 1
+                );
             }
         };
         message.clear();
@@ -190,7 +196,11 @@ impl Utf8Output {
     pub(crate) fn with_capacity(rows: usize, bytes: usize) -> Self {
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
-        Utf8Output { values: Vec::with_capacity(bytes), offsets, nulls: NullBufferBuilder::new(rows) }
+        Utf8Output {
+            values: Vec::with_capacity(bytes),
+            offsets,
+            nulls: NullBufferBuilder::new(rows),
+        }
     }
 
     /// The values buffer: append the next value's bytes, then call [`Self::end_value`].

@@ -113,7 +113,12 @@ pub fn parse_steps(list: &str) -> Result<Vec<NormalizeStep>> {
 /// `scratch` is a reusable buffer: with both buffers holding enough capacity nothing is
 /// allocated (except `lower` on text containing `Σ`, and `nfkc` on text that is not
 /// already NFKC, whose decomposition buffer may spill).
-pub fn normalize_into(steps: &[NormalizeStep], input: &str, out: &mut String, scratch: &mut String) {
+pub fn normalize_into(
+    steps: &[NormalizeStep],
+    input: &str,
+    out: &mut String,
+    scratch: &mut String,
+) {
     out.clear();
     let Some((first, rest)) = steps.split_first() else {
         out.push_str(input);
@@ -198,11 +203,11 @@ fn push_nfkc(src: &str, dst: &mut String) {
 pub fn normalize_array(steps: &[NormalizeStep], array: &dyn Array) -> Result<ArrayRef> {
     match array.data_type() {
         DataType::Utf8 => normalize_iter(steps, array.as_string::<i32>().iter(), array.len()),
-        DataType::LargeUtf8 => {
-            normalize_iter(steps, array.as_string::<i64>().iter(), array.len())
-        }
+        DataType::LargeUtf8 => normalize_iter(steps, array.as_string::<i64>().iter(), array.len()),
         DataType::Utf8View => normalize_iter(steps, array.as_string_view().iter(), array.len()),
-        DataType::Null => normalize_iter(steps, std::iter::repeat_n(None, array.len()), array.len()),
+        DataType::Null => {
+            normalize_iter(steps, std::iter::repeat_n(None, array.len()), array.len())
+        }
         other => exec_err!(
             "normalize steps apply to strings only (Utf8, LargeUtf8, Utf8View), got {other}"
         ),

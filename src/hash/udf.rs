@@ -147,9 +147,11 @@ impl ScalarUDFImpl for NaturalKeyFingerprint {
         let arrays = to_arrays(fields, num_rows)?;
         let columns = columns_for(self.name(), &arrays, 1)?;
         let result = match version {
-            ColumnarValue::Scalar(scalar) => {
-                fingerprint_columns(KeyVersion::Constant(scalar_version(scalar)?), &columns, num_rows)?
-            }
+            ColumnarValue::Scalar(scalar) => fingerprint_columns(
+                KeyVersion::Constant(scalar_version(scalar)?),
+                &columns,
+                num_rows,
+            )?,
             ColumnarValue::Array(array) => {
                 let versions = cast(array, &DataType::Int64)?;
                 let versions = versions.as_primitive_opt::<Int64Type>().ok_or_else(|| {
@@ -173,7 +175,10 @@ impl ScalarUDFImpl for CanonicalText {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.len() != 1 {
-            return plan_err!("canonical_text(x) takes 1 argument, got {}", arg_types.len());
+            return plan_err!(
+                "canonical_text(x) takes 1 argument, got {}",
+                arg_types.len()
+            );
         }
         check_hashable(self.name(), arg_types, 0)?;
         Ok(arg_types.to_vec())
@@ -251,9 +256,10 @@ impl ScalarUDFImpl for NormalizeText {
         };
         let steps = steps_from_scalar(steps)?;
         match text {
-            ColumnarValue::Array(array) => {
-                Ok(ColumnarValue::Array(normalize_array(&steps, array.as_ref())?))
-            }
+            ColumnarValue::Array(array) => Ok(ColumnarValue::Array(normalize_array(
+                &steps,
+                array.as_ref(),
+            )?)),
             ColumnarValue::Scalar(scalar) => {
                 let array = normalize_array(&steps, scalar.to_array_of_size(1)?.as_ref())?;
                 finish(array, true)
@@ -288,8 +294,18 @@ fn columns_for<'a>(
     arrays: &'a [ArrayRef],
     offset: usize,
 ) -> Result<Vec<CanonicalColumn<'a>>> {
-    check_hashable(function, &arrays.iter().map(|a| a.data_type().clone()).collect::<Vec<_>>(), offset)?;
-    arrays.iter().map(|a| CanonicalColumn::new(a.as_ref())).collect()
+    check_hashable(
+        function,
+        &arrays
+            .iter()
+            .map(|a| a.data_type().clone())
+            .collect::<Vec<_>>(),
+        offset,
+    )?;
+    arrays
+        .iter()
+        .map(|a| CanonicalColumn::new(a.as_ref()))
+        .collect()
 }
 
 /// Whether every argument is a scalar (then the result is a scalar too).
@@ -305,7 +321,9 @@ fn to_arrays(args: &[ColumnarValue], len: usize) -> Result<Vec<ArrayRef>> {
 /// Wrap a result array: a scalar when every input was a scalar.
 fn finish(result: ArrayRef, all_scalar: bool) -> Result<ColumnarValue> {
     if all_scalar {
-        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&result, 0)?))
+        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
+            &result, 0,
+        )?))
     } else {
         Ok(ColumnarValue::Array(result))
     }
@@ -330,7 +348,10 @@ fn coerce_string(dt: &DataType, position: usize) -> Result<DataType> {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(dt.clone()),
         DataType::Null => Ok(DataType::Utf8),
         DataType::Dictionary(_, values)
-            if matches!(**values, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
+            if matches!(
+                **values,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) =>
         {
             Ok((**values).clone())
         }

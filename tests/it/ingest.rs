@@ -198,3 +198,81 @@ fn sql_is_read_only() {
         assert!(err.contains("read-only"), "{q}: {err}");
     }
 }
+
+#[test]
+fn parquet_input_gives_the_same_hashes_as_csv_and_rejects_uncastable_values() {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    // a Parquet export of the same typed rows, loaded through a Parquet contract
+    let contract = std::fs::read_to_string(t.contracts().join("hotels.yaml")).unwrap();
+    let pq_contract = contract.replace("source: hotels", "source: hotels_pq").replace("format: csv", "format: parquet");
+    let pq_contract: String = pq_contract.lines().filter(|l| !l.starts_with("csv:") && !l.starts_with("  delimiter") && !l.starts_with("  header") && !l.starts_with("  quote") && !l.starts_with("  null_values")).collect::<Vec<_>>().join("\n");
+    std::fs::write(t.contracts().join("hotels_pq.yaml"), pq_contract).unwrap();
+    let fields: Vec<String> = {
+        let mut problems = ingot::yaml::Problems::default();
+        let c = ingot::contract::Contract::from_file(&t.contracts().join("hotels_pq.yaml"), &mut problems).unwrap_or_else(|| panic!("{:?}", problems.items));
+        c.fields.iter().map(|f| f.name.clone()).collect()
+    };
+    let export = t.dir.path().join("hotels.parquet");
+    let q = format!("SELECT {} FROM bronze.hotels ORDER BY source_row_number", fields.join(", "));
+    assert_ok(&t.run(&["sql", &q, "--format", "parquet", "--output", export.to_str().unwrap()]));
+    t.ingest_ok("hotels_pq", &export);
+    let csv_rows = t.query("SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels ORDER BY source_row_number");
+    let pq_rows = t.query("SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels_pq ORDER BY source_row_number");
+    assert_eq!(csv_rows.len(), 20);
+    assert_eq!(csv_rows, pq_rows);
+
+    // a value that cannot be cast to the contract type rejects just that row
+    let rooms_idx = fields.iter().position(|f| f == "rooms").unwrap();
+    let mut cols = fields.clone();
+    cols[rooms_idx] = "CASE WHEN source_row_number = 3 THEN 'many' ELSE CAST(rooms AS VARCHAR) END AS rooms".into();
+    let bad = t.dir.path().join("hotels_bad.parquet");
+    let q = format!("SELECT {} FROM bronze.hotels ORDER BY source_row_number", cols.join(", "));
+    assert_ok(&t.run(&["sql", &q, "--format", "parquet", "--output", bad.to_str().unwrap()]));
+    std::fs::remove_dir_all(t.lake()).unwrap();
+    t.ingest_ok("hotels_pq", &bad);
+    let f = t.query("SELECT source_row_number, rule, raw_payload FROM audit.row_failure_log");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0]["source_row_number"], 3);
+    assert_eq!(f[0]["rule"], "type:rooms");
+    assert!(f[0]["raw_payload"].as_str().unwrap().contains("\"rooms\":\"many\""), "{f:?}");
+    assert_eq!(t.query("SELECT count(*) AS n FROM bronze.hotels_pq")[0]["n"], 19);
+}
+
+#[test]
+fn runs_and_failures_views_for_people_and_scripts() {
+    let t = TestLake::new();
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    let out = t.run(&["runs", "--source", "bookings", "--format", "csv"]);
+    assert_ok(&out);
+    let text = crate::util::stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,file_path,error");
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].contains(",bookings,succeeded_with_failures,305,296,0,1,8,"), "{text}");
+
+    let run_id = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'bookings'")[0]["run_id"].as_str().unwrap().to_string();
+    let out = t.run(&["failures", "--run", &run_id, "--format", "json"]);
+    assert_ok(&out);
+    let rows: Vec<Value> = crate::util::stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rules: Vec<&str> = rows.iter().map(|r| r["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules, vec!["type:amount", "type:check_in", "required:booking_ref", "min:amount", "pattern:currency", "allowed:booking_status", "natural_key_conflict", "natural_key_conflict"]);
+    let table = crate::util::stdout(&t.run(&["failures"]));
+    assert!(table.contains("| type:amount") && table.contains("(8 rows)"), "{table}");
+}
+
+#[test]
+fn help_explains_commands_and_exit_codes() {
+    let t = TestLake::new();
+    let out = t.run(&["--help"]);
+    assert_ok(&out);
+    let text = crate::util::stdout(&out);
+    for needle in ["ingest", "check", "sql", "runs", "failures", "Exit codes", "--lake", "INGOT_LAKE", "--memory-limit"] {
+        assert!(text.contains(needle), "--help lacks {needle}:\n{text}");
+    }
+    let out = t.run(&["ingest", "--help"]);
+    assert!(crate::util::stdout(&out).contains("skipped_duplicate_file"));
+    let out = t.run(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -72,7 +72,7 @@ def date_text(days: int) -> str:
 def timestamp_text(value: int, unit: str) -> str:
     per = TICKS_PER_SECOND[unit]
     seconds, ticks = divmod(value, per)  # floor division: instants before 1970 work
-    text = (EPOCH + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    text = (EPOCH + datetime.timedelta(seconds=seconds)).isoformat()  # zero-padded year
     if ticks:
         width = len(str(per)) - 1
         text += "." + str(ticks).rjust(width, "0").rstrip("0")

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""DuckDB doing ingot's bronze job on TPC-H lineitem, for `make bench`.
+
+    duckdb_job.py hash  CSV OUT.parquet   typed read + row_hash + natural_key_fingerprint, zstd Parquet
+    duckdb_job.py copy  CSV OUT.parquet   the same typed read straight to zstd Parquet (reference)
+
+The hashes are the formulas of shared/DESIGN.md section 2, written in plain SQL:
+
+* natural_key_fingerprint = sha256('1|' || v1 || '|' || v2), vi = canonical text, NULL -> ''
+* row_hash = sha256('1|' || e1 || '|' || ... || e16) over all 16 contract fields in contract
+  order, ei = '\\N' for NULL, else the canonical text with '\\' -> '\\\\' then '|' -> '\\|'.
+
+Canonical text in DuckDB: BIGINT/INTEGER::VARCHAR is plain decimal, DECIMAL(15,2)::VARCHAR has
+exactly 2 fraction digits, DATE::VARCHAR is YYYY-MM-DD, strings are as read (the contract has no
+normalize steps). The escaping is applied to the string fields only: the canonical text of an
+integer, decimal or date can contain neither '\\' nor '|', so there it is the identity.
+(DuckDB string literals do not interpret backslashes: '\\' in SQL below is one backslash.)
+"""
+import sys
+
+import duckdb
+
+# (name, DuckDB type) in contract order: bench/contracts/lineitem.yaml
+FIELDS = [
+    ("l_orderkey", "BIGINT"),
+    ("l_partkey", "BIGINT"),
+    ("l_suppkey", "BIGINT"),
+    ("l_linenumber", "INTEGER"),
+    ("l_quantity", "DECIMAL(15,2)"),
+    ("l_extendedprice", "DECIMAL(15,2)"),
+    ("l_discount", "DECIMAL(15,2)"),
+    ("l_tax", "DECIMAL(15,2)"),
+    ("l_returnflag", "VARCHAR"),
+    ("l_linestatus", "VARCHAR"),
+    ("l_shipdate", "DATE"),
+    ("l_commitdate", "DATE"),
+    ("l_receiptdate", "DATE"),
+    ("l_shipinstruct", "VARCHAR"),
+    ("l_shipmode", "VARCHAR"),
+    ("l_comment", "VARCHAR"),
+]
+NATURAL_KEY = ["l_orderkey", "l_linenumber"]
+
+
+def sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def typed_read(csv: str) -> str:
+    cols = ", ".join(f"{sql_str(n)}: {sql_str(t)}" for n, t in FIELDS)
+    # The dialect of `tpchgen-cli csv`, as declared in the contract: header line, ',' delimiter,
+    # '"' quote (doubled to escape), empty field = NULL. No sniffing: explicit types.
+    return (
+        f"read_csv({sql_str(csv)}, header = true, delim = ',', quote = '\"', escape = '\"', "
+        f"nullstr = '', auto_detect = false, columns = {{{cols}}})"
+    )
+
+
+def hash_select(csv: str) -> str:
+    def elem(name: str, typ: str) -> str:
+        text = f"{name}::VARCHAR"
+        if typ == "VARCHAR":
+            text = f"replace(replace({name}, '\\', '\\\\'), '|', '\\|')"
+        return f"coalesce({text}, '\\N')"
+
+    row = " || '|' || ".join(elem(n, t) for n, t in FIELDS)
+    nk = " || '|' || ".join(f"coalesce({n}::VARCHAR, '')" for n in NATURAL_KEY)
+    return (
+        f"SELECT *, sha256('1|' || {row}) AS row_hash, "
+        f"sha256('1|' || {nk}) AS natural_key_fingerprint FROM {typed_read(csv)}"
+    )
+
+
+def main() -> int:
+    if len(sys.argv) != 4 or sys.argv[1] not in ("hash", "copy"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    mode, csv, out = sys.argv[1:]
+    query = hash_select(csv) if mode == "hash" else f"SELECT * FROM {typed_read(csv)}"
+    con = duckdb.connect()
+    n = con.execute(
+        f"COPY ({query}) TO {sql_str(out)} (FORMAT parquet, COMPRESSION zstd)"
+    ).fetchone()[0]
+    print(f"duckdb {mode}: {n} rows -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# make bench: TPC-H lineitem through ingot (release build) and DuckDB in the same run, on the
+# same machine, then a check that both computed the same hashes. See bench/ for the pieces.
+#
+#   SF=1            scale factor of the timed run (default 1: 6,001,215 rows, ~766 MB of CSV)
+#   SF10=1          also ingest scale factor 10 into a fresh lake and report its peak memory
+#   INGOT_BIN=PATH  use this ingot binary instead of building --release (harness development)
+#   BENCH_TARGET_DIR  cargo target dir of the release build ($HOME/.cache/ingot-target-release)
+#
+# Needs only cargo and python3: the venv .venv-bench gets duckdb and tpchgen-cli from PyPI.
+# Every step is idempotent: tools, generated data and the re-delivered file are kept in
+# bench/work/ and reused; each run measures into a fresh lake.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SF=${SF:-1}
+VENV=$ROOT/.venv-bench
+PY=$VENV/bin/python
+CONTRACTS=$ROOT/bench/contracts
+DUCKDB_VERSION=2.0.1
+TPCHGEN_VERSION=4.0.0
+HEADER='l_orderkey,l_partkey,l_suppkey,l_linenumber,l_quantity,l_extendedprice,l_discount,l_tax,l_returnflag,l_linestatus,l_shipdate,l_commitdate,l_receiptdate,l_shipinstruct,l_shipmode,l_comment'
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
+
+case $SF in
+  '' | *[!0-9.]* | *.*.* | .* | *.) die "SF must be a number like 1 or 0.01 (got '$SF')" ;;
+esac
+command -v python3 >/dev/null || die "python3 is needed"
+
+# ---------------------------------------------------------------------------------- 1. venv
+step "venv $VENV with duckdb==$DUCKDB_VERSION and tpchgen-cli==$TPCHGEN_VERSION"
+if [ ! -x "$PY" ]; then
+  python3 -m venv "$VENV" || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+fi
+if ! "$PY" - "$DUCKDB_VERSION" "$TPCHGEN_VERSION" <<'EOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+try:
+    ok = version("duckdb") == sys.argv[1] and version("tpchgen-cli") == sys.argv[2]
+except PackageNotFoundError:
+    ok = False
+sys.exit(0 if ok else 1)
+EOF
+then
+  "$PY" -m pip install --quiet --disable-pip-version-check \
+    "duckdb==$DUCKDB_VERSION" "tpchgen-cli==$TPCHGEN_VERSION" || die "pip install failed"
+fi
+echo "ok: duckdb $DUCKDB_VERSION, tpchgen-cli $TPCHGEN_VERSION" >&2
+
+# ------------------------------------------------------------------------------- 2. ingot
+if [ -n "${INGOT_BIN:-}" ]; then
+  step "ingot: using INGOT_BIN=$INGOT_BIN (no build)"
+  INGOT=$INGOT_BIN
+else
+  command -v cargo >/dev/null || die "cargo is needed (Rust toolchain)"
+  TARGET=${BENCH_TARGET_DIR:-$HOME/.cache/ingot-target-release}
+  step "ingot: cargo build --release (target dir $TARGET)"
+  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot
+  INGOT=$TARGET/release/ingot
+fi
+[ -x "$INGOT" ] || die "no ingot binary at $INGOT"
+
+ingot() { "$INGOT" --contracts "$CONTRACTS" "$@"; }
+# sql LAKE QUERY: the result rows as CSV, without the header line
+sql() { local lake=$1; shift; ingot --lake "$lake" sql "$1" --format csv | tail -n +2; }
+step "contract check"
+ingot check
+
+# ------------------------------------------------------------------------------- 3. data
+# gen SF: bench/work/sf<SF>/lineitem.csv (generated into a scratch folder, renamed when whole)
+gen() {
+  local sf=$1 dir=$ROOT/bench/work/sf$1
+  if [ ! -s "$dir/lineitem.csv" ]; then
+    step "generating TPC-H lineitem SF$sf with tpchgen-cli into $dir"
+    rm -rf "$dir/.gen"
+    mkdir -p "$dir/.gen"
+    "$VENV/bin/tpchgen-cli" csv --scale-factor "$sf" --tables lineitem --output-dir "$dir/.gen" --quiet
+    mv "$dir/.gen/lineitem.csv" "$dir/lineitem.csv"
+    rm -rf "$dir/.gen"
+  else
+    echo "ok: $dir/lineitem.csv already generated" >&2
+  fi
+  # The contract declares this dialect: check it is what tpchgen-cli wrote.
+  [ "$(head -n 1 "$dir/lineitem.csv")" = "$HEADER" ] ||
+    die "$dir/lineitem.csv: unexpected header line; bench/contracts/lineitem.yaml expects: $HEADER"
+}
+
+WORK=$ROOT/bench/work/sf$SF
+CSV=$WORK/lineitem.csv
+REDELIVERED=$WORK/lineitem-redelivery.csv
+CHANGES=$WORK/redelivery-changes.json
+gen "$SF"
+ROWS=$(( $(wc -l < "$CSV") - 1 ))
+echo "ok: $CSV: $ROWS rows, $(du -m "$CSV" | cut -f1) MB" >&2
+
+if [ ! -s "$REDELIVERED" ] || [ ! -s "$CHANGES" ] || [ "$CSV" -nt "$REDELIVERED" ]; then
+  step "making the re-delivery: a copy with l_comment changed in exactly 3 rows"
+  "$PY" bench/redeliver.py "$CSV" "$REDELIVERED" "$CHANGES"
+else
+  echo "ok: $REDELIVERED already made" >&2
+fi
+# Cheap sanity check of the re-delivery: the original plus 3 x "corrected " (10 bytes).
+[ $(( $(stat -c %s "$REDELIVERED") - $(stat -c %s "$CSV") )) = 30 ] ||
+  die "$REDELIVERED is not $CSV plus 3 changed comments: delete it to have it made again"
+
+# ------------------------------------------------------------------------ 4. timed jobs
+MEASURE=$WORK/measure
+LAKE=$WORK/lake
+DDB=$WORK/duckdb
+rm -rf "$MEASURE" "$LAKE" "$DDB"
+mkdir -p "$MEASURE" "$DDB"
+measure() { local label=$1; shift; "$PY" bench/measure.py --label "$label" --out "$MEASURE/$label.json" --log "$MEASURE/$label.log" -- "$@"; }
+run_id() { sed -n 's/.*\[run \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -n 1; }
+# warm the page cache so every job reads the files from memory alike
+cat "$CSV" "$REDELIVERED" > /dev/null
+
+step "(a) ingot: first ingest of SF$SF into a fresh lake"
+measure ingot_first "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$CSV" ||
+  die "ingot's first ingest failed"
+RUN_A=$(run_id ingot_first)
+GOT=$(sql "$LAKE" "SELECT status, rows_seen, rows_inserted, rows_updated, rows_unchanged, rows_failed FROM audit.ingestion_run_log WHERE run_id = '$RUN_A'")
+[ "$GOT" = "succeeded,$ROWS,$ROWS,0,0,0" ] ||
+  die "first ingest: run log says '$GOT', expected succeeded,$ROWS,$ROWS,0,0,0 (status,seen,inserted,updated,unchanged,failed)"
+
+step "(b) ingot: the identical file again (must be skipped)"
+measure ingot_again "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$CSV" ||
+  die "ingot's second ingest of the same file failed"
+RUN_B=$(run_id ingot_again)
+GOT=$(sql "$LAKE" "SELECT status, rows_seen FROM audit.ingestion_run_log WHERE run_id = '$RUN_B'")
+[ "$GOT" = "skipped_duplicate_file,0" ] || die "same file again: run log says '$GOT', expected skipped_duplicate_file,0"
+
+step "(c) ingot: re-delivery with 3 rows changed"
+measure ingot_redelivery "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$REDELIVERED" ||
+  die "ingot's ingest of the re-delivery failed"
+RUN_C=$(run_id ingot_redelivery)
+GOT=$(sql "$LAKE" "SELECT rows_updated, rows_inserted, rows_unchanged, rows_failed FROM audit.ingestion_run_log WHERE run_id = '$RUN_C'")
+[ "$GOT" = "3,0,$((ROWS - 3)),0" ] ||
+  die "re-delivery: run log says '$GOT', expected 3,0,$((ROWS - 3)),0 (updated,inserted,unchanged,failed)"
+
+step "(d) DuckDB: the same job (typed read, row_hash + fingerprint, zstd Parquet)"
+measure duckdb_hash "$PY" bench/duckdb_job.py hash "$CSV" "$DDB/lineitem_hashed.parquet" ||
+  die "DuckDB's job failed"
+step "(d) DuckDB: plain typed CSV -> zstd Parquet copy (reference)"
+measure duckdb_copy "$PY" bench/duckdb_job.py copy "$CSV" "$DDB/lineitem_plain.parquet" ||
+  die "DuckDB's plain copy failed"
+
+# ---------------------------------------------------------------------- 5. same hashes?
+step "(e) checking that ingot and DuckDB computed the same hashes"
+"$PY" bench/verify.py "$LAKE" "$RUN_A" "$RUN_C" "$DDB/lineitem_hashed.parquet" "$REDELIVERED" "$CHANGES" "$ROWS" |
+  tee "$MEASURE/verify.log" || die "ingot's and DuckDB's hashes differ (see above)"
+
+# ------------------------------------------------------------------------ 6. SF10 (opt.)
+SF10_ARGS=()
+if [ "${SF10:-}" = 1 ]; then
+  gen 10
+  CSV10=$ROOT/bench/work/sf10/lineitem.csv
+  ROWS10=$(( $(wc -l < "$CSV10") - 1 ))
+  step "SF10: ingot first ingest of $ROWS10 rows into a fresh lake (peak memory)"
+  rm -rf "$ROOT/bench/work/sf10/lake"
+  measure ingot_first_sf10 "$INGOT" --lake "$ROOT/bench/work/sf10/lake" --contracts "$CONTRACTS" \
+    ingest lineitem "$CSV10" || die "ingot's SF10 ingest failed"
+  SF10_ARGS=(--sf10-rows "$ROWS10")
+fi
+
+# ----------------------------------------------------------------------------- 7. table
+step "results"
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain -- src Cargo.toml 2>/dev/null)" ]; then COMMIT="$COMMIT (+ uncommitted changes in src/)"; fi
+MEM_GIB=$(awk '/^MemTotal:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)
+CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
+"$PY" bench/report.py --measure "$MEASURE" --sf "$SF" --rows "$ROWS" --md "$ROOT/bench/results-sf$SF.md" \
+  "${SF10_ARGS[@]}" \
+  --meta "measured: $(date -u +%Y-%m-%dT%H:%MZ)" \
+  --meta "machine: nproc $(nproc), memory $MEM_GIB GiB, ${CPU:-unknown CPU}, $(uname -sr)" \
+  --meta "ingot: commit $COMMIT, binary $INGOT built $BIN_DATE, default --memory-limit" \
+  --meta "duckdb $DUCKDB_VERSION (Python, default settings), tpchgen-cli $TPCHGEN_VERSION" \
+  --meta "input: $(du -m "$CSV" | cut -f1) MB CSV; re-delivery = same file with l_comment changed in 3 rows" \
+  --meta "hash check: $(tail -n 1 "$MEASURE/verify.log" | sed 's/^verify: //'), $ROWS rows joined on (l_orderkey, l_linenumber)"
+echo >&2
+echo "written: bench/results-sf$SF.md" >&2
