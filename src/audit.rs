@@ -14,7 +14,9 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
     TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
+};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use object_store::buffered::BufWriter;
@@ -179,20 +181,32 @@ impl RunRecord {
     /// Read every record of a batch in the run-log schema.
     pub fn from_batch(batch: &RecordBatch) -> Result<Vec<RunRecord>> {
         let col = |name: &str| -> Result<&ArrayRef> {
-            batch.column_by_name(name).ok_or_else(|| Error::RunFailed(format!("run log record lacks column {name}")))
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| Error::RunFailed(format!("run log record lacks column {name}")))
         };
         let s = |name: &str| -> Result<&StringArray> {
-            col(name)?.as_string_opt::<i32>().ok_or_else(|| Error::RunFailed(format!("run log column {name} is not utf8")))
+            col(name)?
+                .as_string_opt::<i32>()
+                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not utf8")))
         };
         let i = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<Int64Type>> {
-            col(name)?.as_primitive_opt::<Int64Type>().ok_or_else(|| Error::RunFailed(format!("run log column {name} is not int64")))
+            col(name)?
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not int64")))
         };
         let t = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
             col(name)?
                 .as_primitive_opt::<TimestampMicrosecondType>()
                 .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not a timestamp")))
         };
-        let opt = |a: &StringArray, r: usize| if a.is_null(r) { None } else { Some(a.value(r).to_string()) };
+        let opt = |a: &StringArray, r: usize| {
+            if a.is_null(r) {
+                None
+            } else {
+                Some(a.value(r).to_string())
+            }
+        };
         let cv = col("contract_version")?
             .as_primitive_opt::<Int32Type>()
             .ok_or_else(|| Error::RunFailed("run log column contract_version is not int32".into()))?;
@@ -377,7 +391,11 @@ impl FailureWriter {
         let batch = self.batch()?;
         if self.writer.is_none() {
             let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
-            self.writer = Some(AsyncArrowWriter::try_new(w, failure_log_schema(), Some(crate::bronze::writer_properties()))?);
+            self.writer = Some(AsyncArrowWriter::try_new(
+                w,
+                failure_log_schema(),
+                Some(crate::bronze::writer_properties()),
+            )?);
         }
         if let Some(w) = self.writer.as_mut() {
             w.write(&batch).await?;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::parquet::arrow::AsyncArrowWriter;
-use object_store::buffered::BufWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
+use object_store::buffered::BufWriter;
 
 use crate::contract::timestamp_type;
 use crate::error::Result;
@@ -59,14 +59,22 @@ impl RunStamp {
         row_numbers: ArrayRef,
     ) -> Result<RecordBatch> {
         let n = row_hash.len();
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.run_id.as_str(), n))));
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.file_hash.as_str(), n))));
+        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            self.run_id.as_str(),
+            n,
+        ))));
+        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            self.file_hash.as_str(),
+            n,
+        ))));
         columns.push(row_hash);
         columns.push(fingerprint);
         columns.push(Arc::new(Int32Array::from_value(self.natural_key_version, n)));
         columns.push(Arc::new(Int32Array::from_value(self.contract_version, n)));
         columns.push(row_numbers);
-        columns.push(Arc::new(TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC")));
+        columns.push(Arc::new(
+            TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC"),
+        ));
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
 }
@@ -82,7 +90,13 @@ pub struct BronzeWriter {
 
 impl BronzeWriter {
     pub fn new(lake: &Lake, rel: String, schema: SchemaRef) -> BronzeWriter {
-        BronzeWriter { lake: lake.clone(), rel, schema, writer: None, rows: 0 }
+        BronzeWriter {
+            lake: lake.clone(),
+            rel,
+            schema,
+            writer: None,
+            rows: 0,
+        }
     }
 
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -91,7 +105,11 @@ impl BronzeWriter {
         }
         if self.writer.is_none() {
             let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
-            self.writer = Some(AsyncArrowWriter::try_new(w, self.schema.clone(), Some(writer_properties()))?);
+            self.writer = Some(AsyncArrowWriter::try_new(
+                w,
+                self.schema.clone(),
+                Some(writer_properties()),
+            )?);
         }
         if let Some(w) = self.writer.as_mut() {
             w.write(batch).await?;

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::logical_expr::ExprFunctionExt;
@@ -46,12 +46,29 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
     for contract in contracts.contracts.values() {
         register_bronze(&ctx, &ws.lake, contract, &runs).await?;
     }
-    let run_files: Vec<String> = runs.iter().map(|r| ws.lake.url(&layout::run_record(&r.run_id))).collect();
-    ctx.register_table("audit.ingestion_run_log", table_over(&ctx, run_files, run_log_schema()).await?)?;
-    let failure_files: Vec<String> =
-        runs.iter().filter(|r| r.has_failures()).map(|r| ws.lake.url(&layout::failures(&r.run_id))).collect();
-    ctx.register_table("audit.row_failure_log", table_over(&ctx, failure_files, failure_log_schema()).await?)?;
-    Ok(Catalog { ctx, contracts, runs, problems })
+    let run_files: Vec<String> = runs
+        .iter()
+        .map(|r| ws.lake.url(&layout::run_record(&r.run_id)))
+        .collect();
+    ctx.register_table(
+        "audit.ingestion_run_log",
+        table_over(&ctx, run_files, run_log_schema()).await?,
+    )?;
+    let failure_files: Vec<String> = runs
+        .iter()
+        .filter(|r| r.has_failures())
+        .map(|r| ws.lake.url(&layout::failures(&r.run_id)))
+        .collect();
+    ctx.register_table(
+        "audit.row_failure_log",
+        table_over(&ctx, failure_files, failure_log_schema()).await?,
+    )?;
+    Ok(Catalog {
+        ctx,
+        contracts,
+        runs,
+        problems,
+    })
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
@@ -64,7 +81,10 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     ctx.register_table(name.as_str(), table_over(ctx, files, contract.bronze_schema()).await?)?;
     let rn = datafusion::functions_window::expr_fn::row_number()
         .partition_by(vec![col("natural_key_fingerprint")])
-        .order_by(vec![col("ingested_at").sort(false, true), col("ingestion_run_id").sort(false, true)])
+        .order_by(vec![
+            col("ingested_at").sort(false, true),
+            col("ingestion_run_id").sort(false, true),
+        ])
         .build()?
         .alias("__ingot_rn");
     let current = ctx
@@ -73,7 +93,10 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
         .window(vec![rn])?
         .filter(col("__ingot_rn").eq(lit(1u64)))?
         .drop_columns(&["__ingot_rn"])?;
-    ctx.register_table(format!("bronze.{}_current", contract.source).as_str(), current.into_view())?;
+    ctx.register_table(
+        format!("bronze.{}_current", contract.source).as_str(),
+        current.into_view(),
+    )?;
     Ok(())
 }
 
@@ -82,9 +105,13 @@ async fn table_over(_ctx: &SessionContext, files: Vec<String>, schema: SchemaRef
     if files.is_empty() {
         return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
     }
-    let urls = files.iter().map(|f| ListingTableUrl::parse(f)).collect::<datafusion::error::Result<Vec<_>>>()?;
-    let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-        .with_file_extension(".parquet");
-    let config = ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(schema);
+    let urls = files
+        .iter()
+        .map(ListingTableUrl::parse)
+        .collect::<datafusion::error::Result<Vec<_>>>()?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .with_schema(schema);
     Ok(Arc::new(ListingTable::try_new(config)?))
 }

@@ -19,19 +19,52 @@ use crate::yaml::{self, Doc, Kind, Node, Pos, Problems};
 /// Column names a contract may not use: every column of every table in DESIGN.md §5.
 pub const RESERVED_COLUMNS: &[&str] = &[
     // bronze
-    "ingestion_run_id", "file_hash", "row_hash", "natural_key_fingerprint", "natural_key_version",
-    "contract_version", "source_row_number", "ingested_at",
+    "ingestion_run_id",
+    "file_hash",
+    "row_hash",
+    "natural_key_fingerprint",
+    "natural_key_version",
+    "contract_version",
+    "source_row_number",
+    "ingested_at",
     // silver
-    "rules_version", "anomaly_flags", "is_anomaly", "silver_build_id",
+    "rules_version",
+    "anomaly_flags",
+    "is_anomaly",
+    "silver_build_id",
     // audit.ingestion_run_log
-    "run_id", "source", "file_path", "file_bytes", "started_at", "finished_at", "status",
-    "rows_seen", "rows_inserted", "rows_updated", "rows_unchanged", "rows_failed", "replay_of",
-    "error", "ingot_version",
+    "run_id",
+    "source",
+    "file_path",
+    "file_bytes",
+    "started_at",
+    "finished_at",
+    "status",
+    "rows_seen",
+    "rows_inserted",
+    "rows_updated",
+    "rows_unchanged",
+    "rows_failed",
+    "replay_of",
+    "error",
+    "ingot_version",
     // audit.row_failure_log
-    "layer", "table", "raw_payload", "rule", "reason", "failed_at",
+    "layer",
+    "table",
+    "raw_payload",
+    "rule",
+    "reason",
+    "failed_at",
     // audit.silver_build_log
-    "build_id", "rules_sha256", "mode", "rebuild_filter", "rows_read", "rows_written",
-    "rows_filtered", "rows_rejected", "rows_flagged",
+    "build_id",
+    "rules_sha256",
+    "mode",
+    "rebuild_filter",
+    "rows_read",
+    "rows_written",
+    "rows_filtered",
+    "rows_rejected",
+    "rows_flagged",
 ];
 
 /// Arrow type of `timestamp` fields: microseconds since the epoch, UTC.
@@ -63,8 +96,16 @@ pub enum FieldType {
 }
 
 impl FieldType {
-    pub const NAMES: &'static [&'static str] =
-        &["string", "int32", "int64", "float64", "decimal(p,s)", "boolean", "date", "timestamp"];
+    pub const NAMES: &'static [&'static str] = &[
+        "string",
+        "int32",
+        "int64",
+        "float64",
+        "decimal(p,s)",
+        "boolean",
+        "date",
+        "timestamp",
+    ];
 
     pub fn parse(s: &str) -> Option<FieldType> {
         Some(match s.trim() {
@@ -158,7 +199,12 @@ pub struct CsvOptions {
 
 impl Default for CsvOptions {
     fn default() -> Self {
-        CsvOptions { delimiter: b',', header: true, quote: b'"', null_values: vec![String::new()] }
+        CsvOptions {
+            delimiter: b',',
+            header: true,
+            quote: b'"',
+            null_values: vec![String::new()],
+        }
     }
 }
 
@@ -219,14 +265,20 @@ impl Contract {
     /// Arrow schema of the contract fields alone (typed, all nullable).
     pub fn fields_schema(&self) -> SchemaRef {
         Arc::new(Schema::new(
-            self.fields.iter().map(|f| ArrowField::new(&f.name, f.ty.arrow_type(), true)).collect::<Vec<_>>(),
+            self.fields
+                .iter()
+                .map(|f| ArrowField::new(&f.name, f.ty.arrow_type(), true))
+                .collect::<Vec<_>>(),
         ))
     }
 
     /// Arrow schema of `bronze.<source>`: the contract fields then the bronze columns.
     pub fn bronze_schema(&self) -> SchemaRef {
-        let mut fields: Vec<ArrowField> =
-            self.fields.iter().map(|f| ArrowField::new(&f.name, f.ty.arrow_type(), true)).collect();
+        let mut fields: Vec<ArrowField> = self
+            .fields
+            .iter()
+            .map(|f| ArrowField::new(&f.name, f.ty.arrow_type(), true))
+            .collect();
         fields.extend(crate::bronze::meta_fields());
         Arc::new(Schema::new(fields))
     }
@@ -252,7 +304,12 @@ impl Contract {
             }
         };
         let before = problems.items.len();
-        let contract = ContractReader { doc: &doc, problems, names: Vec::new() }.read();
+        let contract = ContractReader {
+            doc: &doc,
+            problems,
+            names: Vec::new(),
+        }
+        .read();
         if problems.items.len() > before { None } else { contract }
     }
 }
@@ -273,7 +330,11 @@ impl<'a> MapNode<'a> {
         problems: &mut Problems,
     ) -> Option<MapNode<'a>> {
         let Kind::Map(entries) = &node.kind else {
-            problems.push(file, node.pos, format!("{what} must be a mapping, found {}", node.kind_name()));
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a mapping, found {}", node.kind_name()),
+            );
             return None;
         };
         let mut seen = HashSet::new();
@@ -297,7 +358,10 @@ impl<'a> MapNode<'a> {
             }
             out.push((key, k, v));
         }
-        Some(MapNode { entries: out, pos: node.pos })
+        Some(MapNode {
+            entries: out,
+            pos: node.pos,
+        })
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<&'a Node> {
@@ -310,7 +374,11 @@ pub(crate) fn scalar_str<'n>(file: &Path, node: &'n Node, what: &str, problems: 
     match node.as_str() {
         Some(s) if !node.is_null() => Some(s),
         _ => {
-            problems.push(file, node.pos, format!("{what} must be a text value, found {}", node.kind_name()));
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a text value, found {}", node.kind_name()),
+            );
             None
         }
     }
@@ -321,7 +389,11 @@ pub(crate) fn scalar_int(file: &Path, node: &Node, what: &str, min: i64, problem
     match s.trim().parse::<i64>() {
         Ok(v) if v >= min => Some(v),
         _ => {
-            problems.push(file, node.pos, format!("{what} must be an integer >= {min}, found \"{s}\""));
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be an integer >= {min}, found \"{s}\""),
+            );
             None
         }
     }
@@ -343,7 +415,11 @@ pub(crate) fn seq<'n>(file: &Path, node: &'n Node, what: &str, problems: &mut Pr
     match &node.kind {
         Kind::Seq(items) => Some(items),
         _ => {
-            problems.push(file, node.pos, format!("{what} must be a list, found {}", node.kind_name()));
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a list, found {}", node.kind_name()),
+            );
             None
         }
     }
@@ -354,7 +430,8 @@ pub(crate) fn is_valid_name(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_lowercase()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
 
 fn is_valid_field_name(s: &str) -> bool {
@@ -362,15 +439,34 @@ fn is_valid_field_name(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && (b[0].is_ascii_lowercase() || b[0] == b'_')
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
 
 const CONTRACT_KEYS: &[&str] = &[
-    "source", "version", "description", "format", "csv", "unknown_fields", "fields", "natural_key", "resolve",
+    "source",
+    "version",
+    "description",
+    "format",
+    "csv",
+    "unknown_fields",
+    "fields",
+    "natural_key",
+    "resolve",
 ];
 const CSV_KEYS: &[&str] = &["delimiter", "header", "quote", "null_values"];
 const FIELD_KEYS: &[&str] = &[
-    "name", "type", "required", "normalize", "format", "min", "max", "allowed", "pattern", "volatile", "description",
+    "name",
+    "type",
+    "required",
+    "normalize",
+    "format",
+    "min",
+    "max",
+    "allowed",
+    "pattern",
+    "volatile",
+    "description",
 ];
 const NK_KEYS: &[&str] = &["version", "fields"];
 const RESOLVE_KEYS: &[&str] = &["name", "from", "lookup", "key", "value", "as", "on_missing"];
@@ -416,7 +512,10 @@ impl ContractReader<'_> {
             }
             Some(n) => scalar_int(&file, n, "version", 1, self.problems),
         };
-        let description = map.get("description").and_then(|n| scalar_str(&file, n, "description", self.problems)).map(str::to_string);
+        let description = map
+            .get("description")
+            .and_then(|n| scalar_str(&file, n, "description", self.problems))
+            .map(str::to_string);
         let format = match map.get("format") {
             None => Some(Format::Csv),
             Some(n) => scalar_str(&file, n, "format", self.problems).and_then(|s| match s {
@@ -424,7 +523,13 @@ impl ContractReader<'_> {
                 "ndjson" => Some(Format::Ndjson),
                 "parquet" => Some(Format::Parquet),
                 _ => {
-                    self.err(n.pos, format!("unknown format \"{s}\"; valid formats are: {}", Format::NAMES.join(", ")));
+                    self.err(
+                        n.pos,
+                        format!(
+                            "unknown format \"{s}\"; valid formats are: {}",
+                            Format::NAMES.join(", ")
+                        ),
+                    );
                     None
                 }
             }),
@@ -444,14 +549,20 @@ impl ContractReader<'_> {
                 "reject" => Some(UnknownFields::Reject),
                 "ignore" => Some(UnknownFields::Ignore),
                 _ => {
-                    self.err(n.pos, format!("unknown_fields must be one of: reject, ignore; found \"{s}\""));
+                    self.err(
+                        n.pos,
+                        format!("unknown_fields must be one of: reject, ignore; found \"{s}\""),
+                    );
                     None
                 }
             }),
         };
         let fields = match map.get("fields") {
             None => {
-                self.err(map.pos, "missing required key \"fields\" (an ordered list of at least one field)");
+                self.err(
+                    map.pos,
+                    "missing required key \"fields\" (an ordered list of at least one field)",
+                );
                 None
             }
             Some(n) => self.read_fields(n),
@@ -554,7 +665,10 @@ impl ContractReader<'_> {
             let (name, field) = self.read_field(item);
             if let Some((name, pos)) = &name {
                 if let Some(first) = seen.get(name) {
-                    self.err(*pos, format!("duplicate field \"{name}\" (first defined at line {})", first.line));
+                    self.err(
+                        *pos,
+                        format!("duplicate field \"{name}\" (first defined at line {})", first.line),
+                    );
                     ok = false;
                 } else {
                     seen.insert(name.clone(), *pos);
@@ -607,9 +721,18 @@ impl ContractReader<'_> {
                 }
             }),
         };
-        let required = map.get("required").and_then(|n| scalar_bool(&file, n, "required", self.problems)).unwrap_or(false);
-        let volatile = map.get("volatile").and_then(|n| scalar_bool(&file, n, "volatile", self.problems)).unwrap_or(false);
-        let description = map.get("description").and_then(|n| scalar_str(&file, n, "description", self.problems)).map(str::to_string);
+        let required = map
+            .get("required")
+            .and_then(|n| scalar_bool(&file, n, "required", self.problems))
+            .unwrap_or(false);
+        let volatile = map
+            .get("volatile")
+            .and_then(|n| scalar_bool(&file, n, "volatile", self.problems))
+            .unwrap_or(false);
+        let description = map
+            .get("description")
+            .and_then(|n| scalar_str(&file, n, "description", self.problems))
+            .map(str::to_string);
         let mut normalize = Vec::new();
         if let Some(n) = map.get("normalize") {
             if let Some(items) = seq(&file, n, "normalize", self.problems) {
@@ -617,41 +740,83 @@ impl ContractReader<'_> {
                     if let Some(s) = scalar_str(&file, i, "normalize step", self.problems) {
                         match NormalizeStep::parse(s) {
                             Some(step) => normalize.push(step),
-                            None => self.err(i.pos, format!("unknown normalize step \"{s}\"; valid steps are: {}", NormalizeStep::NAMES.join(", "))),
+                            None => self.err(
+                                i.pos,
+                                format!(
+                                    "unknown normalize step \"{s}\"; valid steps are: {}",
+                                    NormalizeStep::NAMES.join(", ")
+                                ),
+                            ),
                         }
                     }
                 }
             }
             if ty.is_some_and(|t| t != FieldType::String) {
-                self.err(n.pos, format!("normalize applies to string fields only; \"{label}\" is {}", ty.map(|t| t.name()).unwrap_or_default()));
+                self.err(
+                    n.pos,
+                    format!(
+                        "normalize applies to string fields only; \"{label}\" is {}",
+                        ty.map(|t| t.name()).unwrap_or_default()
+                    ),
+                );
             }
         }
         let format = map.get("format").and_then(|n| {
             let s = scalar_str(&file, n, "format", self.problems)?;
             if !matches!(ty, Some(FieldType::Date | FieldType::Timestamp)) {
-                self.err(n.pos, format!("format applies to date and timestamp fields only; \"{label}\" is {}", ty.map(|t| t.name()).unwrap_or_default()));
+                self.err(
+                    n.pos,
+                    format!(
+                        "format applies to date and timestamp fields only; \"{label}\" is {}",
+                        ty.map(|t| t.name()).unwrap_or_default()
+                    ),
+                );
                 return None;
             }
             if chrono::format::StrftimeItems::new(s).any(|i| matches!(i, chrono::format::Item::Error)) {
-                self.err(n.pos, format!("invalid chrono strftime format \"{s}\" (e.g. \"%d/%m/%Y\", \"%Y-%m-%d %H:%M:%S\")"));
+                self.err(
+                    n.pos,
+                    format!("invalid chrono strftime format \"{s}\" (e.g. \"%d/%m/%Y\", \"%Y-%m-%d %H:%M:%S\")"),
+                );
                 return None;
             }
             Some(s.to_string())
         });
-        let min = map.get("min").and_then(|n| self.read_bound(n, "min", &label, ty, format.as_deref()));
-        let max = map.get("max").and_then(|n| self.read_bound(n, "max", &label, ty, format.as_deref()));
+        let min = map
+            .get("min")
+            .and_then(|n| self.read_bound(n, "min", &label, ty, format.as_deref()));
+        let max = map
+            .get("max")
+            .and_then(|n| self.read_bound(n, "max", &label, ty, format.as_deref()));
         let allowed = map.get("allowed").and_then(|n| {
             let items = seq(&file, n, "allowed", self.problems)?;
             if ty != Some(FieldType::String) {
-                self.err(n.pos, format!("allowed applies to string fields only; \"{label}\" is {}", ty.map(|t| t.name()).unwrap_or_default()));
+                self.err(
+                    n.pos,
+                    format!(
+                        "allowed applies to string fields only; \"{label}\" is {}",
+                        ty.map(|t| t.name()).unwrap_or_default()
+                    ),
+                );
                 return None;
             }
-            Some(items.iter().filter_map(|i| scalar_str(&file, i, "allowed value", self.problems).map(str::to_string)).collect())
+            Some(
+                items
+                    .iter()
+                    .filter_map(|i| scalar_str(&file, i, "allowed value", self.problems).map(str::to_string))
+                    .collect(),
+            )
         });
         let pattern = map.get("pattern").and_then(|n| {
             let s = scalar_str(&file, n, "pattern", self.problems)?;
             if ty != Some(FieldType::String) {
-                self.err(n.pos, format!("pattern applies to string fields only; \"{label}\" is {}", ty.map(|t| t.name()).unwrap_or_default()));
+                self.err(
+                    n.pos,
+                    format!(
+                        "pattern applies to string fields only; \"{label}\" is {}",
+                        ty.map(|t| t.name()).unwrap_or_default()
+                    ),
+                );
                 return None;
             }
             match Regex::new(s) {
@@ -667,32 +832,67 @@ impl ContractReader<'_> {
             return (located, None);
         }
         let field = match (name.clone(), ty) {
-            (Some(name), Some(ty)) => {
-                Some(Field { name, ty, required, normalize, format, min, max, allowed, pattern, volatile, description })
-            }
+            (Some(name), Some(ty)) => Some(Field {
+                name,
+                ty,
+                required,
+                normalize,
+                format,
+                min,
+                max,
+                allowed,
+                pattern,
+                volatile,
+                description,
+            }),
             _ => None,
         };
         (located, field)
     }
 
-    fn read_bound(&mut self, n: &Node, what: &str, label: &str, ty: Option<FieldType>, format: Option<&str>) -> Option<Bound> {
+    fn read_bound(
+        &mut self,
+        n: &Node,
+        what: &str,
+        label: &str,
+        ty: Option<FieldType>,
+        format: Option<&str>,
+    ) -> Option<Bound> {
         let file = self.doc.file.clone();
         let s = scalar_str(&file, n, what, self.problems)?.trim().to_string();
         let ty = ty?;
         if !ty.is_ordered() {
-            self.err(n.pos, format!("{what} applies to numeric, date and timestamp fields; \"{label}\" is {}", ty.name()));
+            self.err(
+                n.pos,
+                format!(
+                    "{what} applies to numeric, date and timestamp fields; \"{label}\" is {}",
+                    ty.name()
+                ),
+            );
             return None;
         }
         let parsed = match ty {
             FieldType::Int32 | FieldType::Int64 => s.parse::<i64>().ok().map(Bound::Int),
             FieldType::Float64 => s.parse::<f64>().ok().filter(|f| !f.is_nan()).map(Bound::Float),
-            FieldType::Decimal { scale, .. } => crate::ingest::typing::parse_decimal(s.as_bytes(), scale).map(Bound::Decimal),
-            FieldType::Date => crate::ingest::typing::parse_date(&s, None).or_else(|| crate::ingest::typing::parse_date(&s, format)).map(Bound::Date),
-            FieldType::Timestamp => crate::ingest::typing::parse_timestamp(&s, None).or_else(|| crate::ingest::typing::parse_timestamp(&s, format)).map(Bound::Timestamp),
+            FieldType::Decimal { scale, .. } => {
+                crate::ingest::typing::parse_decimal(s.as_bytes(), scale).map(Bound::Decimal)
+            }
+            FieldType::Date => crate::ingest::typing::parse_date(&s, None)
+                .or_else(|| crate::ingest::typing::parse_date(&s, format))
+                .map(Bound::Date),
+            FieldType::Timestamp => crate::ingest::typing::parse_timestamp(&s, None)
+                .or_else(|| crate::ingest::typing::parse_timestamp(&s, format))
+                .map(Bound::Timestamp),
             FieldType::String | FieldType::Boolean => None,
         };
         if parsed.is_none() {
-            self.err(n.pos, format!("{what} \"{s}\" is not a valid {} value for field \"{label}\"", ty.name()));
+            self.err(
+                n.pos,
+                format!(
+                    "{what} \"{s}\" is not a valid {} value for field \"{label}\"",
+                    ty.name()
+                ),
+            );
         }
         parsed
     }
@@ -734,7 +934,13 @@ impl ContractReader<'_> {
                         }
                         Some(ix) => out.push(ix),
                         None => {
-                            self.err(i.pos, format!("natural key names unknown field \"{s}\"; fields are: {}", names.join(", ")));
+                            self.err(
+                                i.pos,
+                                format!(
+                                    "natural key names unknown field \"{s}\"; fields are: {}",
+                                    names.join(", ")
+                                ),
+                            );
                             ok = false;
                         }
                     }
@@ -742,7 +948,10 @@ impl ContractReader<'_> {
                 ok.then_some(out)
             }
         };
-        Some(NaturalKey { version: version?, fields: idx? })
+        Some(NaturalKey {
+            version: version?,
+            fields: idx?,
+        })
     }
 
     fn read_resolve(&mut self, node: &Node) -> Option<Vec<Resolve>> {
@@ -752,7 +961,9 @@ impl ContractReader<'_> {
         let mut out = Vec::new();
         let before = self.problems.items.len();
         for item in items {
-            let Some(map) = MapNode::new(&file, item, "a resolve entry", RESOLVE_KEYS, self.problems) else { continue };
+            let Some(map) = MapNode::new(&file, item, "a resolve entry", RESOLVE_KEYS, self.problems) else {
+                continue;
+            };
             let text = |key: &str, problems: &mut Problems| -> Option<String> {
                 match map.get(key) {
                     None => {
@@ -767,10 +978,16 @@ impl ContractReader<'_> {
             let lookup = text("lookup", self.problems);
             let key = text("key", self.problems);
             let value = text("value", self.problems);
-            if let (Some(from), Some(n)) = (&from, map.get("from")) {
-                if !names.contains(from) {
-                    self.err(n.pos, format!("resolve.from names unknown field \"{from}\"; fields are: {}", names.join(", ")));
-                }
+            if let (Some(from), Some(n)) = (&from, map.get("from"))
+                && !names.contains(from)
+            {
+                self.err(
+                    n.pos,
+                    format!(
+                        "resolve.from names unknown field \"{from}\"; fields are: {}",
+                        names.join(", ")
+                    ),
+                );
             }
             let alias = match map.get("as") {
                 Some(n) => scalar_str(&file, n, "as", self.problems).map(str::to_string),
@@ -790,7 +1007,16 @@ impl ContractReader<'_> {
             if let (Some(name), Some(from), Some(lookup), Some(key), Some(value), Some(alias), Some(on_missing)) =
                 (name, from, lookup, key, value, alias, on_missing)
             {
-                out.push(Resolve { name, from, lookup, key, value, alias, on_missing, pos: item.pos });
+                out.push(Resolve {
+                    name,
+                    from,
+                    lookup,
+                    key,
+                    value,
+                    alias,
+                    on_missing,
+                    pos: item.pos,
+                });
             }
         }
         (self.problems.items.len() == before).then_some(out)
@@ -807,11 +1033,18 @@ pub struct ContractSet {
 impl ContractSet {
     /// Load every `*.yaml` in `dir`; problems of every file are collected.
     pub fn load(dir: &Path, problems: &mut Problems) -> ContractSet {
-        let mut set = ContractSet { dir: dir.to_path_buf(), contracts: BTreeMap::new() };
+        let mut set = ContractSet {
+            dir: dir.to_path_buf(),
+            contracts: BTreeMap::new(),
+        };
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) => {
-                problems.push(dir, Pos { line: 0, column: 0 }, format!("cannot read contracts directory: {e}"));
+                problems.push(
+                    dir,
+                    Pos { line: 0, column: 0 },
+                    format!("cannot read contracts directory: {e}"),
+                );
                 return set;
             }
         };
@@ -833,17 +1066,29 @@ impl ContractSet {
         for c in self.contracts.values() {
             for r in &c.resolve {
                 match self.contracts.get(&r.lookup) {
-                    None => problems.push(&c.path, r.pos, format!(
-                        "resolve \"{}\" looks up unknown source \"{}\"; sources are: {}",
-                        r.name, r.lookup, self.names().join(", ")
-                    )),
+                    None => problems.push(
+                        &c.path,
+                        r.pos,
+                        format!(
+                            "resolve \"{}\" looks up unknown source \"{}\"; sources are: {}",
+                            r.name,
+                            r.lookup,
+                            self.names().join(", ")
+                        ),
+                    ),
                     Some(l) => {
                         for (what, f) in [("key", &r.key), ("value", &r.value)] {
                             if l.field_index(f).is_none() {
-                                problems.push(&c.path, r.pos, format!(
-                                    "resolve \"{}\": {what} \"{f}\" is not a field of \"{}\"; its fields are: {}",
-                                    r.name, r.lookup, l.field_names().join(", ")
-                                ));
+                                problems.push(
+                                    &c.path,
+                                    r.pos,
+                                    format!(
+                                        "resolve \"{}\": {what} \"{f}\" is not a field of \"{}\"; its fields are: {}",
+                                        r.name,
+                                        r.lookup,
+                                        l.field_names().join(", ")
+                                    ),
+                                );
                             }
                         }
                     }
@@ -865,7 +1110,11 @@ impl ContractSet {
             return Err(Error::Invalid(format!(
                 "no contract for source \"{source}\": {} does not exist; known sources: {}",
                 path.display(),
-                if set.contracts.is_empty() { "(none)".to_string() } else { set.names().join(", ") }
+                if set.contracts.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    set.names().join(", ")
+                }
             )));
         }
         let mut problems = Problems::default();

@@ -21,7 +21,14 @@ pub struct Located {
 
 impl std::fmt::Display for Located {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
     }
 }
 
@@ -71,7 +78,10 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
-        Error::Io { path: path.to_string(), source }
+        Error::Io {
+            path: path.to_string(),
+            source,
+        }
     }
 
     /// Exit code for schedulers (DESIGN.md §8).

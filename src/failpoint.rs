@@ -23,7 +23,9 @@ pub const ALL: &[&[&str]] = &[INGEST];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {
-    let Ok(spec) = std::env::var("INGOT_FAILPOINT") else { return Ok(()) };
+    let Ok(spec) = std::env::var("INGOT_FAILPOINT") else {
+        return Ok(());
+    };
     let (point, mode) = spec.split_once(':').unwrap_or((spec.as_str(), "abort"));
     if point != name {
         return Ok(());

@@ -41,20 +41,25 @@ pub struct Lake {
 impl Lake {
     /// Open a lake from a local path or a `file://` URL. The directory is created if missing.
     pub fn open(location: &str) -> Result<Lake> {
-        if let Some(scheme) = location.split_once("://").map(|(s, _)| s) {
-            if scheme != "file" {
-                return Err(Error::Invalid(format!(
-                    "lake URL scheme \"{scheme}://\" is not supported by this build; supported: a local path or file://"
-                )));
-            }
+        if let Some(scheme) = location.split_once("://").map(|(s, _)| s)
+            && scheme != "file"
+        {
+            return Err(Error::Invalid(format!(
+                "lake URL scheme \"{scheme}://\" is not supported by this build; supported: a local path or file://"
+            )));
         }
         let local = location.strip_prefix("file://").unwrap_or(location);
         std::fs::create_dir_all(local).map_err(|e| Error::io(local, e))?;
         let abs = std::fs::canonicalize(local).map_err(|e| Error::io(local, e))?;
-        let root = Path::from_absolute_path(&abs)
-            .map_err(|e| Error::Invalid(format!("lake path {}: {e}", abs.display())))?;
+        let root =
+            Path::from_absolute_path(&abs).map_err(|e| Error::Invalid(format!("lake path {}: {e}", abs.display())))?;
         let store_url = Url::parse("file:///").map_err(|e| Error::Invalid(e.to_string()))?;
-        Ok(Lake { store: Arc::new(LocalFileSystem::new()), root, store_url, display: location.to_string() })
+        Ok(Lake {
+            store: Arc::new(LocalFileSystem::new()),
+            root,
+            store_url,
+            display: location.to_string(),
+        })
     }
 
     /// Object-store path of `rel` under the root.
@@ -78,8 +83,15 @@ impl Lake {
 
     /// Create-if-absent put. `Ok(false)` when the object already exists.
     pub async fn put_create(&self, rel: &str, bytes: Bytes) -> Result<bool> {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.store.put_opts(&self.path(rel), PutPayload::from(bytes), opts).await {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.path(rel), PutPayload::from(bytes), opts)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
             Err(e) => Err(e.into()),

@@ -37,7 +37,10 @@ pub struct SourceLock {
 
 /// Default time-to-live of a lock; `INGOT_LOCK_TTL_SECS` overrides it.
 pub fn default_ttl() -> Duration {
-    let secs = std::env::var("INGOT_LOCK_TTL_SECS").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(60);
+    let secs = std::env::var("INGOT_LOCK_TTL_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(60);
     Duration::from_secs(secs.max(1))
 }
 
@@ -85,7 +88,11 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
         if lake.put_create(&rel, body).await? {
             let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), ttl);
-            return Ok(SourceLock { lake: lake.clone(), rel, heartbeat });
+            return Ok(SourceLock {
+                lake: lake.clone(),
+                rel,
+                heartbeat,
+            });
         }
         let holder = match lake.get(&rel).await? {
             None => continue, // released in between
@@ -111,7 +118,10 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
             _ => {}
         }
     }
-    Err(Error::Locked(format!("source \"{source}\": could not take the lock {}", lake.url(&rel))))
+    Err(Error::Locked(format!(
+        "source \"{source}\": could not take the lock {}",
+        lake.url(&rel)
+    )))
 }
 
 fn spawn_heartbeat(lake: Lake, rel: String, mut info: LockInfo, ttl: Duration) -> JoinHandle<()> {

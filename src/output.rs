@@ -28,7 +28,9 @@ pub enum OutputFormat {
 /// Run `df` and write its rows to `output` (stdout when `None`). Returns the number of rows.
 pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option<&Path>) -> Result<u64> {
     let mut sink: Box<dyn Write + Send> = match output {
-        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| Error::io(p.display(), e))?)),
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| Error::io(p.display(), e))?,
+        )),
         None => {
             if format == OutputFormat::Parquet {
                 return Err(Error::Invalid("--format parquet needs --output FILE".into()));
@@ -39,7 +41,14 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
     let schema = df.schema().inner().clone();
     let mut stream = df.execute_stream().await?;
     let mut rows = 0u64;
-    let io = |e: std::io::Error| Error::io(output.map(|p| p.display().to_string()).unwrap_or_else(|| "stdout".into()), e);
+    let io = |e: std::io::Error| {
+        Error::io(
+            output
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "stdout".into()),
+            e,
+        )
+    };
     match format {
         OutputFormat::Table => {
             let mut batches: Vec<RecordBatch> = Vec::new();
@@ -53,7 +62,9 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
             writeln!(sink, "({rows} row{})", if rows == 1 { "" } else { "s" }).map_err(io)?;
         }
         OutputFormat::Csv => {
-            let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(&mut sink);
+            let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut sink);
             let mut wrote = false;
             while let Some(b) = stream.next().await {
                 let b = b?;

@@ -56,18 +56,24 @@ pub fn parse_size(s: &str) -> Result<usize> {
                 "M" => 1 << 20,
                 "G" => 1 << 30,
                 "T" => 1 << 40,
-                _ => return Err(Error::Invalid(format!("invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)"))),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)"
+                    )));
+                }
             };
             (&t[..i], m)
         }
     };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| Error::Invalid(format!("invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)")))?;
-    if !(n > 0.0) {
-        return Err(Error::Invalid(format!("invalid size \"{s}\": must be greater than zero")));
+    let n: f64 = num.trim().parse().map_err(|_| {
+        Error::Invalid(format!(
+            "invalid size \"{s}\": use a number with K, M, G or T (e.g. 512M, 2G)"
+        ))
+    })?;
+    if n.is_nan() || n <= 0.0 {
+        return Err(Error::Invalid(format!(
+            "invalid size \"{s}\": must be greater than zero"
+        )));
     }
     Ok((n * mult as f64) as usize)
 }
-

@@ -22,7 +22,10 @@ pub struct Pos {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
     /// A scalar with its text and whether it was quoted (quoted scalars are always strings).
-    Scalar { text: String, quoted: bool },
+    Scalar {
+        text: String,
+        quoted: bool,
+    },
     Seq(Vec<Node>),
     /// Keys in file order. Duplicate keys are kept so the validator can report them.
     Map(Vec<(Node, Node)>),
@@ -98,13 +101,21 @@ pub fn parse(file: &Path, text: &str) -> Result<Doc, Located> {
         });
     }
     if let Some((pos, msg)) = builder.error {
-        return Err(Located { file: file.to_path_buf(), line: pos.line, column: pos.column, message: msg });
+        return Err(Located {
+            file: file.to_path_buf(),
+            line: pos.line,
+            column: pos.column,
+            message: msg,
+        });
     }
     let root = builder.root.unwrap_or(Node {
         kind: Kind::Map(Vec::new()),
         pos: Pos { line: 1, column: 1 },
     });
-    Ok(Doc { file: file.to_path_buf(), root })
+    Ok(Doc {
+        file: file.to_path_buf(),
+        root,
+    })
 }
 
 enum Frame {
@@ -121,7 +132,10 @@ struct Builder {
 
 fn pos_of(mark: Marker) -> Pos {
     // yaml-rust2 markers: line is 1-based, column 0-based.
-    Pos { line: mark.line(), column: mark.col() + 1 }
+    Pos {
+        line: mark.line(),
+        column: mark.col() + 1,
+    }
 }
 
 impl Builder {
@@ -147,25 +161,40 @@ impl MarkedEventReceiver for Builder {
         match ev {
             Event::Scalar(text, style, _, _) => {
                 let quoted = !matches!(style, TScalarStyle::Plain);
-                self.finish(Node { kind: Kind::Scalar { text, quoted }, pos });
+                self.finish(Node {
+                    kind: Kind::Scalar { text, quoted },
+                    pos,
+                });
             }
             Event::SequenceStart(..) => self.stack.push(Frame::Seq(pos, Vec::new())),
             Event::MappingStart(..) => self.stack.push(Frame::Map(pos, Vec::new(), None)),
             Event::SequenceEnd => {
                 if let Some(Frame::Seq(p, items)) = self.stack.pop() {
-                    self.finish(Node { kind: Kind::Seq(items), pos: p });
+                    self.finish(Node {
+                        kind: Kind::Seq(items),
+                        pos: p,
+                    });
                 }
             }
             Event::MappingEnd => {
                 if let Some(Frame::Map(p, entries, _)) = self.stack.pop() {
-                    self.finish(Node { kind: Kind::Map(entries), pos: p });
+                    self.finish(Node {
+                        kind: Kind::Map(entries),
+                        pos: p,
+                    });
                 }
             }
             Event::Alias(_) => {
                 if self.error.is_none() {
                     self.error = Some((pos, "YAML aliases (*name) are not supported in ingot files".into()));
                 }
-                self.finish(Node { kind: Kind::Scalar { text: String::new(), quoted: false }, pos });
+                self.finish(Node {
+                    kind: Kind::Scalar {
+                        text: String::new(),
+                        quoted: false,
+                    },
+                    pos,
+                });
             }
             _ => {}
         }

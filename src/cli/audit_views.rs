@@ -40,8 +40,17 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
     let df = df
         .sort(vec![col("started_at").sort(true, true), col("run_id").sort(true, true)])?
         .select_columns(&[
-            "started_at", "run_id", "source", "status", "rows_seen", "rows_inserted", "rows_updated",
-            "rows_unchanged", "rows_failed", "file_path", "error",
+            "started_at",
+            "run_id",
+            "source",
+            "status",
+            "rows_seen",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_failed",
+            "file_path",
+            "error",
         ])?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)
@@ -58,7 +67,11 @@ pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
         df = df.filter(col("source").eq(lit(s.as_str())))?;
     }
     let df = df
-        .sort(vec![col("failed_at").sort(true, true), col("run_id").sort(true, true), col("source_row_number").sort(true, true)])?
+        .sort(vec![
+            col("failed_at").sort(true, true),
+            col("run_id").sort(true, true),
+            col("source_row_number").sort(true, true),
+        ])?
         .select_columns(&["run_id", "source", "source_row_number", "rule", "reason", "raw_payload"])?
         .limit(0, Some(args.limit))?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;

@@ -21,6 +21,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
     for p in &problems.items {
         eprintln!("{p}");
     }
-    eprintln!("{} problem{} found", problems.items.len(), if problems.items.len() == 1 { "" } else { "s" });
+    eprintln!(
+        "{} problem{} found",
+        problems.items.len(),
+        if problems.items.len() == 1 { "" } else { "s" }
+    );
     Ok(2)
 }

@@ -24,7 +24,10 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<u8> {
     let ws = cli.workspace()?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
     let inputs = expand_inputs(&args.inputs)?;
-    let opts = IngestOptions { progress: std::io::stdout().is_terminal() && !args.json, ..Default::default() };
+    let opts = IngestOptions {
+        progress: std::io::stdout().is_terminal() && !args.json,
+        ..Default::default()
+    };
     let mut code = 0;
     for path in &inputs {
         let record = ingest_file(&ws, contract.clone(), path, &opts).await?;
@@ -67,7 +70,10 @@ pub fn describe(r: &RunRecord) -> String {
             r.rows_updated,
             r.rows_unchanged,
             r.rows_failed,
-            r.ignored_columns.as_deref().map(|c| format!("; ignored columns: {c}")).unwrap_or_default(),
+            r.ignored_columns
+                .as_deref()
+                .map(|c| format!("; ignored columns: {c}"))
+                .unwrap_or_default(),
             r.run_id
         ),
     }

@@ -86,13 +86,18 @@ pub struct OutputArgs {
 
 impl Cli {
     pub fn workspace(&self) -> Result<Workspace> {
-        let memory_limit = parse_size(&self.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))?;
+        let memory_limit =
+            parse_size(&self.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))?;
         Ok(Workspace {
             lake: Lake::open(&self.lake)?,
             contracts_dir: self.contracts.clone(),
             rules_dir: self.rules.clone(),
             landing_dir: self.landing.clone(),
-            memory_limit: if memory_limit == 0 { DEFAULT_MEMORY_LIMIT } else { memory_limit },
+            memory_limit: if memory_limit == 0 {
+                DEFAULT_MEMORY_LIMIT
+            } else {
+                memory_limit
+            },
         })
     }
 }

@@ -16,7 +16,10 @@ pub struct SqlArgs {
 
 /// DDL, DML, COPY and statements (SET, transactions) are refused: the lake is read-only here.
 pub fn read_only() -> SQLOptions {
-    SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false)
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
 }
 
 pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
@@ -25,14 +28,22 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
     for p in &catalog.problems.items {
         eprintln!("warning: {p} (its tables are not available)");
     }
-    let df = catalog.ctx.sql_with_options(&args.query, read_only()).await.map_err(|e| {
-        let msg = e.to_string();
-        if msg.contains("not supported") && (msg.contains("DDL") || msg.contains("DML") || msg.contains("Statement")) {
-            Error::Invalid(format!("{msg}: ingot sql is read-only (DDL, DML, COPY and SET are refused)"))
-        } else {
-            Error::Invalid(format!("query failed: {msg}"))
-        }
-    })?;
+    let df = catalog
+        .ctx
+        .sql_with_options(&args.query, read_only())
+        .await
+        .map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("not supported")
+                && (msg.contains("DDL") || msg.contains("DML") || msg.contains("Statement"))
+            {
+                Error::Invalid(format!(
+                    "{msg}: ingot sql is read-only (DDL, DML, COPY and SET are refused)"
+                ))
+            } else {
+                Error::Invalid(format!("query failed: {msg}"))
+            }
+        })?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)
 }

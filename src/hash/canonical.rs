@@ -29,15 +29,14 @@
 use std::io::Write as _;
 
 use datafusion::arrow::array::{
-    Array, ArrowPrimitiveType, AsArray, BooleanArray, LargeStringArray, PrimitiveArray,
-    StringArray, StringViewArray,
+    Array, ArrowPrimitiveType, AsArray, BooleanArray, LargeStringArray, PrimitiveArray, StringArray, StringViewArray,
 };
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Decimal32Type, Decimal64Type, Decimal128Type, Decimal256Type,
-    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit,
-    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type, i256,
+    DataType, Date32Type, Date64Type, Decimal32Type, Decimal64Type, Decimal128Type, Decimal256Type, Float32Type,
+    Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit, TimestampMicrosecondType,
+    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type, UInt32Type,
+    UInt64Type, i256,
 };
 use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::error::Result;
@@ -52,9 +51,9 @@ pub const SUPPORTED_TYPES: &str = "Utf8, LargeUtf8, Utf8View, Int8, Int16, Int32
 pub fn check_supported(dt: &DataType) -> Result<()> {
     use DataType::*;
     match dt {
-        Null | Utf8 | LargeUtf8 | Utf8View | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16
-        | UInt32 | UInt64 | Float32 | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..)
-        | Decimal256(..) | Boolean | Date32 | Date64 | Timestamp(..) => Ok(()),
+        Null | Utf8 | LargeUtf8 | Utf8View | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64
+        | Float32 | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..) | Boolean | Date32
+        | Date64 | Timestamp(..) => Ok(()),
         Dictionary(_, values) if check_supported(values).is_ok() => Ok(()),
         other => plan_err!(
             "type {other} has no canonical text for hashing; supported types are: \
@@ -190,12 +189,10 @@ const SECONDS_PER_DAY: i64 = 86_400;
 
 /// Downcast to a concrete array type, as an error rather than a panic on mismatch.
 fn downcast<T: 'static>(array: &dyn Array) -> Result<&T> {
-    array.as_any().downcast_ref::<T>().ok_or_else(|| {
-        exec_datafusion_err!(
-            "array of type {} did not downcast as declared",
-            array.data_type()
-        )
-    })
+    array
+        .as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| exec_datafusion_err!("array of type {} did not downcast as declared", array.data_type()))
 }
 
 /// The value slice of a primitive array (the slice is already offset for sliced arrays).
@@ -215,9 +212,9 @@ fn timestamps(array: &dyn Array, unit: TimeUnit) -> Result<&[i64]> {
 
 /// A dictionary column: keys resolved once, values written through their own column.
 fn dictionary(array: &dyn Array) -> Result<Values<'_>> {
-    let dict = array.as_any_dictionary_opt().ok_or_else(|| {
-        exec_datafusion_err!("array of type {} is not a dictionary", array.data_type())
-    })?;
+    let dict = array
+        .as_any_dictionary_opt()
+        .ok_or_else(|| exec_datafusion_err!("array of type {} is not a dictionary", array.data_type()))?;
     let values = CanonicalColumn::new(dict.values().as_ref())?;
     Ok(Values::Dict(dict.normalized_keys(), Box::new(values)))
 }

@@ -99,17 +99,12 @@ fn common_len(columns: &[ArrayRef]) -> Result<usize> {
 }
 
 /// Downcast every array once.
-pub(crate) fn canonical_columns<'a>(
-    arrays: impl Iterator<Item = &'a dyn Array>,
-) -> Result<Vec<CanonicalColumn<'a>>> {
+pub(crate) fn canonical_columns<'a>(arrays: impl Iterator<Item = &'a dyn Array>) -> Result<Vec<CanonicalColumn<'a>>> {
     arrays.map(CanonicalColumn::new).collect()
 }
 
 /// `row_hash` of `num_rows` rows over already-downcast columns.
-pub(crate) fn row_hash_columns(
-    columns: &[CanonicalColumn<'_>],
-    num_rows: usize,
-) -> Result<ArrayRef> {
+pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize) -> Result<ArrayRef> {
     let mut out = HexOutput::with_capacity(num_rows);
     let mut message = Vec::with_capacity(256);
     let mut scratch = Vec::new();
@@ -163,10 +158,7 @@ pub(crate) fn fingerprint_columns(
             KeyVersion::Constant(v) => v,
             KeyVersion::PerRow(versions) if versions.is_valid(row) => versions.value(row),
             KeyVersion::PerRow(_) => {
-                return exec_err!(
-                    "natural_key_fingerprint: version is null in row {}",
-                    row + 1
-                );
+                return exec_err!("natural_key_fingerprint: version is null in row {}", row + 1);
             }
         };
         message.clear();
@@ -225,9 +217,8 @@ impl Utf8Output {
     }
 
     fn push_offset(&mut self) -> Result<()> {
-        let end = i32::try_from(self.values.len()).map_err(|_| {
-            exec_datafusion_err!("text output of one batch exceeds 2 GiB; use smaller batches")
-        })?;
+        let end = i32::try_from(self.values.len())
+            .map_err(|_| exec_datafusion_err!("text output of one batch exceeds 2 GiB; use smaller batches"))?;
         self.offsets.push(end);
         Ok(())
     }

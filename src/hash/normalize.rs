@@ -113,12 +113,7 @@ pub fn parse_steps(list: &str) -> Result<Vec<NormalizeStep>> {
 /// `scratch` is a reusable buffer: with both buffers holding enough capacity nothing is
 /// allocated (except `lower` on text containing `Σ`, and `nfkc` on text that is not
 /// already NFKC, whose decomposition buffer may spill).
-pub fn normalize_into(
-    steps: &[NormalizeStep],
-    input: &str,
-    out: &mut String,
-    scratch: &mut String,
-) {
+pub fn normalize_into(steps: &[NormalizeStep], input: &str, out: &mut String, scratch: &mut String) {
     out.clear();
     let Some((first, rest)) = steps.split_first() else {
         out.push_str(input);
@@ -139,9 +134,7 @@ fn apply_step(step: NormalizeStep, src: &str, dst: &mut String) {
         NormalizeStep::Lower => push_lower(src, dst),
         NormalizeStep::Upper => push_upper(src, dst),
         NormalizeStep::CollapseWhitespace => push_collapsed(src, dst),
-        NormalizeStep::StripPunctuation => {
-            dst.extend(src.chars().filter(|c| !c.is_ascii_punctuation()))
-        }
+        NormalizeStep::StripPunctuation => dst.extend(src.chars().filter(|c| !c.is_ascii_punctuation())),
         NormalizeStep::DigitsOnly => dst.extend(src.chars().filter(char::is_ascii_digit)),
         NormalizeStep::Nfkc => push_nfkc(src, dst),
     }
@@ -151,7 +144,9 @@ fn apply_step(step: NormalizeStep, src: &str, dst: &mut String) {
 /// `to_lowercase` (final sigma); text containing it goes through the standard library.
 fn push_lower(src: &str, dst: &mut String) {
     if src.is_ascii() {
-        dst.extend(src.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+        let start = dst.len();
+        dst.push_str(src);
+        dst[start..].make_ascii_lowercase();
     } else if src.contains('Σ') {
         dst.push_str(&src.to_lowercase());
     } else {
@@ -164,7 +159,9 @@ fn push_lower(src: &str, dst: &mut String) {
 /// `str::to_uppercase` (which is purely char-by-char) without allocating.
 fn push_upper(src: &str, dst: &mut String) {
     if src.is_ascii() {
-        dst.extend(src.bytes().map(|b| char::from(b.to_ascii_uppercase())));
+        let start = dst.len();
+        dst.push_str(src);
+        dst[start..].make_ascii_uppercase();
     } else {
         for c in src.chars() {
             dst.extend(c.to_uppercase());
@@ -205,12 +202,8 @@ pub fn normalize_array(steps: &[NormalizeStep], array: &dyn Array) -> Result<Arr
         DataType::Utf8 => normalize_iter(steps, array.as_string::<i32>().iter(), array.len()),
         DataType::LargeUtf8 => normalize_iter(steps, array.as_string::<i64>().iter(), array.len()),
         DataType::Utf8View => normalize_iter(steps, array.as_string_view().iter(), array.len()),
-        DataType::Null => {
-            normalize_iter(steps, std::iter::repeat_n(None, array.len()), array.len())
-        }
-        other => exec_err!(
-            "normalize steps apply to strings only (Utf8, LargeUtf8, Utf8View), got {other}"
-        ),
+        DataType::Null => normalize_iter(steps, std::iter::repeat_n(None, array.len()), array.len()),
+        other => exec_err!("normalize steps apply to strings only (Utf8, LargeUtf8, Utf8View), got {other}"),
     }
 }
 
@@ -231,9 +224,7 @@ fn normalize_iter<'a>(
                 normalize_into(steps, text, &mut out, &mut scratch);
                 total += out.len();
                 if total > i32::MAX as usize {
-                    return exec_err!(
-                        "normalized text of one batch exceeds 2 GiB; use smaller batches"
-                    );
+                    return exec_err!("normalized text of one batch exceeds 2 GiB; use smaller batches");
                 }
                 builder.append_value(&out);
             }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
-use datafusion::common::{ScalarValue, exec_datafusion_err, exec_err, plan_err};
+use datafusion::common::{DataFusionError, ScalarValue, exec_datafusion_err, exec_err, plan_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
@@ -114,14 +114,10 @@ impl ScalarUDFImpl for NaturalKeyFingerprint {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let Some((version, fields)) = arg_types.split_first() else {
-            return plan_err!(
-                "natural_key_fingerprint(version, v1, ..., vn) needs at least the version"
-            );
+            return plan_err!("natural_key_fingerprint(version, v1, ..., vn) needs at least the version");
         };
         if !(version.is_integer() || version.is_null()) {
-            return plan_err!(
-                "natural_key_fingerprint: argument 1 (version) must be an integer, got {version}"
-            );
+            return plan_err!("natural_key_fingerprint: argument 1 (version) must be an integer, got {version}");
         }
         check_hashable(self.name(), fields, 1)?;
         let mut coerced = Vec::with_capacity(arg_types.len());
@@ -147,16 +143,14 @@ impl ScalarUDFImpl for NaturalKeyFingerprint {
         let arrays = to_arrays(fields, num_rows)?;
         let columns = columns_for(self.name(), &arrays, 1)?;
         let result = match version {
-            ColumnarValue::Scalar(scalar) => fingerprint_columns(
-                KeyVersion::Constant(scalar_version(scalar)?),
-                &columns,
-                num_rows,
-            )?,
+            ColumnarValue::Scalar(scalar) => {
+                fingerprint_columns(KeyVersion::Constant(scalar_version(scalar)?), &columns, num_rows)?
+            }
             ColumnarValue::Array(array) => {
                 let versions = cast(array, &DataType::Int64)?;
-                let versions = versions.as_primitive_opt::<Int64Type>().ok_or_else(|| {
-                    exec_datafusion_err!("natural_key_fingerprint: version did not cast to Int64")
-                })?;
+                let versions = versions
+                    .as_primitive_opt::<Int64Type>()
+                    .ok_or_else(|| exec_datafusion_err!("natural_key_fingerprint: version did not cast to Int64"))?;
                 fingerprint_columns(KeyVersion::PerRow(versions), &columns, num_rows)?
             }
         };
@@ -175,10 +169,7 @@ impl ScalarUDFImpl for CanonicalText {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.len() != 1 {
-            return plan_err!(
-                "canonical_text(x) takes 1 argument, got {}",
-                arg_types.len()
-            );
+            return plan_err!("canonical_text(x) takes 1 argument, got {}", arg_types.len());
         }
         check_hashable(self.name(), arg_types, 0)?;
         Ok(arg_types.to_vec())
@@ -256,10 +247,7 @@ impl ScalarUDFImpl for NormalizeText {
         };
         let steps = steps_from_scalar(steps)?;
         match text {
-            ColumnarValue::Array(array) => Ok(ColumnarValue::Array(normalize_array(
-                &steps,
-                array.as_ref(),
-            )?)),
+            ColumnarValue::Array(array) => Ok(ColumnarValue::Array(normalize_array(&steps, array.as_ref())?)),
             ColumnarValue::Scalar(scalar) => {
                 let array = normalize_array(&steps, scalar.to_array_of_size(1)?.as_ref())?;
                 finish(array, true)
@@ -278,34 +266,26 @@ fn utf8_field(name: &str, nullable: bool) -> FieldRef {
 fn check_hashable(function: &str, arg_types: &[DataType], offset: usize) -> Result<()> {
     for (i, dt) in arg_types.iter().enumerate() {
         if check_supported(dt).is_err() {
-            return plan_err!(
-                "{function}: argument {} has unsupported type {dt}; supported types are: \
-                 {SUPPORTED_TYPES}",
-                i + 1 + offset
-            );
+            return Err(unsupported_argument(function, i + 1 + offset, dt));
         }
     }
     Ok(())
 }
 
+/// The error for an argument without canonical text.
+fn unsupported_argument(function: &str, position: usize, dt: &DataType) -> DataFusionError {
+    plan_datafusion_err!(
+        "{function}: argument {position} has unsupported type {dt}; supported types are: {SUPPORTED_TYPES}"
+    )
+}
+
 /// Downcast every argument array, with errors naming the function and argument.
-fn columns_for<'a>(
-    function: &str,
-    arrays: &'a [ArrayRef],
-    offset: usize,
-) -> Result<Vec<CanonicalColumn<'a>>> {
-    check_hashable(
-        function,
-        &arrays
-            .iter()
-            .map(|a| a.data_type().clone())
-            .collect::<Vec<_>>(),
-        offset,
-    )?;
-    arrays
-        .iter()
-        .map(|a| CanonicalColumn::new(a.as_ref()))
-        .collect()
+fn columns_for<'a>(function: &str, arrays: &'a [ArrayRef], offset: usize) -> Result<Vec<CanonicalColumn<'a>>> {
+    let column = |(i, array): (usize, &'a ArrayRef)| {
+        CanonicalColumn::new(array.as_ref())
+            .map_err(|_| unsupported_argument(function, i + 1 + offset, array.data_type()))
+    };
+    arrays.iter().enumerate().map(column).collect()
 }
 
 /// Whether every argument is a scalar (then the result is a scalar too).
@@ -321,9 +301,7 @@ fn to_arrays(args: &[ColumnarValue], len: usize) -> Result<Vec<ArrayRef>> {
 /// Wrap a result array: a scalar when every input was a scalar.
 fn finish(result: ArrayRef, all_scalar: bool) -> Result<ColumnarValue> {
     if all_scalar {
-        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
-            &result, 0,
-        )?))
+        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&result, 0)?))
     } else {
         Ok(ColumnarValue::Array(result))
     }
@@ -348,10 +326,7 @@ fn coerce_string(dt: &DataType, position: usize) -> Result<DataType> {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(dt.clone()),
         DataType::Null => Ok(DataType::Utf8),
         DataType::Dictionary(_, values)
-            if matches!(
-                **values,
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ) =>
+            if matches!(**values, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
         {
             Ok((**values).clone())
         }

@@ -13,8 +13,8 @@ use csv_core::{ReadRecordResult, Reader, ReaderBuilder};
 
 use crate::contract::{Contract, UnknownFields};
 use crate::error::{Error, Result};
-use crate::ingest::sink::{FieldText, ParsedBatch, RowSink};
 use crate::ingest::Loader;
+use crate::ingest::sink::{FieldText, ParsedBatch, RowSink};
 
 const READ_SIZE: usize = 1 << 20;
 
@@ -53,7 +53,13 @@ enum Next {
 }
 
 impl CsvLoader {
-    pub fn open(contract: Arc<Contract>, input: Box<dyn Read + Send>, display: String, batch_size: usize, keep_raw: bool) -> Result<CsvLoader> {
+    pub fn open(
+        contract: Arc<Contract>,
+        input: Box<dyn Read + Send>,
+        display: String,
+        batch_size: usize,
+        keep_raw: bool,
+    ) -> Result<CsvLoader> {
         let opts = &contract.csv;
         let rdr = ReaderBuilder::new().delimiter(opts.delimiter).quote(opts.quote).build();
         let null_values = opts.null_values.iter().map(|s| s.as_bytes().to_vec()).collect();
@@ -144,7 +150,11 @@ impl CsvLoader {
                          Add the column to the contract or set unknown_fields: ignore",
                         self.display,
                         if unknown.len() > 1 { "s" } else { "" },
-                        unknown.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(", "),
+                        unknown
+                            .iter()
+                            .map(|u| format!("\"{u}\""))
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         contract.path.display(),
                         contract.field_names().join(", ")
                     )));
@@ -164,7 +174,11 @@ impl CsvLoader {
                 "{}:1: required column{} {} missing from the header; the header has: {}",
                 self.display,
                 if missing.len() > 1 { "s" } else { "" },
-                missing.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(", "),
+                missing
+                    .iter()
+                    .map(|u| format!("\"{u}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 header.join(", ")
             )));
         }
@@ -181,7 +195,11 @@ impl CsvLoader {
     }
 
     fn raw_record(&self) -> &[u8] {
-        trim_line(if self.carry.is_empty() { &self.buf[self.rec_start..self.pos] } else { &self.carry })
+        trim_line(if self.carry.is_empty() {
+            &self.buf[self.rec_start..self.pos]
+        } else {
+            &self.carry
+        })
     }
 
     /// Read the next record into `out`/`ends`; its raw bytes are in `raw_record()`.
@@ -210,7 +228,9 @@ impl CsvLoader {
                 }
             }
             let input = &self.buf[self.pos..self.len];
-            let (res, nin, nout, nend) = self.rdr.read_record(input, &mut self.out[outlen..], &mut self.ends[endlen..]);
+            let (res, nin, nout, nend) = self
+                .rdr
+                .read_record(input, &mut self.out[outlen..], &mut self.ends[endlen..]);
             self.pos += nin;
             outlen += nout;
             endlen += nend;
@@ -229,8 +249,16 @@ impl CsvLoader {
                         self.carry.extend_from_slice(&self.buf[self.rec_start..self.pos]);
                     }
                     self.ends_len = endlen;
-                    let raw: &[u8] = if self.carry.is_empty() { &self.buf[self.rec_start..self.pos] } else { &self.carry };
-                    let leading = raw.iter().take_while(|&&b| b == b'\n' || b == b'\r').filter(|&&b| b == b'\n').count() as u64;
+                    let raw: &[u8] = if self.carry.is_empty() {
+                        &self.buf[self.rec_start..self.pos]
+                    } else {
+                        &self.carry
+                    };
+                    let leading = raw
+                        .iter()
+                        .take_while(|&&b| b == b'\n' || b == b'\r')
+                        .filter(|&&b| b == b'\n')
+                        .count() as u64;
                     let newlines = raw.iter().filter(|&&b| b == b'\n').count() as u64;
                     self.rec_line = self.line + leading;
                     self.line += newlines;
@@ -265,7 +293,11 @@ impl Loader for CsvLoader {
                     let ends = &self.ends;
                     let field_column = &self.field_column;
                     let nulls = &self.null_values;
-                    let raw_record: &[u8] = if self.carry.is_empty() { &self.buf[self.rec_start..self.pos] } else { &self.carry };
+                    let raw_record: &[u8] = if self.carry.is_empty() {
+                        &self.buf[self.rec_start..self.pos]
+                    } else {
+                        &self.carry
+                    };
                     self.sink.push_row(
                         row_number,
                         |i| match field_column[i] {

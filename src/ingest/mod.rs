@@ -69,7 +69,12 @@ pub struct IngestOptions {
 
 impl Default for IngestOptions {
     fn default() -> Self {
-        IngestOptions { batch_size: 32 * 1024, lock_ttl: crate::lock::default_ttl(), progress: false, replay_of: None }
+        IngestOptions {
+            batch_size: 32 * 1024,
+            lock_ttl: crate::lock::default_ttl(),
+            progress: false,
+            replay_of: None,
+        }
     }
 }
 
@@ -103,7 +108,12 @@ pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
 
 /// Ingest every input of `source`, one run per file in sorted order. Stops at the first run that
 /// fails with an infrastructure error; failed runs (bad input) are recorded and the next file goes.
-pub async fn ingest(ws: &Workspace, contract: Arc<Contract>, inputs: &[PathBuf], opts: &IngestOptions) -> Result<Vec<RunRecord>> {
+pub async fn ingest(
+    ws: &Workspace,
+    contract: Arc<Contract>,
+    inputs: &[PathBuf],
+    opts: &IngestOptions,
+) -> Result<Vec<RunRecord>> {
     let mut out = Vec::new();
     for path in inputs {
         out.push(ingest_file(ws, contract.clone(), path, opts).await?);
@@ -116,7 +126,12 @@ fn now_micros() -> i64 {
 }
 
 /// Ingest one file as one run and return its committed record.
-pub async fn ingest_file(ws: &Workspace, contract: Arc<Contract>, path: &Path, opts: &IngestOptions) -> Result<RunRecord> {
+pub async fn ingest_file(
+    ws: &Workspace,
+    contract: Arc<Contract>,
+    path: &Path,
+    opts: &IngestOptions,
+) -> Result<RunRecord> {
     let run_id = uuid::Uuid::now_v7().to_string();
     let started_at = now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
@@ -165,7 +180,13 @@ pub async fn ingest_file(ws: &Workspace, contract: Arc<Contract>, path: &Path, o
     result
 }
 
-async fn run(ws: &Workspace, contract: &Arc<Contract>, path: &Path, opts: &IngestOptions, record: &mut RunRecord) -> Result<()> {
+async fn run(
+    ws: &Workspace,
+    contract: &Arc<Contract>,
+    path: &Path,
+    opts: &IngestOptions,
+    record: &mut RunRecord,
+) -> Result<()> {
     failpoint::hit("ingest.after_lock")?;
     let file_hash = hash_file(path).await?;
     record.file_hash = Some(file_hash.clone());
@@ -173,7 +194,10 @@ async fn run(ws: &Workspace, contract: &Arc<Contract>, path: &Path, opts: &Inges
 
     let runs = read_run_log(&ws.lake).await?;
     let runs: Vec<&RunRecord> = runs.iter().filter(|r| r.source == contract.source).collect();
-    if let Some(previous) = runs.iter().find(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash)) {
+    if let Some(previous) = runs
+        .iter()
+        .find(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash))
+    {
         record.status = RunStatus::SkippedDuplicateFile;
         record.error = None;
         record.finished_at = now_micros();
@@ -186,7 +210,9 @@ async fn run(ws: &Workspace, contract: &Arc<Contract>, path: &Path, opts: &Inges
     let ctx = ws.session()?;
     let mut index = KeyIndex::default();
     for r in runs.iter().filter(|r| r.has_data()) {
-        index.load_run(&ctx, &ws.lake.url(&layout::bronze_data(&r.source, &r.run_id))).await?;
+        index
+            .load_run(&ctx, &ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+            .await?;
     }
 
     let hashers = Hashers::new(&ctx, contract)?;
@@ -199,7 +225,9 @@ async fn run(ws: &Workspace, contract: &Arc<Contract>, path: &Path, opts: &Inges
                 // Second pass with the conflicting keys known (a file has at most one retry: the
                 // set found in pass one is complete).
                 if !conflicts.keys.is_empty() {
-                    return Err(Error::RunFailed("natural-key conflict detection did not converge".into()));
+                    return Err(Error::RunFailed(
+                        "natural-key conflict detection did not converge".into(),
+                    ));
                 }
                 index.forget_file();
                 conflicts = found;
@@ -211,10 +239,21 @@ async fn run(ws: &Workspace, contract: &Arc<Contract>, path: &Path, opts: &Inges
     record.rows_updated = stats.updated as i64;
     record.rows_unchanged = stats.unchanged as i64;
     record.rows_failed = stats.failed as i64;
-    record.ignored_columns = if stats.ignored.is_empty() { None } else { Some(stats.ignored.join(",")) };
-    record.status = if stats.failed > 0 { RunStatus::SucceededWithFailures } else { RunStatus::Succeeded };
+    record.ignored_columns = if stats.ignored.is_empty() {
+        None
+    } else {
+        Some(stats.ignored.join(","))
+    };
+    record.status = if stats.failed > 0 {
+        RunStatus::SucceededWithFailures
+    } else {
+        RunStatus::Succeeded
+    };
     record.finished_at = now_micros();
-    debug_assert_eq!(stats.seen, stats.inserted + stats.updated + stats.unchanged + stats.failed);
+    debug_assert_eq!(
+        stats.seen,
+        stats.inserted + stats.updated + stats.unchanged + stats.failed
+    );
     commit_run(&ws.lake, record).await
 }
 
@@ -252,14 +291,24 @@ pub fn open_loader(contract: Arc<Contract>, path: &Path, batch_size: usize, keep
     let gz = n == 2 && magic == [0x1f, 0x8b];
     if contract.format == Format::Parquet {
         if gz {
-            return Err(Error::RunFailed(format!("{display}: gzip-compressed Parquet is not supported (Parquet compresses internally)")));
+            return Err(Error::RunFailed(format!(
+                "{display}: gzip-compressed Parquet is not supported (Parquet compresses internally)"
+            )));
         }
-        return Ok(Box::new(parquet::ParquetLoader::open(contract, file, display, batch_size, keep_raw)?));
+        return Ok(Box::new(parquet::ParquetLoader::open(
+            contract, file, display, batch_size, keep_raw,
+        )?));
     }
-    let input: Box<dyn Read + Send> = if gz { Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))) } else { Box::new(file) };
+    let input: Box<dyn Read + Send> = if gz {
+        Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file)))
+    } else {
+        Box::new(file)
+    };
     Ok(match contract.format {
         Format::Csv => Box::new(csv::CsvLoader::open(contract, input, display, batch_size, keep_raw)?),
-        Format::Ndjson => Box::new(ndjson::NdjsonLoader::open(contract, input, display, batch_size, keep_raw)?),
+        Format::Ndjson => Box::new(ndjson::NdjsonLoader::open(
+            contract, input, display, batch_size, keep_raw,
+        )?),
         Format::Parquet => unreachable!("handled above"),
     })
 }
@@ -287,9 +336,15 @@ impl Hashers {
         let mut fp_args = vec![lit(contract.natural_key.version)];
         fp_args.extend(contract.natural_key.fields.iter().map(|&i| field_expr(i)));
         let fp = ctx.udf("natural_key_fingerprint")?.call(fp_args);
-        let rh_args: Vec<Expr> = (0..contract.fields.len()).filter(|&i| !contract.fields[i].volatile).map(field_expr).collect();
+        let rh_args: Vec<Expr> = (0..contract.fields.len())
+            .filter(|&i| !contract.fields[i].volatile)
+            .map(field_expr)
+            .collect();
         let rh = ctx.udf("row_hash")?.call(rh_args);
-        Ok(Hashers { fingerprint: ctx.create_physical_expr(fp, &schema)?, row_hash: ctx.create_physical_expr(rh, &schema)? })
+        Ok(Hashers {
+            fingerprint: ctx.create_physical_expr(fp, &schema)?,
+            row_hash: ctx.create_physical_expr(rh, &schema)?,
+        })
     }
 
     fn eval(&self, contract: &Contract, batch: &ParsedBatch) -> Result<(ArrayRef, ArrayRef)> {
@@ -418,7 +473,9 @@ impl<'a> StrColumn<'a> {
 }
 
 fn bad_column(url: &str, col: &str) -> Error {
-    Error::RunFailed(format!("{url}: column {col} is not a 64-character hex string; the bronze file is damaged"))
+    Error::RunFailed(format!(
+        "{url}: column {col} is not a 64-character hex string; the bronze file is damaged"
+    ))
 }
 
 /// Keys that conflict within the file, with the record numbers of every version.
@@ -497,7 +554,11 @@ impl Pass {
 
         let progress = progress_bar(opts.progress, record.file_bytes as u64, path);
         let data_schema = contract.bronze_schema();
-        let mut data = BronzeWriter::new(&ws.lake, layout::bronze_data(&contract.source, &record.run_id), data_schema.clone());
+        let mut data = BronzeWriter::new(
+            &ws.lake,
+            layout::bronze_data(&contract.source, &record.run_id),
+            data_schema.clone(),
+        );
         let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
         let stamp = RunStamp {
             run_id: record.run_id.clone(),
@@ -515,8 +576,14 @@ impl Pass {
         while let Some(batch) = rx.recv().await {
             let batch = batch?;
             let (fp, rh) = hashers.eval(contract, &batch)?;
-            let fp = fp.as_string_opt::<i32>().ok_or_else(|| Error::RunFailed("fingerprint UDF returned a non-utf8 array".into()))?.clone();
-            let rh = rh.as_string_opt::<i32>().ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))?.clone();
+            let fp = fp
+                .as_string_opt::<i32>()
+                .ok_or_else(|| Error::RunFailed("fingerprint UDF returned a non-utf8 array".into()))?
+                .clone();
+            let rh = rh
+                .as_string_opt::<i32>()
+                .ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))?
+                .clone();
             stats.seen += batch.num_rows() as u64;
             for r in &batch.rejections {
                 stats.failed += 1;
@@ -543,7 +610,12 @@ impl Pass {
                 if known.keys.contains_key(&key) {
                     stats.failed += 1;
                     let raw = batch.raw.as_ref().map(|r| r.value(i).to_string()).unwrap_or_default();
-                    held.push(ConflictRow { fp: key, fp_hex: fp_hex.to_string(), row_number, raw });
+                    held.push(ConflictRow {
+                        fp: key,
+                        fp_hex: fp_hex.to_string(),
+                        row_number,
+                        raw,
+                    });
                     continue;
                 }
                 let state = index.map.entry(key).or_default();
@@ -580,7 +652,11 @@ impl Pass {
             }
             if !keep.is_empty() {
                 let idx = UInt32Array::from(keep);
-                let cols = batch.columns.iter().map(|c| take(c.as_ref(), &idx, None)).collect::<std::result::Result<Vec<_>, _>>()?;
+                let cols = batch
+                    .columns
+                    .iter()
+                    .map(|c| take(c.as_ref(), &idx, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
                 let out = stamp.stamp(
                     &data_schema,
                     cols,
@@ -598,7 +674,9 @@ impl Pass {
                 p.set_position(batch.bytes_read.min(record.file_bytes as u64));
             }
         }
-        parser.await.map_err(|e| Error::RunFailed(format!("parser task failed: {e}")))?;
+        parser
+            .await
+            .map_err(|e| Error::RunFailed(format!("parser task failed: {e}")))?;
         if let Some(p) = progress {
             p.finish_and_clear();
         }
@@ -615,11 +693,21 @@ impl Pass {
         for h in &held {
             by_key.entry((h.fp.0, h.fp.1)).or_default().push(h.row_number);
         }
-        let names: Vec<&str> = contract.natural_key.fields.iter().map(|&i| contract.fields[i].name.as_str()).collect();
+        let names: Vec<&str> = contract
+            .natural_key
+            .fields
+            .iter()
+            .map(|&i| contract.fields[i].name.as_str())
+            .collect();
         for h in held {
             let others: Vec<String> = by_key
                 .get(&(h.fp.0, h.fp.1))
-                .map(|v| v.iter().filter(|&&r| r != h.row_number).map(|r| r.to_string()).collect())
+                .map(|v| {
+                    v.iter()
+                        .filter(|&&r| r != h.row_number)
+                        .map(|r| r.to_string())
+                        .collect()
+                })
                 .unwrap_or_default();
             failures
                 .push(FailureRow {
@@ -650,10 +738,15 @@ fn progress_bar(enabled: bool, total: u64, path: &Path) -> Option<indicatif::Pro
         return None;
     }
     let bar = indicatif::ProgressBar::new(total);
-    let style = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> ");
+    let style =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
     bar.set_style(style);
-    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     Some(bar)
 }

@@ -31,7 +31,13 @@ pub struct NdjsonLoader {
 }
 
 impl NdjsonLoader {
-    pub fn open(contract: Arc<Contract>, input: Box<dyn Read + Send>, display: String, batch_size: usize, keep_raw: bool) -> Result<NdjsonLoader> {
+    pub fn open(
+        contract: Arc<Contract>,
+        input: Box<dyn Read + Send>,
+        display: String,
+        batch_size: usize,
+        keep_raw: bool,
+    ) -> Result<NdjsonLoader> {
         let n = contract.fields.len();
         Ok(NdjsonLoader {
             input: BufReader::with_capacity(1 << 20, input),
@@ -51,7 +57,11 @@ impl NdjsonLoader {
     fn handle_line(&mut self) -> Result<()> {
         let line_no = self.line;
         let bytes = trim_eol(&self.line_buf);
-        let bytes = if line_no == 1 { bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes) } else { bytes };
+        let bytes = if line_no == 1 {
+            bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)
+        } else {
+            bytes
+        };
         if bytes.iter().all(|b| b.is_ascii_whitespace()) {
             return Ok(());
         }
@@ -61,7 +71,12 @@ impl NdjsonLoader {
             Ok(t) => t,
             Err(e) => {
                 let raw = String::from_utf8_lossy(bytes).into_owned();
-                self.sink.reject_row(row_number, "malformed_record", format!("line {line_no}: not valid UTF-8 ({e})"), raw);
+                self.sink.reject_row(
+                    row_number,
+                    "malformed_record",
+                    format!("line {line_no}: not valid UTF-8 ({e})"),
+                    raw,
+                );
                 return Ok(());
             }
         };
@@ -75,11 +90,21 @@ impl NdjsonLoader {
                     Json::Bool(_) => "a boolean",
                     _ => "null",
                 };
-                self.sink.reject_row(row_number, "malformed_record", format!("line {line_no}: expected a JSON object, found {kind}"), text.to_string());
+                self.sink.reject_row(
+                    row_number,
+                    "malformed_record",
+                    format!("line {line_no}: expected a JSON object, found {kind}"),
+                    text.to_string(),
+                );
                 return Ok(());
             }
             Err(e) => {
-                self.sink.reject_row(row_number, "malformed_record", format!("line {line_no}: invalid JSON: {e}"), text.to_string());
+                self.sink.reject_row(
+                    row_number,
+                    "malformed_record",
+                    format!("line {line_no}: invalid JSON: {e}"),
+                    text.to_string(),
+                );
                 return Ok(());
             }
         };

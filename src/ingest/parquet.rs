@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, new_null_array};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
+use datafusion::arrow::datatypes::{
+    Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+};
 use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
 use crate::contract::{Contract, Field, FieldType, UnknownFields};
@@ -32,7 +34,13 @@ pub struct ParquetLoader {
 }
 
 impl ParquetLoader {
-    pub fn open(contract: Arc<Contract>, file: File, display: String, batch_size: usize, keep_raw: bool) -> Result<ParquetLoader> {
+    pub fn open(
+        contract: Arc<Contract>,
+        file: File,
+        display: String,
+        batch_size: usize,
+        keep_raw: bool,
+    ) -> Result<ParquetLoader> {
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| Error::RunFailed(format!("{display}: not a readable Parquet file: {e}")))?;
         let schema = builder.schema().clone();
@@ -65,14 +73,28 @@ impl ParquetLoader {
                 "{display}: required column{} {} missing; the file has: {}",
                 if missing.len() > 1 { "s" } else { "" },
                 missing.join(", "),
-                schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         let reader = builder
             .with_batch_size(batch_size)
             .build()
             .map_err(|e| Error::RunFailed(format!("{display}: {e}")))?;
-        Ok(ParquetLoader { reader, contract, field_column, ignored: unknown, row_number: 0, norm: String::new(), scratch: String::new(), keep_raw })
+        Ok(ParquetLoader {
+            reader,
+            contract,
+            field_column,
+            ignored: unknown,
+            row_number: 0,
+            norm: String::new(),
+            scratch: String::new(),
+            keep_raw,
+        })
     }
 
     fn convert(&mut self, batch: RecordBatch) -> Result<ParsedBatch> {
@@ -80,7 +102,10 @@ impl ParquetLoader {
         let mut columns = Vec::with_capacity(self.contract.fields.len());
         let mut first: Vec<Option<Rejection>> = vec![None; n];
         let mut key_ok = vec![true; n];
-        let opts = CastOptions { safe: true, ..Default::default() };
+        let opts = CastOptions {
+            safe: true,
+            ..Default::default()
+        };
         let contract = self.contract.clone();
         for (i, f) in contract.fields.iter().enumerate() {
             let target = f.ty.arrow_type();
@@ -89,11 +114,16 @@ impl ParquetLoader {
                 Some(j) => {
                     let src = batch.column(j);
                     let typed = cast_with_options(src, &target, &opts)?;
-                    for row in 0..n {
-                        if src.is_valid(row) && typed.is_null(row) && first[row].is_none() {
-                            first[row] = Some(Rejection::new(
+                    for (row, slot) in first.iter_mut().enumerate() {
+                        if src.is_valid(row) && typed.is_null(row) && slot.is_none() {
+                            *slot = Some(Rejection::new(
                                 format!("type:{}", f.name),
-                                format!("{}: {} value cannot be read as {}", f.name, src.data_type(), f.ty.name()),
+                                format!(
+                                    "{}: {} value cannot be read as {}",
+                                    f.name,
+                                    src.data_type(),
+                                    f.ty.name()
+                                ),
                             ));
                         }
                     }
@@ -110,7 +140,13 @@ impl ParquetLoader {
                     None => None,
                     Some(v) => check_value(f, &v, &mut self.norm, &mut self.scratch),
                 };
-                if is_key && (typed.is_null(row) && (f.required || first[row].as_ref().is_some_and(|r| r.rule == format!("type:{}", f.name)))) {
+                if is_key
+                    && (typed.is_null(row)
+                        && (f.required
+                            || first[row]
+                                .as_ref()
+                                .is_some_and(|r| r.rule == format!("type:{}", f.name))))
+                {
                     key_ok[row] = false;
                 }
                 if first[row].is_none() {
@@ -136,10 +172,25 @@ impl ParquetLoader {
             }
         }
         self.row_number += n as u64;
-        let row_numbers = Arc::new(Int64Array::from_iter_values((start + 1..=start + n as u64).map(|r| r as i64)));
-        let valid = if rejections.is_empty() { None } else { Some(BooleanArray::from(valid)) };
-        let raw = self.keep_raw.then(|| (0..n).map(|r| Some(row_as_json(&batch, r))).collect());
-        Ok(ParsedBatch { columns, row_numbers, valid, rejections, raw, bytes_read: 0 })
+        let row_numbers = Arc::new(Int64Array::from_iter_values(
+            (start + 1..=start + n as u64).map(|r| r as i64),
+        ));
+        let valid = if rejections.is_empty() {
+            None
+        } else {
+            Some(BooleanArray::from(valid))
+        };
+        let raw = self
+            .keep_raw
+            .then(|| (0..n).map(|r| Some(row_as_json(&batch, r))).collect());
+        Ok(ParsedBatch {
+            columns,
+            row_numbers,
+            valid,
+            rejections,
+            raw,
+            bytes_read: 0,
+        })
     }
 }
 

@@ -74,7 +74,11 @@ pub struct RowSink {
 
 impl RowSink {
     pub fn new(contract: Arc<Contract>, batch_size: usize, keep_raw: bool) -> RowSink {
-        let builders = contract.fields.iter().map(|f| ColumnBuilder::new(f.ty, batch_size)).collect();
+        let builders = contract
+            .fields
+            .iter()
+            .map(|f| ColumnBuilder::new(f.ty, batch_size))
+            .collect();
         let mut is_key = vec![false; contract.fields.len()];
         for &i in &contract.natural_key.fields {
             is_key[i] = true;
@@ -92,10 +96,6 @@ impl RowSink {
             raw: keep_raw.then(StringBuilder::new),
             batch_size,
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.row_numbers.len()
     }
 
     pub fn is_full(&self) -> bool {
@@ -119,7 +119,10 @@ impl RowSink {
                 FieldText::Null => {
                     builder.append_null();
                     if f.required {
-                        Some(Rejection::new(format!("required:{}", f.name), format!("{}: required value is missing", f.name)))
+                        Some(Rejection::new(
+                            format!("required:{}", f.name),
+                            format!("{}: required value is missing", f.name),
+                        ))
                     } else {
                         None
                     }
@@ -162,7 +165,13 @@ impl RowSink {
         self.push_outcome(row_number, Some(Rejection::new(rule, reason)), false, || raw);
     }
 
-    fn push_outcome(&mut self, row_number: u64, rejection: Option<Rejection>, key_ok: bool, raw: impl FnOnce() -> String) {
+    fn push_outcome(
+        &mut self,
+        row_number: u64,
+        rejection: Option<Rejection>,
+        key_ok: bool,
+        raw: impl FnOnce() -> String,
+    ) {
         let index = self.row_numbers.len();
         self.row_numbers.push(row_number as i64);
         let text = (self.raw.is_some() || rejection.is_some()).then(raw);
@@ -191,12 +200,27 @@ impl RowSink {
         if self.row_numbers.is_empty() {
             return Ok(None);
         }
-        let columns = self.builders.iter_mut().map(|b| b.finish()).collect::<datafusion::error::Result<Vec<_>>>()?;
+        let columns = self
+            .builders
+            .iter_mut()
+            .map(|b| b.finish())
+            .collect::<datafusion::error::Result<Vec<_>>>()?;
         let row_numbers = Arc::new(Int64Array::from(std::mem::take(&mut self.row_numbers)));
-        let valid = if self.any_invalid { Some(BooleanArray::from(std::mem::take(&mut self.valid))) } else { None };
+        let valid = if self.any_invalid {
+            Some(BooleanArray::from(std::mem::take(&mut self.valid)))
+        } else {
+            None
+        };
         self.valid.clear();
         self.any_invalid = false;
         let raw = self.raw.as_mut().map(|b| b.finish());
-        Ok(Some(ParsedBatch { columns, row_numbers, valid, rejections: std::mem::take(&mut self.rejections), raw, bytes_read }))
+        Ok(Some(ParsedBatch {
+            columns,
+            row_numbers,
+            valid,
+            rejections: std::mem::take(&mut self.rejections),
+            raw,
+            bytes_read,
+        }))
     }
 }

@@ -41,7 +41,10 @@ pub struct Rejection {
 
 impl Rejection {
     pub fn new(rule: impl Into<String>, reason: impl Into<String>) -> Self {
-        Rejection { rule: rule.into(), reason: reason.into() }
+        Rejection {
+            rule: rule.into(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -61,7 +64,10 @@ pub fn shown(text: &str) -> String {
 pub fn parse_value<'a>(field: &Field, text: &'a str) -> Result<Value<'a>, Rejection> {
     let t = || text.trim();
     let fail = |expected: &str| {
-        Rejection::new(format!("type:{}", field.name), format!("{}: expected {expected}, found {}", field.name, shown(text)))
+        Rejection::new(
+            format!("type:{}", field.name),
+            format!("{}: expected {expected}, found {}", field.name, shown(text)),
+        )
     };
     match field.ty {
         FieldType::String => Ok(Value::Str(text)),
@@ -79,8 +85,13 @@ pub fn parse_value<'a>(field: &Field, text: &'a str) -> Result<Value<'a>, Reject
         },
         FieldType::Decimal { precision, scale } => match parse_decimal(t().as_bytes(), scale) {
             Some(v) if fits_precision(v, precision) => Ok(Value::Decimal(v)),
-            Some(_) => Err(fail(&format!("a decimal({precision},{scale}) with at most {} integer digits", precision as i16 - scale as i16))),
-            None => Err(fail(&format!("a decimal({precision},{scale}) with at most {scale} fraction digits"))),
+            Some(_) => Err(fail(&format!(
+                "a decimal({precision},{scale}) with at most {} integer digits",
+                precision as i16 - scale as i16
+            ))),
+            None => Err(fail(&format!(
+                "a decimal({precision},{scale}) with at most {scale} fraction digits"
+            ))),
         },
         FieldType::Boolean => match parse_bool(t()) {
             Some(b) => Ok(Value::Bool(b)),
@@ -88,13 +99,19 @@ pub fn parse_value<'a>(field: &Field, text: &'a str) -> Result<Value<'a>, Reject
         },
         FieldType::Date => match parse_date(t(), field.format.as_deref()) {
             Some(d) => Ok(Value::Date(d)),
-            None => Err(fail(&format!("a date as {}", field.format.as_deref().unwrap_or("YYYY-MM-DD")))),
+            None => Err(fail(&format!(
+                "a date as {}",
+                field.format.as_deref().unwrap_or("YYYY-MM-DD")
+            ))),
         },
         FieldType::Timestamp => match parse_timestamp(t(), field.format.as_deref()) {
             Some(d) => Ok(Value::Timestamp(d)),
             None => Err(fail(&format!(
                 "a timestamp as {} (at most microsecond precision)",
-                field.format.as_deref().unwrap_or("ISO 8601, e.g. 2026-11-03T06:00:00.25Z")
+                field
+                    .format
+                    .as_deref()
+                    .unwrap_or("ISO 8601, e.g. 2026-11-03T06:00:00.25Z")
             ))),
         },
     }
@@ -222,7 +239,7 @@ pub fn parse_date(s: &str, format: Option<&str>) -> Option<i32> {
 
 fn micros_of(dt: NaiveDateTime) -> Option<i64> {
     let utc = dt.and_utc();
-    if utc.timestamp_subsec_nanos() % 1000 != 0 {
+    if !utc.timestamp_subsec_nanos().is_multiple_of(1000) {
         return None;
     }
     Some(utc.timestamp_micros())
@@ -237,7 +254,12 @@ pub fn parse_timestamp(s: &str, format: Option<&str>) -> Option<i64> {
             if let Ok(dt) = DateTime::parse_from_rfc3339(s) {
                 return micros_of(dt.naive_utc());
             }
-            for f in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M"] {
+            for f in [
+                "%Y-%m-%dT%H:%M:%S%.f",
+                "%Y-%m-%d %H:%M:%S%.f",
+                "%Y-%m-%d %H:%M:%S%.f%:z",
+                "%Y-%m-%dT%H:%M",
+            ] {
                 if f.ends_with("%:z") {
                     if let Ok(dt) = DateTime::parse_from_str(s, f) {
                         return micros_of(dt.naive_utc());
@@ -270,42 +292,59 @@ pub fn check_value(field: &Field, value: &Value<'_>, norm: &mut String, scratch:
             _ => None,
         }
     };
-    if let Some(b) = &field.min {
-        if cmp(b) != Some(std::cmp::Ordering::Greater) && cmp(b) != Some(std::cmp::Ordering::Equal) {
-            return Some(Rejection::new(
-                format!("min:{}", field.name),
-                format!("{}: {} is below the minimum {}", field.name, display(value, field), display_bound(b, field)),
-            ));
-        }
+    if let Some(b) = &field.min
+        && cmp(b) != Some(std::cmp::Ordering::Greater)
+        && cmp(b) != Some(std::cmp::Ordering::Equal)
+    {
+        return Some(Rejection::new(
+            format!("min:{}", field.name),
+            format!(
+                "{}: {} is below the minimum {}",
+                field.name,
+                display(value, field),
+                display_bound(b, field)
+            ),
+        ));
     }
-    if let Some(b) = &field.max {
-        if cmp(b) != Some(std::cmp::Ordering::Less) && cmp(b) != Some(std::cmp::Ordering::Equal) {
-            return Some(Rejection::new(
-                format!("max:{}", field.name),
-                format!("{}: {} is above the maximum {}", field.name, display(value, field), display_bound(b, field)),
-            ));
-        }
+    if let Some(b) = &field.max
+        && cmp(b) != Some(std::cmp::Ordering::Less)
+        && cmp(b) != Some(std::cmp::Ordering::Equal)
+    {
+        return Some(Rejection::new(
+            format!("max:{}", field.name),
+            format!(
+                "{}: {} is above the maximum {}",
+                field.name,
+                display(value, field),
+                display_bound(b, field)
+            ),
+        ));
     }
     if let Value::Str(s) = value {
         if field.allowed.is_none() && field.pattern.is_none() {
             return None;
         }
         normalize_into(&field.normalize, s, norm, scratch);
-        if let Some(allowed) = &field.allowed {
-            if !allowed.iter().any(|a| a == norm.as_str()) {
-                return Some(Rejection::new(
-                    format!("allowed:{}", field.name),
-                    format!("{}: {} is not one of: {}", field.name, shown(norm), allowed.join(", ")),
-                ));
-            }
+        if let Some(allowed) = &field.allowed
+            && !allowed.iter().any(|a| a == norm.as_str())
+        {
+            return Some(Rejection::new(
+                format!("allowed:{}", field.name),
+                format!("{}: {} is not one of: {}", field.name, shown(norm), allowed.join(", ")),
+            ));
         }
-        if let Some(p) = &field.pattern {
-            if !p.is_match(norm) {
-                return Some(Rejection::new(
-                    format!("pattern:{}", field.name),
-                    format!("{}: {} does not match the pattern {}", field.name, shown(norm), p.as_str()),
-                ));
-            }
+        if let Some(p) = &field.pattern
+            && !p.is_match(norm)
+        {
+            return Some(Rejection::new(
+                format!("pattern:{}", field.name),
+                format!(
+                    "{}: {} does not match the pattern {}",
+                    field.name,
+                    shown(norm),
+                    p.as_str()
+                ),
+            ));
         }
     }
     None
@@ -337,7 +376,12 @@ fn display_bound(b: &Bound, field: &Field) -> String {
             if scale == 0 {
                 format!("{d}")
             } else {
-                format!("{sign}{}.{:0width$}", d.unsigned_abs() / p as u128, d.unsigned_abs() % p as u128, width = scale as usize)
+                format!(
+                    "{sign}{}.{:0width$}",
+                    d.unsigned_abs() / p as u128,
+                    d.unsigned_abs() % p as u128,
+                    width = scale as usize
+                )
             }
         }
         Bound::Date(d) => chrono::DateTime::from_timestamp(*d as i64 * 86400, 0)

@@ -14,15 +14,24 @@ fn after_day_one(file: &str) -> (TestLake, std::process::Output) {
     t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
     let before = committed(&t);
     let out = t.ingest("bookings", &bad(file));
-    assert!(out.status.code().is_some(), "{file}: killed by a signal: {}", stderr(&out));
+    assert!(
+        out.status.code().is_some(),
+        "{file}: killed by a signal: {}",
+        stderr(&out)
+    );
     assert_ne!(out.status.code(), Some(101), "{file}: panicked: {}", stderr(&out));
     let after = committed(&t);
-    assert_eq!(before.tables["bronze.bookings"], after.tables["bronze.bookings"][..before.tables["bronze.bookings"].len()].to_vec(), "{file}: committed rows changed");
+    assert_eq!(
+        before.tables["bronze.bookings"],
+        after.tables["bronze.bookings"][..before.tables["bronze.bookings"].len()].to_vec(),
+        "{file}: committed rows changed"
+    );
     (t, out)
 }
 
 fn last_run(t: &TestLake) -> std::collections::BTreeMap<String, serde_json::Value> {
-    t.query("SELECT * FROM audit.ingestion_run_log ORDER BY started_at DESC, run_id DESC LIMIT 1").remove(0)
+    t.query("SELECT * FROM audit.ingestion_run_log ORDER BY started_at DESC, run_id DESC LIMIT 1")
+        .remove(0)
 }
 
 #[test]
@@ -30,7 +39,10 @@ fn empty_file_fails_the_run_with_a_clear_message() {
     let (t, out) = after_day_one("empty.csv");
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
-    assert!(text.contains("FAILED, nothing loaded") && text.contains("the file is empty: expected a header line"), "{text}");
+    assert!(
+        text.contains("FAILED, nothing loaded") && text.contains("the file is empty: expected a header line"),
+        "{text}"
+    );
     let run = last_run(&t);
     assert_eq!(run["status"], "failed");
     assert!(run["error"].as_str().unwrap().contains("empty.csv"));
@@ -78,7 +90,10 @@ fn ragged_rows_are_rejected_as_malformed_records() {
     let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log WHERE rule = 'malformed_record' ORDER BY source_row_number");
     let rows: Vec<i64> = f.iter().map(|r| r["source_row_number"].as_i64().unwrap()).collect();
     assert_eq!(rows, vec![2, 4]);
-    assert!(f[0]["reason"].as_str().unwrap().contains("expected 12 fields, found"), "{f:?}");
+    assert!(
+        f[0]["reason"].as_str().unwrap().contains("expected 12 fields, found"),
+        "{f:?}"
+    );
 }
 
 #[test]
@@ -88,8 +103,14 @@ fn missing_required_column_fails_and_writes_nothing() {
     let run = last_run(&t);
     assert_eq!(run["status"], "failed");
     let err = run["error"].as_str().unwrap();
-    assert!(err.contains("required column \"booking_ref\" missing from the header"), "{err}");
-    let n = t.query(&format!("SELECT count(*) AS n FROM bronze.bookings WHERE ingestion_run_id = '{}'", run["run_id"].as_str().unwrap()));
+    assert!(
+        err.contains("required column \"booking_ref\" missing from the header"),
+        "{err}"
+    );
+    let n = t.query(&format!(
+        "SELECT count(*) AS n FROM bronze.bookings WHERE ingestion_run_id = '{}'",
+        run["run_id"].as_str().unwrap()
+    ));
     assert_eq!(n[0]["n"], 0);
 }
 
@@ -98,10 +119,17 @@ fn unknown_column_fails_under_reject_and_is_ignored_under_ignore() {
     let (t, out) = after_day_one("unknown_column.csv");
     assert_eq!(out.status.code(), Some(1));
     let err = last_run(&t)["error"].as_str().unwrap().to_string();
-    assert!(err.contains("\"promo_code\"") && err.contains("unknown_fields: ignore"), "{err}");
+    assert!(
+        err.contains("\"promo_code\"") && err.contains("unknown_fields: ignore"),
+        "{err}"
+    );
 
     let contract = std::fs::read_to_string(t.contracts().join("bookings.yaml")).unwrap();
-    std::fs::write(t.contracts().join("bookings.yaml"), contract.replace("unknown_fields: reject", "unknown_fields: ignore")).unwrap();
+    std::fs::write(
+        t.contracts().join("bookings.yaml"),
+        contract.replace("unknown_fields: reject", "unknown_fields: ignore"),
+    )
+    .unwrap();
     let out = t.ingest("bookings", &bad("unknown_column.csv"));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let run = last_run(&t);
@@ -114,19 +142,34 @@ fn invocation_errors_exit_2_with_a_message() {
     let t = TestLake::new();
     let out = t.ingest("bookings", std::path::Path::new("/no/such/file.csv"));
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("no such file: /no/such/file.csv"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no such file: /no/such/file.csv"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = t.ingest("bookingz", &landing("bookings/2026-11-01_bookings.csv"));
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("no contract for source \"bookingz\"") && err.contains("known sources: bookings, hotels, marketing_spend, web_sessions"), "{err}");
+    assert!(
+        err.contains("no contract for source \"bookingz\"")
+            && err.contains("known sources: bookings, hotels, marketing_spend, web_sessions"),
+        "{err}"
+    );
 
     let contract = std::fs::read_to_string(t.contracts().join("bookings.yaml")).unwrap();
-    std::fs::write(t.contracts().join("bookings.yaml"), contract.replace("type: decimal(12,2)", "type: decimal(12,2")).unwrap();
+    std::fs::write(
+        t.contracts().join("bookings.yaml"),
+        contract.replace("type: decimal(12,2)", "type: decimal(12,2"),
+    )
+    .unwrap();
     let out = t.ingest("bookings", &landing("bookings/2026-11-01_bookings.csv"));
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("bookings.yaml:") && err.contains("unknown type \"decimal(12,2\""), "{err}");
+    assert!(
+        err.contains("bookings.yaml:") && err.contains("unknown type \"decimal(12,2\""),
+        "{err}"
+    );
     // nothing was recorded for an invocation error
     assert_eq!(t.query("SELECT * FROM audit.ingestion_run_log").len(), 0);
 }
@@ -143,7 +186,11 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
     std::fs::write(t.lake().join("_locks/bookings.lock"), lock.to_string()).unwrap();
     let out = t.ingest("bookings", &landing("bookings/2026-11-01_bookings.csv"));
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("is being ingested by run 0000-test"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is being ingested by run 0000-test"),
+        "{}",
+        stderr(&out)
+    );
     // another source is not blocked
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
     // an expired lock is taken over
@@ -153,5 +200,8 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
     });
     std::fs::write(t.lake().join("_locks/bookings.lock"), stale.to_string()).unwrap();
     t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
-    assert!(!t.lake().join("_locks/bookings.lock").exists(), "lock released after the run");
+    assert!(
+        !t.lake().join("_locks/bookings.lock").exists(),
+        "lock released after the run"
+    );
 }

@@ -13,11 +13,25 @@ fn repository_contracts_are_valid() {
     let mut problems = Problems::default();
     let set = ContractSet::load(&repo().join("contracts"), &mut problems);
     assert!(problems.is_empty(), "{:?}", problems.items);
-    assert_eq!(set.names(), vec!["bookings", "hotels", "marketing_spend", "web_sessions"]);
+    assert_eq!(
+        set.names(),
+        vec!["bookings", "hotels", "marketing_spend", "web_sessions"]
+    );
     let b = &set.contracts["bookings"];
-    let key: Vec<&str> = b.natural_key.fields.iter().map(|&i| b.fields[i].name.as_str()).collect();
+    let key: Vec<&str> = b
+        .natural_key
+        .fields
+        .iter()
+        .map(|&i| b.fields[i].name.as_str())
+        .collect();
     assert_eq!(key, vec!["hotel_code", "booking_ref"]);
-    assert_eq!(b.fields[b.field_index("amount").unwrap()].ty, FieldType::Decimal { precision: 12, scale: 2 });
+    assert_eq!(
+        b.fields[b.field_index("amount").unwrap()].ty,
+        FieldType::Decimal {
+            precision: 12,
+            scale: 2
+        }
+    );
     assert!(b.fields[b.field_index("exported_at").unwrap()].volatile);
     assert_eq!(b.csv.null_values, vec!["", "NA", "NULL"]);
 }
@@ -56,14 +70,19 @@ fn problems_of(name: &str, text: &str) -> Vec<String> {
 #[test]
 fn every_problem_is_reported_with_location_and_choices() {
     let got = problems_of("contracts/bookings.yaml", BAD);
-    let expected = vec![
+    let expected = [
         "contracts/bookings.yaml:3:1: unknown key \"formatt\" in the contract; valid keys are: source, version, description, format, csv, unknown_fields, fields, natural_key, resolve",
         "contracts/bookings.yaml:2:10: version must be an integer >= 1, found \"0\"",
         "contracts/bookings.yaml:6:11: unknown type \"strin\" for field \"booking_ref\"; valid types are: string, int32, int64, float64, decimal(p,s), boolean, date, timestamp (decimal precision 1..=38, 0 <= scale <= precision)",
         "contracts/bookings.yaml:7:23: unknown normalize step \"uper\"; valid steps are: trim, lower, upper, collapse_whitespace, strip_punctuation, digits_only, nfkc",
     ];
     for (i, e) in expected.iter().enumerate() {
-        assert_eq!(got.get(i).map(String::as_str), Some(*e), "problem {i}; all problems:\n{}", got.join("\n"));
+        assert_eq!(
+            got.get(i).map(String::as_str),
+            Some(*e),
+            "problem {i}; all problems:\n{}",
+            got.join("\n")
+        );
     }
     let rest = got[expected.len()..].join("\n");
     for needle in [
@@ -104,12 +123,19 @@ fn yaml_syntax_error_is_located() {
 fn check_command_reports_all_files_and_exits_2() {
     let t = TestLake::new();
     std::fs::write(t.contracts().join("bookings.yaml"), BAD).unwrap();
-    std::fs::write(t.contracts().join("extra.yaml"), "source: extra\nversion: 1\nfields: []\nnatural_key: {version: 1, fields: []}\n").unwrap();
+    std::fs::write(
+        t.contracts().join("extra.yaml"),
+        "source: extra\nversion: 1\nfields: []\nnatural_key: {version: 1, fields: []}\n",
+    )
+    .unwrap();
     let out = t.run(&["check"]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("bookings.yaml:6:11: unknown type \"strin\""), "{err}");
-    assert!(err.contains("extra.yaml:3:9: fields must list at least one field"), "{err}");
+    assert!(
+        err.contains("extra.yaml:3:9: fields must list at least one field"),
+        "{err}"
+    );
     // the lookups of the other contracts still resolve: no problem reported for them
     assert!(!err.contains("hotels.yaml"), "{err}");
 }
@@ -121,6 +147,9 @@ fn check_command_passes_on_repository_contracts() {
     crate::util::assert_ok(&out);
     assert_eq!(
         crate::util::stdout(&out).trim_end(),
-        format!("ok: 4 contracts in {} (bookings, hotels, marketing_spend, web_sessions)", t.contracts().display())
+        format!(
+            "ok: 4 contracts in {} (bookings, hotels, marketing_spend, web_sessions)",
+            t.contracts().display()
+        )
     );
 }

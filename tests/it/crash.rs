@@ -29,17 +29,28 @@ fn every_ingest_failpoint_crash_then_rerun_equals_one_clean_run() {
         let t = TestLake::new();
         seed(&t);
         let before = t.snapshot(SOURCES);
-        let out = t.command().env("INGOT_FAILPOINT", point).args(["ingest", "bookings"]).arg(&file).output().unwrap();
+        let out = t
+            .command()
+            .env("INGOT_FAILPOINT", point)
+            .args(["ingest", "bookings"])
+            .arg(&file)
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "{point}: the process should have crashed");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("failpoint {point} reached")), "{point}: failpoint never reached");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(&format!("failpoint {point} reached")),
+            "{point}: failpoint never reached"
+        );
         let committed = *point == "ingest.after_commit";
         if !committed {
-            t.snapshot(SOURCES).assert_same(&before, &format!("{point}: nothing of the crashed run may be visible"));
+            t.snapshot(SOURCES)
+                .assert_same(&before, &format!("{point}: nothing of the crashed run may be visible"));
         }
-        let rerun = t.ingest(&"bookings", &file);
+        let rerun = t.ingest("bookings", &file);
         assert_ok(&rerun);
         let want = if committed { &clean_then_skip } else { &clean_once };
-        t.snapshot(SOURCES).assert_same(want, &format!("{point}: crash + re-run"));
+        t.snapshot(SOURCES)
+            .assert_same(want, &format!("{point}: crash + re-run"));
     }
 }
 
@@ -47,12 +58,24 @@ fn every_ingest_failpoint_crash_then_rerun_equals_one_clean_run() {
 fn a_crash_during_the_first_run_leaves_an_empty_lake_then_loads_once() {
     let t = TestLake::new();
     let file = landing("bookings/2026-11-01_bookings.csv");
-    let out = t.command().env("INGOT_FAILPOINT", "ingest.mid_data").args(["ingest", "bookings"]).arg(&file).output().unwrap();
+    let out = t
+        .command()
+        .env("INGOT_FAILPOINT", "ingest.mid_data")
+        .args(["ingest", "bookings"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert_eq!(t.query("SELECT count(*) AS n FROM bronze.bookings")[0]["n"], 0);
     t.ingest_ok("bookings", &file);
-    let twice = t.query("SELECT natural_key_fingerprint, count(*) AS n FROM bronze.bookings GROUP BY 1 HAVING count(*) > 1");
+    let twice =
+        t.query("SELECT natural_key_fingerprint, count(*) AS n FROM bronze.bookings GROUP BY 1 HAVING count(*) > 1");
     assert!(twice.is_empty(), "duplicates after crash + re-run: {twice:?}");
-    let clean = { let c = TestLake::new(); c.ingest_ok("bookings", &file); c.snapshot(SOURCES) };
-    t.snapshot(SOURCES).assert_same(&clean, "first run crashed mid-data then re-run");
+    let clean = {
+        let c = TestLake::new();
+        c.ingest_ok("bookings", &file);
+        c.snapshot(SOURCES)
+    };
+    t.snapshot(SOURCES)
+        .assert_same(&clean, "first run crashed mid-data then re-run");
 }

@@ -11,11 +11,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Date64Array, Decimal32Array,
-    Decimal64Array, Decimal128Array, Decimal256Array, DictionaryArray, Float32Array, Float64Array,
-    Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray, ListArray, NullArray,
-    RecordBatch, StringArray, StringViewArray, Time32SecondArray, TimestampMicrosecondArray,
-    TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt8Array,
+    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Date64Array, Decimal32Array, Decimal64Array,
+    Decimal128Array, Decimal256Array, DictionaryArray, Float32Array, Float64Array, Int8Array, Int16Array, Int32Array,
+    Int64Array, LargeStringArray, ListArray, NullArray, RecordBatch, StringArray, StringViewArray, Time32SecondArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt8Array,
     UInt16Array, UInt32Array, UInt64Array,
 };
 use datafusion::arrow::compute::cast;
@@ -23,9 +22,7 @@ use datafusion::arrow::datatypes::{DataType, Int32Type, i256};
 use datafusion::prelude::SessionContext;
 use ingot::hash::canonical::{CanonicalColumn, check_supported, write_canonical};
 use ingot::hash::normalize::{normalize_array, normalize_into, parse_steps};
-use ingot::hash::{
-    NormalizeStep, fingerprint_array, hex_lower, register_udfs, row_hash_array, udfs,
-};
+use ingot::hash::{NormalizeStep, fingerprint_array, hex_lower, register_udfs, row_hash_array, udfs};
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -36,19 +33,14 @@ fn canon(array: &dyn Array) -> Vec<Option<String>> {
     (0..array.len())
         .map(|row| {
             let mut buf = Vec::new();
-            column
-                .write(row, &mut buf)
-                .then(|| String::from_utf8(buf).unwrap())
+            column.write(row, &mut buf).then(|| String::from_utf8(buf).unwrap())
         })
         .collect()
 }
 
 /// Canonical text of every row, all expected non-null.
 fn canon_all(array: &dyn Array) -> Vec<String> {
-    canon(array)
-        .into_iter()
-        .map(|t| t.expect("non-null"))
-        .collect()
+    canon(array).into_iter().map(|t| t.expect("non-null")).collect()
 }
 
 /// The values of a Utf8 result array.
@@ -147,18 +139,12 @@ fn float64_canonical_text_is_shortest_positional() {
 #[test]
 fn float32_canonical_text_is_shortest_for_f32() {
     let array = Float32Array::from(vec![0.1f32, 1.5, -0.0, 16_777_216.0, 1e-7, f32::NAN]);
-    assert_eq!(
-        canon_all(&array),
-        ["0.1", "1.5", "-0", "16777216", "0.0000001", "NaN"]
-    );
+    assert_eq!(canon_all(&array), ["0.1", "1.5", "-0", "16777216", "0.0000001", "NaN"]);
 }
 
 #[test]
 fn integers_canonical_text_is_plain_decimal() {
-    assert_eq!(
-        canon_all(&Int8Array::from(vec![i8::MIN, 0, 7])),
-        ["-128", "0", "7"]
-    );
+    assert_eq!(canon_all(&Int8Array::from(vec![i8::MIN, 0, 7])), ["-128", "0", "7"]);
     assert_eq!(canon_all(&Int16Array::from(vec![i16::MIN])), ["-32768"]);
     assert_eq!(canon_all(&Int32Array::from(vec![-42])), ["-42"]);
     assert_eq!(
@@ -167,43 +153,20 @@ fn integers_canonical_text_is_plain_decimal() {
     );
     assert_eq!(canon_all(&UInt8Array::from(vec![u8::MAX])), ["255"]);
     assert_eq!(canon_all(&UInt16Array::from(vec![u16::MAX])), ["65535"]);
-    assert_eq!(
-        canon_all(&UInt32Array::from(vec![u32::MAX])),
-        ["4294967295"]
-    );
-    assert_eq!(
-        canon_all(&UInt64Array::from(vec![u64::MAX])),
-        ["18446744073709551615"]
-    );
+    assert_eq!(canon_all(&UInt32Array::from(vec![u32::MAX])), ["4294967295"]);
+    assert_eq!(canon_all(&UInt64Array::from(vec![u64::MAX])), ["18446744073709551615"]);
 }
 
 #[test]
 fn decimals_keep_exactly_the_declared_scale() {
-    let d = |values: Vec<i128>, p, s| {
-        canon_all(
-            &Decimal128Array::from(values)
-                .with_precision_and_scale(p, s)
-                .unwrap(),
-        )
-    };
+    let d = |values: Vec<i128>, p, s| canon_all(&Decimal128Array::from(values).with_precision_and_scale(p, s).unwrap());
     assert_eq!(
         d(vec![1250, -5, 0, 5, -1250, 100, 99_999_999], 10, 2),
-        [
-            "12.50",
-            "-0.05",
-            "0.00",
-            "0.05",
-            "-12.50",
-            "1.00",
-            "999999.99"
-        ]
+        ["12.50", "-0.05", "0.00", "0.05", "-12.50", "1.00", "999999.99"]
     );
     assert_eq!(d(vec![42, -42, 0], 5, 0), ["42", "-42", "0"]);
     assert_eq!(d(vec![1], 38, 38), [format!("0.{}1", "0".repeat(37))]);
-    assert_eq!(
-        d(vec![i128::MAX], 38, 10),
-        ["17014118346046923173168730371.5884105727"]
-    );
+    assert_eq!(d(vec![i128::MAX], 38, 10), ["17014118346046923173168730371.5884105727"]);
     assert_eq!(
         d(vec![i128::MIN + 1], 38, 0),
         ["-170141183460469231731687303715884105727"]
@@ -215,9 +178,7 @@ fn decimals_keep_exactly_the_declared_scale() {
         .with_precision_and_scale(9, 3)
         .unwrap();
     assert_eq!(canon_all(&d32), ["-1.234"]);
-    let d64 = Decimal64Array::from(vec![5])
-        .with_precision_and_scale(18, 4)
-        .unwrap();
+    let d64 = Decimal64Array::from(vec![5]).with_precision_and_scale(18, 4).unwrap();
     assert_eq!(canon_all(&d64), ["0.0005"]);
     let big = i256::from_string("-10000000000000000000000000000000000000000007").unwrap();
     let d256 = Decimal256Array::from(vec![big, i256::from_i128(1250)])
@@ -242,10 +203,7 @@ fn strings_booleans_and_nulls() {
         ]
     );
     let booleans = BooleanArray::from(vec![Some(true), Some(false), None]);
-    assert_eq!(
-        canon(&booleans),
-        [Some("true".into()), Some("false".into()), None]
-    );
+    assert_eq!(canon(&booleans), [Some("true".into()), Some("false".into()), None]);
     assert_eq!(canon(&NullArray::new(2)), [None, None]);
 
     // A null writes nothing; a value is appended after what the buffer holds.
@@ -288,10 +246,7 @@ fn dates_are_iso_with_expanded_years_outside_0000_9999() {
         ]
     );
     let millis = Date64Array::from(vec![86_400_000, -1, 1_357_020_000_250]);
-    assert_eq!(
-        canon_all(&millis),
-        ["1970-01-02", "1969-12-31", "2013-01-01"]
-    );
+    assert_eq!(canon_all(&millis), ["1970-01-02", "1969-12-31", "2013-01-01"]);
 }
 
 #[test]
@@ -306,11 +261,7 @@ fn dates_match_chrono_across_its_range() {
         let expected = chrono::NaiveDate::from_num_days_from_ce_opt(day + 719_163).unwrap();
         buf.clear();
         assert!(column.write(row, &mut buf));
-        assert_eq!(
-            std::str::from_utf8(&buf).unwrap(),
-            expected.to_string(),
-            "day {day}"
-        );
+        assert_eq!(std::str::from_utf8(&buf).unwrap(), expected.to_string(), "day {day}");
     }
 }
 
@@ -356,27 +307,16 @@ fn timestamps_are_utc_with_trimmed_fraction() {
     let s = TimestampSecondArray::from(vec![1_357_020_000, 253_402_300_799, -62_135_596_800]);
     assert_eq!(
         canon_all(&s),
-        [
-            "2013-01-01T06:00:00Z",
-            "9999-12-31T23:59:59Z",
-            "0001-01-01T00:00:00Z"
-        ]
+        ["2013-01-01T06:00:00Z", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"]
     );
 }
 
 #[test]
 fn dictionary_and_sliced_arrays_read_the_right_rows() {
-    let dict: DictionaryArray<Int32Type> = vec![Some("b|x"), None, Some("a"), Some("b|x")]
-        .into_iter()
-        .collect();
+    let dict: DictionaryArray<Int32Type> = vec![Some("b|x"), None, Some("a"), Some("b|x")].into_iter().collect();
     assert_eq!(
         canon(&dict),
-        [
-            Some("b|x".into()),
-            None,
-            Some("a".into()),
-            Some("b|x".into())
-        ]
+        [Some("b|x".into()), None, Some("a".into()), Some("b|x".into())]
     );
     let plain = utf8(&[Some("b|x"), None, Some("a"), Some("b|x")]);
     assert_eq!(
@@ -385,10 +325,7 @@ fn dictionary_and_sliced_arrays_read_the_right_rows() {
     );
 
     let ints = Int64Array::from(vec![Some(1), None, Some(3), Some(4)]);
-    assert_eq!(
-        canon(&ints.slice(1, 3)),
-        [None, Some("3".into()), Some("4".into())]
-    );
+    assert_eq!(canon(&ints.slice(1, 3)), [None, Some("3".into()), Some("4".into())]);
     let bools = BooleanArray::from(vec![Some(true), Some(true), None, Some(false)]);
     assert_eq!(canon(&bools.slice(2, 2)), [None, Some("false".into())]);
     let texts = StringArray::from(vec![Some("x"), Some("y"), None]);
@@ -404,10 +341,7 @@ fn unsupported_types_are_errors_that_list_the_supported_ones() {
     for array in [arr(list), arr(binary), arr(time), half] {
         let err = check_supported(array.data_type()).unwrap_err().to_string();
         assert!(err.contains(&array.data_type().to_string()), "{err}");
-        assert!(
-            err.contains("Decimal128") && err.contains("Timestamp"),
-            "{err}"
-        );
+        assert!(err.contains("Decimal128") && err.contains("Timestamp"), "{err}");
         assert!(CanonicalColumn::new(array.as_ref()).is_err());
         assert!(row_hash_array(std::slice::from_ref(&array)).is_err());
         let mut buf = Vec::new();
@@ -459,11 +393,7 @@ fn row_hash_golden_vectors() {
     );
     // One value of every family:
     // "1|42|-7|1|1.5|-0|0.0000001|1000000000000000000000|NaN|inf|-inf|12.50|-0.05|true|false|2013-01-01|2013-01-01T06:00:00.25Z"
-    let decimal = |v: i128| {
-        arr(Decimal128Array::from(vec![v])
-            .with_precision_and_scale(10, 2)
-            .unwrap())
-    };
+    let decimal = |v: i128| arr(Decimal128Array::from(vec![v]).with_precision_and_scale(10, 2).unwrap());
     let typed = vec![
         arr(Int64Array::from(vec![42])),
         arr(Int8Array::from(vec![-7])),
@@ -493,10 +423,7 @@ fn row_hash_escaping_keeps_fields_apart() {
     // "1|a\|b|c" vs "1|a|b\|c"
     let left = row_hash_of(vec![utf8(&[Some("a|b")]), utf8(&[Some("c")])]);
     let right = row_hash_of(vec![utf8(&[Some("a")]), utf8(&[Some("b|c")])]);
-    assert_eq!(
-        left,
-        "3510ce85a744210b708504f33518b8f4e957209d83ae3521014599295bfa67a1"
-    );
+    assert_eq!(left, "3510ce85a744210b708504f33518b8f4e957209d83ae3521014599295bfa67a1");
     assert_eq!(
         right,
         "36722244ee0bcaecc5c8fa83b49a0bdfc9aaec071cd059764063ec9d750df34c"
@@ -535,10 +462,7 @@ fn fingerprint_golden_vectors() {
         "f3c930da8b750575b149fc0b324db5912c370aae8331835bcb99cc4ce63e0e36"
     );
     assert_eq!(
-        fingerprint_of(
-            1,
-            vec![utf8(&[Some("a")]), utf8(&[None]), utf8(&[Some("b")])]
-        ),
+        fingerprint_of(1, vec![utf8(&[Some("a")]), utf8(&[None]), utf8(&[Some("b")])]),
         "a6e6d4691c76417914cf843610e981c69dcbc27e4f2ef46ca093dda1deb66b7f"
     );
     // No escaping: "2|a|b|c" whichever field holds the pipe.
@@ -559,11 +483,7 @@ fn fingerprint_golden_vectors() {
     // Typed fields use canonical text: "1|ann@x.com" is not special, "1|12.50" etc. are.
     let typed = fingerprint_of(
         2,
-        vec![
-            utf8(&[Some("a")]),
-            arr(Int64Array::from(vec![1])),
-            utf8(&[Some("c")]),
-        ],
+        vec![utf8(&[Some("a")]), arr(Int64Array::from(vec![1])), utf8(&[Some("c")])],
     );
     assert_eq!(typed, fingerprint_of(2, vec![utf8(&[Some("a|1|c")])]));
 }
@@ -619,14 +539,8 @@ fn each_normalize_step() {
         normalize(&[CollapseWhitespace], "  a \t\n b\u{3000}\u{a0}c  "),
         " a b c "
     );
-    assert_eq!(
-        normalize(&[StripPunctuation], "a.b,c!d-e_f(g)«h»"),
-        "abcdefg«h»"
-    );
-    assert_eq!(
-        normalize(&[DigitsOnly], "+1 (555) 010-9999 ٣"),
-        "15550109999"
-    );
+    assert_eq!(normalize(&[StripPunctuation], "a.b,c!d-e_f(g)«h»"), "abcdefg«h»");
+    assert_eq!(normalize(&[DigitsOnly], "+1 (555) 010-9999 ٣"), "15550109999");
     assert_eq!(normalize(&[Nfkc], "ﬁ①Ａ e\u{301}"), "fi1A é");
     assert_eq!(normalize(&[Nfkc], "plain ascii"), "plain ascii");
     // Steps run in the order given.
@@ -636,10 +550,7 @@ fn each_normalize_step() {
     );
     assert_eq!(normalize(&[Trim, CollapseWhitespace], "  a   b  "), "a b");
     assert_eq!(
-        normalize(
-            &[CollapseWhitespace, Trim, DigitsOnly, StripPunctuation],
-            " 1-2 "
-        ),
+        normalize(&[CollapseWhitespace, Trim, DigitsOnly, StripPunctuation], " 1-2 "),
         "12"
     );
 }
@@ -664,16 +575,8 @@ fn lower_and_upper_match_the_standard_library() {
         "",
     ];
     for s in samples {
-        assert_eq!(
-            normalize(&[NormalizeStep::Lower], s),
-            s.to_lowercase(),
-            "lower {s:?}"
-        );
-        assert_eq!(
-            normalize(&[NormalizeStep::Upper], s),
-            s.to_uppercase(),
-            "upper {s:?}"
-        );
+        assert_eq!(normalize(&[NormalizeStep::Lower], s), s.to_lowercase(), "lower {s:?}");
+        assert_eq!(normalize(&[NormalizeStep::Upper], s), s.to_uppercase(), "upper {s:?}");
     }
 }
 
@@ -702,11 +605,7 @@ fn step_names_parse_and_unknown_names_list_the_valid_ones() {
     assert_eq!(NormalizeStep::parse(""), None);
     assert_eq!(
         parse_steps(" trim , lower,nfkc").unwrap(),
-        [
-            NormalizeStep::Trim,
-            NormalizeStep::Lower,
-            NormalizeStep::Nfkc
-        ]
+        [NormalizeStep::Trim, NormalizeStep::Lower, NormalizeStep::Nfkc]
     );
     assert!(parse_steps("").unwrap().is_empty());
     let err = parse_steps("trim,bogus").unwrap_err().to_string();
@@ -747,10 +646,7 @@ fn normalize_array_handles_every_string_type_and_nulls() {
     let err = normalize_array(&steps, &Int64Array::from(vec![1]))
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("strings only") && err.contains("Int64"),
-        "{err}"
-    );
+    assert!(err.contains("strings only") && err.contains("Int64"), "{err}");
 }
 
 #[test]
@@ -812,10 +708,7 @@ async fn sql_row_hash_matches_the_kernel_and_the_golden() {
     .await;
     let ann = "fb585cf78b67c11e158b639fc209328f30c1b239fe13c8a313b5b19662d910da".to_string();
     let seven = "81954e298f1ec7961525f1b1f69e87cfdc5e2b6ab821d324cf9b9a9b267f314d".to_string();
-    assert_eq!(
-        rows,
-        [[Some(ann.clone()), Some(ann.clone()), Some(ann), Some(seven)]]
-    );
+    assert_eq!(rows, [[Some(ann.clone()), Some(ann.clone()), Some(ann), Some(seven)]]);
 }
 
 #[tokio::test]
@@ -917,31 +810,14 @@ async fn sql_errors_name_the_function_argument_and_type() {
         "{err}"
     );
     let err = sql_error(&ctx, "SELECT natural_key_fingerprint('1', 'a')").await;
-    assert!(
-        err.contains("argument 1 (version) must be an integer"),
-        "{err}"
-    );
-    let err = sql_error(
-        &ctx,
-        "SELECT natural_key_fingerprint(1, 'a', make_array(1))",
-    )
-    .await;
+    assert!(err.contains("argument 1 (version) must be an integer"), "{err}");
+    let err = sql_error(&ctx, "SELECT natural_key_fingerprint(1, 'a', make_array(1))").await;
     assert!(err.contains("argument 3"), "{err}");
     let err = sql_error(&ctx, "SELECT canonical_text(1, 2)").await;
-    assert!(
-        err.contains("canonical_text") && err.contains("1 argument"),
-        "{err}"
-    );
+    assert!(err.contains("canonical_text") && err.contains("1 argument"), "{err}");
     let err = sql_error(&ctx, "SELECT normalize_text(42, 'trim')").await;
-    assert!(
-        err.contains("strings only") && err.contains("Int64"),
-        "{err}"
-    );
-    let err = sql_error(
-        &ctx,
-        "SELECT natural_key_fingerprint(CAST(NULL AS BIGINT), 'a')",
-    )
-    .await;
+    assert!(err.contains("strings only") && err.contains("Int64"), "{err}");
+    let err = sql_error(&ctx, "SELECT natural_key_fingerprint(CAST(NULL AS BIGINT), 'a')").await;
     assert!(err.contains("version is null"), "{err}");
 }
 
@@ -991,8 +867,8 @@ const TYPES: &[&str] = &[
 ];
 
 const CHARS: &[char] = &[
-    'a', 'b', 'Z', '0', '9', ' ', '|', '\\', 'N', '\n', '"', ',', 'é', 'ß', 'Σ', '漢', '🦀',
-    '\u{0}', '\u{3000}', '\t', '\u{301}',
+    'a', 'b', 'Z', '0', '9', ' ', '|', '\\', 'N', '\n', '"', ',', 'é', 'ß', 'Σ', '漢', '🦀', '\u{0}', '\u{3000}', '\t',
+    '\u{301}',
 ];
 
 fn random_string(rng: &mut Rng) -> String {
@@ -1047,9 +923,7 @@ fn random_f32(rng: &mut Rng) -> f32 {
 /// Random decimal digits of the given length, with a random sign.
 fn random_digits(rng: &mut Rng, len: usize) -> String {
     let sign = if rng.chance(40) { "-" } else { "" };
-    let digits: String = (0..len)
-        .map(|_| char::from(b'0' + rng.below(10) as u8))
-        .collect();
+    let digits: String = (0..len).map(|_| char::from(b'0' + rng.below(10) as u8)).collect();
     format!("{sign}{digits}")
 }
 
@@ -1076,10 +950,7 @@ fn random_column(rng: &mut Rng, kind: &str, rows: usize) -> (ArrayRef, Vec<serde
     }
     let array = match kind {
         "utf8" | "large_utf8" | "utf8_view" => {
-            let values: Vec<Option<String>> = nulls
-                .iter()
-                .map(|null| (!null).then(|| random_string(rng)))
-                .collect();
+            let values: Vec<Option<String>> = nulls.iter().map(|null| (!null).then(|| random_string(rng))).collect();
             for v in &values {
                 fields.push(match v {
                     Some(v) => json!({"type": kind, "value": v}),
@@ -1101,10 +972,7 @@ fn random_column(rng: &mut Rng, kind: &str, rows: usize) -> (ArrayRef, Vec<serde
         "uint32" => ints!(UInt32Array, u32),
         "uint64" => ints!(UInt64Array, u64),
         "float64" => {
-            let values: Vec<Option<f64>> = nulls
-                .iter()
-                .map(|null| (!null).then(|| random_f64(rng)))
-                .collect();
+            let values: Vec<Option<f64>> = nulls.iter().map(|null| (!null).then(|| random_f64(rng))).collect();
             for v in &values {
                 fields.push(match v {
                     Some(v) => json!({"type": kind, "bits": format!("{:016x}", v.to_bits())}),
@@ -1114,10 +982,7 @@ fn random_column(rng: &mut Rng, kind: &str, rows: usize) -> (ArrayRef, Vec<serde
             arr(Float64Array::from(values))
         }
         "float32" => {
-            let values: Vec<Option<f32>> = nulls
-                .iter()
-                .map(|null| (!null).then(|| random_f32(rng)))
-                .collect();
+            let values: Vec<Option<f32>> = nulls.iter().map(|null| (!null).then(|| random_f32(rng))).collect();
             for v in &values {
                 fields.push(match v {
                     Some(v) => json!({"type": kind, "bits": format!("{:08x}", v.to_bits())}),
@@ -1173,10 +1038,7 @@ fn random_column(rng: &mut Rng, kind: &str, rows: usize) -> (ArrayRef, Vec<serde
                 .unwrap())
         }
         "boolean" => {
-            let values: Vec<Option<bool>> = nulls
-                .iter()
-                .map(|null| (!null).then(|| rng.chance(50)))
-                .collect();
+            let values: Vec<Option<bool>> = nulls.iter().map(|null| (!null).then(|| rng.chance(50))).collect();
             for v in &values {
                 fields.push(match v {
                     Some(v) => json!({"type": kind, "value": v}),
@@ -1206,18 +1068,10 @@ fn random_column(rng: &mut Rng, kind: &str, rows: usize) -> (ArrayRef, Vec<serde
 }
 
 /// Timestamps of a random unit and zone within Python's datetime range.
-fn random_timestamps(
-    rng: &mut Rng,
-    nulls: &[bool],
-    fields: &mut Vec<serde_json::Value>,
-) -> ArrayRef {
+fn random_timestamps(rng: &mut Rng, nulls: &[bool], fields: &mut Vec<serde_json::Value>) -> ArrayRef {
     use serde_json::json;
-    let (unit, per_second) = [
-        ("s", 1i64),
-        ("ms", 1_000),
-        ("us", 1_000_000),
-        ("ns", 1_000_000_000),
-    ][rng.below(4) as usize];
+    let (unit, per_second) =
+        [("s", 1i64), ("ms", 1_000), ("us", 1_000_000), ("ns", 1_000_000_000)][rng.below(4) as usize];
     let zone = [None, Some("UTC"), Some("+05:30"), Some("America/New_York")][rng.below(4) as usize];
     let values: Vec<Option<i64>> = nulls
         .iter()
@@ -1251,11 +1105,7 @@ fn random_timestamps(
 }
 
 /// The JSON vectors (one per row) of a batch of columns, with the Rust results.
-fn batch_vectors(
-    version: i64,
-    columns: &[ArrayRef],
-    fields: &[Vec<serde_json::Value>],
-) -> Vec<serde_json::Value> {
+fn batch_vectors(version: i64, columns: &[ArrayRef], fields: &[Vec<serde_json::Value>]) -> Vec<serde_json::Value> {
     let row_hashes = strings(&row_hash_array(columns).unwrap());
     let fingerprints = strings(&fingerprint_array(version, columns).unwrap());
     let texts: Vec<_> = columns.iter().map(|c| canon(c.as_ref())).collect();

@@ -14,7 +14,12 @@ fn oracle() -> Value {
 }
 
 fn files_of<'a>(oracle: &'a Value, source: &str) -> Vec<&'a Value> {
-    oracle["landing"].as_array().unwrap().iter().filter(|f| f["source"] == source).collect()
+    oracle["landing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["source"] == source)
+        .collect()
 }
 
 /// Ingest every landing file of `source` in order and compare each run with the oracle.
@@ -24,33 +29,60 @@ fn check_source(source: &str) {
     for (i, expected) in files_of(&oracle, source).iter().enumerate() {
         let file = landing(expected["file"].as_str().unwrap().trim_start_matches("landing/"));
         t.ingest_ok(source, &file);
-        let runs = t.query(&format!("SELECT * FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY started_at, run_id"));
+        let runs = t.query(&format!(
+            "SELECT * FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY started_at, run_id"
+        ));
         assert_eq!(runs.len(), i + 1);
         let run = &runs[i];
         let ctx = format!("{source} file {}", expected["file"]);
         assert_eq!(run["file_hash"], expected["file_hash"], "{ctx}");
-        assert_eq!(run["file_hash"].as_str().unwrap(), sha256_hex(&std::fs::read(&file).unwrap()), "{ctx}");
-        for k in ["status", "rows_seen", "rows_inserted", "rows_updated", "rows_unchanged", "rows_failed"] {
+        assert_eq!(
+            run["file_hash"].as_str().unwrap(),
+            sha256_hex(&std::fs::read(&file).unwrap()),
+            "{ctx}"
+        );
+        for k in [
+            "status",
+            "rows_seen",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_failed",
+        ] {
             assert_eq!(run[k], expected[k], "{ctx}: {k}");
         }
         assert_eq!(run["file_path"].as_str().unwrap(), file.display().to_string());
         assert_eq!(run["contract_version"], 1);
         assert_eq!(run.get("error"), None, "{ctx}: error must be null");
         let seen = run["rows_seen"].as_i64().unwrap();
-        let sum: i64 = ["rows_inserted", "rows_updated", "rows_unchanged", "rows_failed"].iter().map(|k| run[*k].as_i64().unwrap()).sum();
+        let sum: i64 = ["rows_inserted", "rows_updated", "rows_unchanged", "rows_failed"]
+            .iter()
+            .map(|k| run[*k].as_i64().unwrap())
+            .sum();
         assert_eq!(seen, sum, "{ctx}: counts reconcile");
         let run_id = run["run_id"].as_str().unwrap();
 
         // failure rows, whole
-        let failures = t.query(&format!("SELECT * FROM audit.row_failure_log WHERE run_id = '{run_id}' ORDER BY source_row_number, rule"));
+        let failures = t.query(&format!(
+            "SELECT * FROM audit.row_failure_log WHERE run_id = '{run_id}' ORDER BY source_row_number, rule"
+        ));
         let want = expected["failures"].as_array().unwrap();
         assert_eq!(failures.len(), want.len(), "{ctx}: failures {failures:#?}");
         for (got, want) in failures.iter().zip(want) {
             assert_eq!(got["source_row_number"], want["source_row_number"], "{ctx}");
             assert_eq!(got["rule"], want["rule"], "{ctx} row {}", want["source_row_number"]);
-            assert_eq!(got.get("natural_key_fingerprint").cloned().unwrap_or(Value::Null), want["natural_key_fingerprint"], "{ctx} row {}", want["source_row_number"]);
+            assert_eq!(
+                got.get("natural_key_fingerprint").cloned().unwrap_or(Value::Null),
+                want["natural_key_fingerprint"],
+                "{ctx} row {}",
+                want["source_row_number"]
+            );
             if !want["raw_payload"].is_null() {
-                assert_eq!(got["raw_payload"], want["raw_payload"], "{ctx} row {}", want["source_row_number"]);
+                assert_eq!(
+                    got["raw_payload"], want["raw_payload"],
+                    "{ctx} row {}",
+                    want["source_row_number"]
+                );
             }
             assert_eq!(got["layer"], "bronze");
             assert_eq!(got["source"], source);
@@ -76,14 +108,19 @@ fn check_source(source: &str) {
         }
     }
     // the current view: one row per fingerprint, the latest version
-    let current = t.query(&format!("SELECT natural_key_fingerprint, row_hash FROM bronze.{source}_current ORDER BY natural_key_fingerprint"));
+    let current = t.query(&format!(
+        "SELECT natural_key_fingerprint, row_hash FROM bronze.{source}_current ORDER BY natural_key_fingerprint"
+    ));
     let want: Vec<BTreeMap<String, Value>> = oracle["current"][source]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
             let mut m = BTreeMap::new();
-            m.insert("natural_key_fingerprint".to_string(), r["natural_key_fingerprint"].clone());
+            m.insert(
+                "natural_key_fingerprint".to_string(),
+                r["natural_key_fingerprint"].clone(),
+            );
             m.insert("row_hash".to_string(), r["row_hash"].clone());
             m
         })
@@ -138,13 +175,17 @@ fn ingesting_the_same_file_twice_is_skipped_and_changes_nothing() {
     let before = t.snapshot(&["bookings"]);
     let out = t.ingest_ok("bookings", &file);
     assert!(out.contains("skipped, identical to a file already loaded"), "{out}");
-    let runs = t.query("SELECT status, rows_seen, rows_inserted, rows_failed FROM audit.ingestion_run_log ORDER BY started_at");
+    let runs = t
+        .query("SELECT status, rows_seen, rows_inserted, rows_failed FROM audit.ingestion_run_log ORDER BY started_at");
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1]["status"], "skipped_duplicate_file");
     assert_eq!(runs[1]["rows_seen"], 0);
     let after = t.snapshot(&["bookings"]);
     assert_eq!(before.tables["bronze.bookings"], after.tables["bronze.bookings"]);
-    assert_eq!(before.tables["audit.row_failure_log"], after.tables["audit.row_failure_log"]);
+    assert_eq!(
+        before.tables["audit.row_failure_log"],
+        after.tables["audit.row_failure_log"]
+    );
 }
 
 #[test]
@@ -162,14 +203,26 @@ fn sql_udfs_agree_with_stored_hashes() {
 fn output_formats_for_scripts() {
     let t = TestLake::new();
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
-    let out = t.run(&["sql", "SELECT hotel_code, rooms FROM bronze.hotels ORDER BY hotel_code LIMIT 2", "--format", "csv"]);
+    let out = t.run(&[
+        "sql",
+        "SELECT hotel_code, rooms FROM bronze.hotels ORDER BY hotel_code LIMIT 2",
+        "--format",
+        "csv",
+    ]);
     assert_ok(&out);
     let text = crate::util::stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "hotel_code,rooms");
     assert_eq!(lines.len(), 3);
     let parquet = t.dir.path().join("out.parquet");
-    let out = t.run(&["sql", "SELECT * FROM bronze.hotels", "--format", "parquet", "--output", parquet.to_str().unwrap()]);
+    let out = t.run(&[
+        "sql",
+        "SELECT * FROM bronze.hotels",
+        "--format",
+        "parquet",
+        "--output",
+        parquet.to_str().unwrap(),
+    ]);
     assert_ok(&out);
     let file = std::fs::File::open(&parquet).unwrap();
     let reader = ingot_parquet_rows(file);
@@ -205,20 +258,40 @@ fn parquet_input_gives_the_same_hashes_as_csv_and_rejects_uncastable_values() {
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
     // a Parquet export of the same typed rows, loaded through a Parquet contract
     let contract = std::fs::read_to_string(t.contracts().join("hotels.yaml")).unwrap();
-    let pq_contract = contract.replace("source: hotels", "source: hotels_pq").replace("format: csv", "format: parquet");
-    let pq_contract: String = pq_contract.lines().filter(|l| !l.starts_with("csv:") && !l.starts_with("  delimiter") && !l.starts_with("  header") && !l.starts_with("  quote") && !l.starts_with("  null_values")).collect::<Vec<_>>().join("\n");
+    let pq_contract = contract
+        .replace("source: hotels", "source: hotels_pq")
+        .replace("format: csv", "format: parquet");
+    let pq_contract: String = pq_contract
+        .lines()
+        .filter(|l| {
+            !l.starts_with("csv:")
+                && !l.starts_with("  delimiter")
+                && !l.starts_with("  header")
+                && !l.starts_with("  quote")
+                && !l.starts_with("  null_values")
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     std::fs::write(t.contracts().join("hotels_pq.yaml"), pq_contract).unwrap();
     let fields: Vec<String> = {
         let mut problems = ingot::yaml::Problems::default();
-        let c = ingot::contract::Contract::from_file(&t.contracts().join("hotels_pq.yaml"), &mut problems).unwrap_or_else(|| panic!("{:?}", problems.items));
+        let c = ingot::contract::Contract::from_file(&t.contracts().join("hotels_pq.yaml"), &mut problems)
+            .unwrap_or_else(|| panic!("{:?}", problems.items));
         c.fields.iter().map(|f| f.name.clone()).collect()
     };
     let export = t.dir.path().join("hotels.parquet");
-    let q = format!("SELECT {} FROM bronze.hotels ORDER BY source_row_number", fields.join(", "));
+    let q = format!(
+        "SELECT {} FROM bronze.hotels ORDER BY source_row_number",
+        fields.join(", ")
+    );
     assert_ok(&t.run(&["sql", &q, "--format", "parquet", "--output", export.to_str().unwrap()]));
     t.ingest_ok("hotels_pq", &export);
-    let csv_rows = t.query("SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels ORDER BY source_row_number");
-    let pq_rows = t.query("SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels_pq ORDER BY source_row_number");
+    let csv_rows = t.query(
+        "SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels ORDER BY source_row_number",
+    );
+    let pq_rows = t.query(
+        "SELECT source_row_number, natural_key_fingerprint, row_hash FROM bronze.hotels_pq ORDER BY source_row_number",
+    );
     assert_eq!(csv_rows.len(), 20);
     assert_eq!(csv_rows, pq_rows);
 
@@ -227,7 +300,10 @@ fn parquet_input_gives_the_same_hashes_as_csv_and_rejects_uncastable_values() {
     let mut cols = fields.clone();
     cols[rooms_idx] = "CASE WHEN source_row_number = 3 THEN 'many' ELSE CAST(rooms AS VARCHAR) END AS rooms".into();
     let bad = t.dir.path().join("hotels_bad.parquet");
-    let q = format!("SELECT {} FROM bronze.hotels ORDER BY source_row_number", cols.join(", "));
+    let q = format!(
+        "SELECT {} FROM bronze.hotels ORDER BY source_row_number",
+        cols.join(", ")
+    );
     assert_ok(&t.run(&["sql", &q, "--format", "parquet", "--output", bad.to_str().unwrap()]));
     std::fs::remove_dir_all(t.lake()).unwrap();
     t.ingest_ok("hotels_pq", &bad);
@@ -235,7 +311,10 @@ fn parquet_input_gives_the_same_hashes_as_csv_and_rejects_uncastable_values() {
     assert_eq!(f.len(), 1, "{f:?}");
     assert_eq!(f[0]["source_row_number"], 3);
     assert_eq!(f[0]["rule"], "type:rooms");
-    assert!(f[0]["raw_payload"].as_str().unwrap().contains("\"rooms\":\"many\""), "{f:?}");
+    assert!(
+        f[0]["raw_payload"].as_str().unwrap().contains("\"rooms\":\"many\""),
+        "{f:?}"
+    );
     assert_eq!(t.query("SELECT count(*) AS n FROM bronze.hotels_pq")[0]["n"], 19);
 }
 
@@ -248,16 +327,40 @@ fn runs_and_failures_views_for_people_and_scripts() {
     assert_ok(&out);
     let text = crate::util::stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines[0], "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,file_path,error");
+    assert_eq!(
+        lines[0],
+        "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,file_path,error"
+    );
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[1].contains(",bookings,succeeded_with_failures,305,296,0,1,8,"), "{text}");
+    assert!(
+        lines[1].contains(",bookings,succeeded_with_failures,305,296,0,1,8,"),
+        "{text}"
+    );
 
-    let run_id = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'bookings'")[0]["run_id"].as_str().unwrap().to_string();
+    let run_id = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'bookings'")[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let out = t.run(&["failures", "--run", &run_id, "--format", "json"]);
     assert_ok(&out);
-    let rows: Vec<Value> = crate::util::stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<Value> = crate::util::stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let rules: Vec<&str> = rows.iter().map(|r| r["rule"].as_str().unwrap()).collect();
-    assert_eq!(rules, vec!["type:amount", "type:check_in", "required:booking_ref", "min:amount", "pattern:currency", "allowed:booking_status", "natural_key_conflict", "natural_key_conflict"]);
+    assert_eq!(
+        rules,
+        vec![
+            "type:amount",
+            "type:check_in",
+            "required:booking_ref",
+            "min:amount",
+            "pattern:currency",
+            "allowed:booking_status",
+            "natural_key_conflict",
+            "natural_key_conflict"
+        ]
+    );
     let table = crate::util::stdout(&t.run(&["failures"]));
     assert!(table.contains("| type:amount") && table.contains("(8 rows)"), "{table}");
 }
@@ -268,7 +371,17 @@ fn help_explains_commands_and_exit_codes() {
     let out = t.run(&["--help"]);
     assert_ok(&out);
     let text = crate::util::stdout(&out);
-    for needle in ["ingest", "check", "sql", "runs", "failures", "Exit codes", "--lake", "INGOT_LAKE", "--memory-limit"] {
+    for needle in [
+        "ingest",
+        "check",
+        "sql",
+        "runs",
+        "failures",
+        "Exit codes",
+        "--lake",
+        "INGOT_LAKE",
+        "--memory-limit",
+    ] {
         assert!(text.contains(needle), "--help lacks {needle}:\n{text}");
     }
     let out = t.run(&["ingest", "--help"]);

@@ -47,7 +47,10 @@ impl TestLake {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ingot"));
-        c.arg("--lake").arg(self.lake()).arg("--contracts").arg(self.contracts());
+        c.arg("--lake")
+            .arg(self.lake())
+            .arg("--contracts")
+            .arg(self.contracts());
         c.env_remove("INGOT_FAILPOINT");
         c.env("INGOT_LOCK_TTL_SECS", "30");
         c
@@ -91,10 +94,10 @@ impl TestLake {
             rows.into_iter()
                 .map(|mut row| {
                     for (k, v) in row.iter_mut() {
-                        if let Value::String(s) = v {
-                            if let Some(n) = names.get(s.as_str()) {
-                                *v = Value::String(n.clone());
-                            }
+                        if let Value::String(s) = v
+                            && let Some(n) = names.get(s.as_str())
+                        {
+                            *v = Value::String(n.clone());
                         }
                         if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
                             *v = Value::String("<time>".into());
@@ -113,11 +116,15 @@ impl TestLake {
         for s in sources {
             tables.insert(
                 format!("bronze.{s}"),
-                norm(self.query(&format!("SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"))),
+                norm(self.query(&format!(
+                    "SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"
+                ))),
             );
             tables.insert(
                 format!("bronze.{s}_current"),
-                norm(self.query(&format!("SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"))),
+                norm(self.query(&format!(
+                    "SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"
+                ))),
             );
         }
         LakeSnapshot { tables }
@@ -132,7 +139,11 @@ pub struct LakeSnapshot {
 impl LakeSnapshot {
     /// Assert equality table by table, showing the first differing row.
     pub fn assert_same(&self, other: &LakeSnapshot, context: &str) {
-        assert_eq!(self.tables.keys().collect::<Vec<_>>(), other.tables.keys().collect::<Vec<_>>(), "{context}");
+        assert_eq!(
+            self.tables.keys().collect::<Vec<_>>(),
+            other.tables.keys().collect::<Vec<_>>(),
+            "{context}"
+        );
         for (name, rows) in &self.tables {
             let theirs = &other.tables[name];
             for (i, (a, b)) in rows.iter().zip(theirs.iter()).enumerate() {
