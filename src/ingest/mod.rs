@@ -82,6 +82,12 @@ impl Default for IngestOptions {
 pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
     let mut out = std::collections::BTreeSet::new();
     for input in inputs {
+        let input = input.strip_prefix("file://").unwrap_or(input);
+        if let Some((scheme, _)) = input.split_once("://") {
+            return Err(Error::Invalid(format!(
+                "cannot read \"{input}\": {scheme}:// inputs are not supported by this build; use a local path, a glob or file://"
+            )));
+        }
         if input.contains(['*', '?', '[']) {
             let matches = glob::glob(input).map_err(|e| Error::Invalid(format!("invalid glob \"{input}\": {e}")))?;
             let mut any = false;
@@ -215,6 +221,9 @@ async fn run(
             .await?;
     }
 
+    // Size the index for the file's keys up front (about one key per 128 input bytes) so it does
+    // not rehash while loading; capped so a huge file does not reserve more than it needs.
+    index.map.reserve(((record.file_bytes as u64 / 128).min(1 << 26)) as usize);
     let hashers = Hashers::new(&ctx, contract)?;
     let mut conflicts: Conflicts = Conflicts::default();
     let stats = loop {
