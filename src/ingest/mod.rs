@@ -223,7 +223,9 @@ async fn run(
 
     // Size the index for the file's keys up front (about one key per 128 input bytes) so it does
     // not rehash while loading; capped so a huge file does not reserve more than it needs.
-    index.map.reserve(((record.file_bytes as u64 / 128).min(1 << 26)) as usize);
+    index
+        .map
+        .reserve(((record.file_bytes as u64 / 128).min(1 << 26)) as usize);
     let hashers = Hashers::new(&ctx, contract)?;
     let mut conflicts: Conflicts = Conflicts::default();
     let stats = loop {
