@@ -11,6 +11,7 @@ use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::parquet::schema::types::ColumnPath;
 use object_store::buffered::BufWriter;
 
 use crate::contract::timestamp_type;
@@ -33,10 +34,14 @@ pub fn meta_fields() -> Vec<Field> {
 
 /// Parquet settings of every file ingot writes: zstd, dictionary on (the default).
 pub fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
+    let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
-        .set_max_row_group_row_count(Some(1 << 20))
-        .build()
+        .set_max_row_group_row_count(Some(1 << 20));
+    // Hashes are unique per row: a dictionary attempt only costs time before falling back.
+    for unique in ["row_hash", "natural_key_fingerprint"] {
+        b = b.set_column_dictionary_enabled(ColumnPath::from(unique), false);
+    }
+    b.build()
 }
 
 /// Constant columns of one run, repeated for a batch.

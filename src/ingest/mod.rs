@@ -226,7 +226,7 @@ async fn run(
     index
         .map
         .reserve(((record.file_bytes as u64 / 128).min(1 << 26)) as usize);
-    let hashers = Hashers::new(&ctx, contract)?;
+    let hashers = Arc::new(Hashers::new(&ctx, contract)?);
     let mut conflicts: Conflicts = Conflicts::default();
     let stats = loop {
         let pass = Pass::run(ws, contract, path, opts, record, &hashers, &mut index, &conflicts).await?;
@@ -328,6 +328,7 @@ pub fn open_loader(contract: Arc<Contract>, path: &Path, batch_size: usize, keep
 struct Hashers {
     fingerprint: Arc<dyn PhysicalExpr>,
     row_hash: Arc<dyn PhysicalExpr>,
+    schema: datafusion::arrow::datatypes::SchemaRef,
 }
 
 impl Hashers {
@@ -353,13 +354,14 @@ impl Hashers {
             .collect();
         let rh = ctx.udf("row_hash")?.call(rh_args);
         Ok(Hashers {
+            schema: contract.fields_schema(),
             fingerprint: ctx.create_physical_expr(fp, &schema)?,
             row_hash: ctx.create_physical_expr(rh, &schema)?,
         })
     }
 
-    fn eval(&self, contract: &Contract, batch: &ParsedBatch) -> Result<(ArrayRef, ArrayRef)> {
-        let rb = RecordBatch::try_new(contract.fields_schema(), batch.columns.clone())?;
+    fn eval(&self, batch: &ParsedBatch) -> Result<(ArrayRef, ArrayRef)> {
+        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
         let n = rb.num_rows();
         let fp = self.fingerprint.evaluate(&rb)?.into_array(n)?;
         let rh = self.row_hash.evaluate(&rb)?.into_array(n)?;
@@ -528,11 +530,14 @@ impl Pass {
         path: &Path,
         opts: &IngestOptions,
         record: &RunRecord,
-        hashers: &Hashers,
+        hashers: &Arc<Hashers>,
         index: &mut KeyIndex,
         known: &Conflicts,
     ) -> Result<PassOutcome> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<ParsedBatch>>(2);
+        // The blocking thread parses, types and hashes; this task classifies and writes. Two
+        // stages for two cores.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(ParsedBatch, ArrayRef, ArrayRef)>>(2);
+        let thread_hashers = hashers.clone();
         let (ignored_tx, ignored_rx) = tokio::sync::oneshot::channel::<Vec<String>>();
         let loader_contract = contract.clone();
         let loader_path = path.to_path_buf();
@@ -549,7 +554,8 @@ impl Pass {
             loop {
                 match loader.next_batch() {
                     Ok(Some(b)) => {
-                        if tx.blocking_send(Ok(b)).is_err() {
+                        let hashed = thread_hashers.eval(&b).map(|(fp, rh)| (b, fp, rh));
+                        if tx.blocking_send(hashed).is_err() {
                             return;
                         }
                     }
@@ -585,8 +591,7 @@ impl Pass {
         let mut midway = false;
 
         while let Some(batch) = rx.recv().await {
-            let batch = batch?;
-            let (fp, rh) = hashers.eval(contract, &batch)?;
+            let (batch, fp, rh) = batch?;
             let fp = fp
                 .as_string_opt::<i32>()
                 .ok_or_else(|| Error::RunFailed("fingerprint UDF returned a non-utf8 array".into()))?
