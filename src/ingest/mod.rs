@@ -15,38 +15,34 @@
 //! second time with the conflicting keys known, so that every record of a conflicting key is
 //! rejected (the first pass's run-scoped files are overwritten, never published).
 //!
-//! Memory: the index holds 40 bytes per distinct key (128-bit fingerprint prefix, 64-bit row-hash
-//! prefixes); everything else streams in batches.
+//! Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
+//! the source and the file; everything else streams in batches. When the estimated keys exceed
+//! the index budget (half of `--memory-limit`, or `INGOT_INDEX_MEMORY`), change detection is
+//! partitioned and spilled to disk instead ([`spill`]), so memory does not grow with the data.
 
 pub mod csv;
+pub mod keys;
 pub mod ndjson;
 pub mod parquet;
+pub mod pass;
 pub mod sink;
+pub mod spill;
 pub mod typing;
 
-use std::collections::BTreeMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::take;
-use datafusion::common::{Column, DFSchema};
-use datafusion::execution::FunctionRegistry;
-use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::prelude::{SessionContext, lit};
-use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::audit::{FailureRow, FailureWriter, RunRecord, RunStatus, commit_run, read_run_log};
-use crate::bronze::{BronzeWriter, RunStamp};
+use crate::audit::{RunRecord, RunStatus, commit_run, read_run_log};
 use crate::contract::{Contract, Format};
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lake::layout;
 use crate::session::Workspace;
+use keys::{InMemory, scan_versions};
+use pass::{Hashers, PassOutcome, RunInput, write_pass};
 use sink::ParsedBatch;
 
 /// A source of typed batches (CSV, NDJSON or Parquet).
@@ -214,35 +210,66 @@ async fn run(
     }
 
     let ctx = ws.session()?;
-    let mut index = KeyIndex::default();
-    for r in runs.iter().filter(|r| r.has_data()) {
-        index
-            .load_run(&ctx, &ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-            .await?;
-    }
-
-    // Size the index for the file's keys up front (about one key per 128 input bytes) so it does
-    // not rehash while loading; capped so a huge file does not reserve more than it needs.
-    index
-        .map
-        .reserve(((record.file_bytes as u64 / 128).min(1 << 26)) as usize);
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
-    let mut conflicts: Conflicts = Conflicts::default();
-    let stats = loop {
-        let pass = Pass::run(ws, contract, path, opts, record, &hashers, &mut index, &conflicts).await?;
-        match pass {
-            PassOutcome::Done(stats) => break stats,
-            PassOutcome::Conflicts(found) => {
-                // Second pass with the conflicting keys known (a file has at most one retry: the
-                // set found in pass one is complete).
-                if !conflicts.keys.is_empty() {
-                    return Err(Error::RunFailed(
-                        "natural-key conflict detection did not converge".into(),
-                    ));
+    let committed: Vec<String> = runs
+        .iter()
+        .filter(|r| r.has_data())
+        .map(|r| ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+        .collect();
+    let current_keys: u64 = runs
+        .iter()
+        .filter(|r| r.status.is_loaded())
+        .map(|r| r.rows_inserted as u64)
+        .sum();
+    let keys = current_keys + estimate_rows(path, record.file_bytes as u64);
+    let bits = spill::partition_bits(keys, index_budget(ws));
+    let snapshot = record.clone();
+    let input = RunInput {
+        ws,
+        contract,
+        path,
+        opts,
+        record: &snapshot,
+        hashers: &hashers,
+    };
+    let stats = if bits == 0 {
+        let mut index = InMemory::new(keys.min(1 << 26) as usize);
+        for url in &committed {
+            scan_versions(&ctx, url, |fp, rh| {
+                index.add_current(fp, rh);
+                Ok(())
+            })
+            .await?;
+        }
+        match write_pass(&input, &mut index, false).await? {
+            PassOutcome::Done(stats) => stats,
+            PassOutcome::Rerun => {
+                // Conflicting keys were found: redo the pass knowing them, keeping raw records
+                // so every record of a conflicting key can be logged as it arrived.
+                index.rerun_with_found();
+                match write_pass(&input, &mut index, true).await? {
+                    PassOutcome::Done(stats) => stats,
+                    PassOutcome::Rerun => {
+                        return Err(Error::RunFailed(
+                            "natural-key conflict detection did not converge".into(),
+                        ));
+                    }
                 }
-                index.forget_file();
-                conflicts = found;
             }
+        }
+    } else {
+        eprintln!(
+            "{}: about {keys} keys exceed the index memory ({} bytes): change detection runs in {} partitions \
+             (spilled to disk, the input is read twice)",
+            contract.source,
+            index_budget(ws),
+            1u32 << bits
+        );
+        let mut planned = spill::plan(&ctx, &input, &committed, bits).await?;
+        let keep_raw = !planned.conflicts.is_empty();
+        match write_pass(&input, &mut planned, keep_raw).await? {
+            PassOutcome::Done(stats) => stats,
+            PassOutcome::Rerun => return Err(Error::RunFailed("a planned pass found new conflicts".into())),
         }
     };
     record.rows_seen = stats.seen as i64;
@@ -266,6 +293,21 @@ async fn run(
         stats.inserted + stats.updated + stats.unchanged + stats.failed
     );
     commit_run(&ws.lake, record).await
+}
+
+/// Memory for the change-detection index: `INGOT_INDEX_MEMORY` (e.g. `64M`), else half of
+/// `--memory-limit`. Beyond it, ingest switches to the partitioned plan of [`spill`].
+fn index_budget(ws: &Workspace) -> u64 {
+    std::env::var("INGOT_INDEX_MEMORY")
+        .ok()
+        .and_then(|s| crate::session::parse_size(&s).ok())
+        .unwrap_or(ws.memory_limit / 2) as u64
+}
+
+/// Rough number of records in a file (about 128 bytes a record; gzip about 4:1).
+fn estimate_rows(path: &Path, bytes: u64) -> u64 {
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    (if gz { bytes * 4 } else { bytes }) / 128 + 1
 }
 
 /// SHA-256 of the file's bytes as stored.
@@ -324,432 +366,7 @@ pub fn open_loader(contract: Arc<Contract>, path: &Path, batch_size: usize, keep
     })
 }
 
-/// The fingerprint and row-hash expressions of a contract, compiled once per run.
-struct Hashers {
-    fingerprint: Arc<dyn PhysicalExpr>,
-    row_hash: Arc<dyn PhysicalExpr>,
-    schema: datafusion::arrow::datatypes::SchemaRef,
-}
-
-impl Hashers {
-    fn new(ctx: &SessionContext, contract: &Contract) -> Result<Hashers> {
-        let schema = DFSchema::try_from(contract.fields_schema().as_ref().clone())?;
-        let normalize = ctx.udf("normalize_text")?;
-        let field_expr = |i: usize| -> Expr {
-            let f = &contract.fields[i];
-            let c = Expr::Column(Column::new_unqualified(&f.name));
-            if f.normalize.is_empty() {
-                c
-            } else {
-                let steps: Vec<&str> = f.normalize.iter().map(|s| s.name()).collect();
-                normalize.call(vec![c, lit(steps.join(","))])
-            }
-        };
-        let mut fp_args = vec![lit(contract.natural_key.version)];
-        fp_args.extend(contract.natural_key.fields.iter().map(|&i| field_expr(i)));
-        let fp = ctx.udf("natural_key_fingerprint")?.call(fp_args);
-        let rh_args: Vec<Expr> = (0..contract.fields.len())
-            .filter(|&i| !contract.fields[i].volatile)
-            .map(field_expr)
-            .collect();
-        let rh = ctx.udf("row_hash")?.call(rh_args);
-        Ok(Hashers {
-            schema: contract.fields_schema(),
-            fingerprint: ctx.create_physical_expr(fp, &schema)?,
-            row_hash: ctx.create_physical_expr(rh, &schema)?,
-        })
-    }
-
-    fn eval(&self, batch: &ParsedBatch) -> Result<(ArrayRef, ArrayRef)> {
-        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
-        let n = rb.num_rows();
-        let fp = self.fingerprint.evaluate(&rb)?.into_array(n)?;
-        let rh = self.row_hash.evaluate(&rb)?.into_array(n)?;
-        Ok((fp, rh))
-    }
-}
-
-/// 128-bit prefix of a fingerprint; hashed by its first word (the bits are already uniform).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Fp(u64, u64);
-
-impl Hash for Fp {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0 ^ self.1.rotate_left(17));
-    }
-}
-
-#[derive(Default)]
-struct WordHasher(u64);
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-fn hex_u64(s: &[u8]) -> Option<u64> {
-    let mut v = 0u64;
-    for &c in s.get(..16)? {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            _ => return None,
-        };
-        v = (v << 4) | d as u64;
-    }
-    Some(v)
-}
-
-fn fp_key(hex: &str) -> Option<Fp> {
-    let b = hex.as_bytes();
-    Some(Fp(hex_u64(b)?, hex_u64(b.get(16..)?)?))
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct KeyState {
-    /// Row-hash prefix of the current committed version, when `has_current`.
-    current: u64,
-    /// Row-hash prefix of this file's first version of the key, when `in_file`.
-    file: u64,
-    has_current: bool,
-    in_file: bool,
-}
-
-/// fingerprint → state, over the committed bronze of one source plus the file being loaded.
-#[derive(Default)]
-struct KeyIndex {
-    map: hashbrown::HashMap<Fp, KeyState, BuildHasherDefault<WordHasher>>,
-}
-
-impl KeyIndex {
-    /// Fold one committed run's versions into the index (later runs overwrite earlier ones).
-    async fn load_run(&mut self, ctx: &SessionContext, url: &str) -> Result<()> {
-        let df = ctx
-            .read_parquet(url, Default::default())
-            .await?
-            .select_columns(&["natural_key_fingerprint", "row_hash"])?;
-        let mut stream = df.execute_stream().await?;
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
-            let rhs = StrColumn::new(batch.column(1)).ok_or_else(|| bad_column(url, "row_hash"))?;
-            for i in 0..batch.num_rows() {
-                let (Some(fp), Some(rh)) = (fp_key(fps.value(i)), hex_u64(rhs.value(i).as_bytes())) else {
-                    return Err(bad_column(url, "natural_key_fingerprint/row_hash"));
-                };
-                let e = self.map.entry(fp).or_default();
-                e.current = rh;
-                e.has_current = true;
-            }
-        }
-        Ok(())
-    }
-
-    /// Drop what the last pass learned about the file.
-    fn forget_file(&mut self) {
-        self.map.retain(|_, s| {
-            s.in_file = false;
-            s.has_current
-        });
-    }
-}
-
-/// A string column read back from Parquet: DataFusion may hand it out as Utf8 or Utf8View.
-enum StrColumn<'a> {
-    Utf8(&'a datafusion::arrow::array::StringArray),
-    View(&'a datafusion::arrow::array::StringViewArray),
-}
-
-impl<'a> StrColumn<'a> {
-    fn new(array: &'a ArrayRef) -> Option<StrColumn<'a>> {
-        if let Some(a) = array.as_string_opt::<i32>() {
-            return Some(StrColumn::Utf8(a));
-        }
-        array.as_string_view_opt().map(StrColumn::View)
-    }
-
-    fn value(&self, i: usize) -> &'a str {
-        match self {
-            StrColumn::Utf8(a) => a.value(i),
-            StrColumn::View(a) => a.value(i),
-        }
-    }
-}
-
-fn bad_column(url: &str, col: &str) -> Error {
-    Error::RunFailed(format!(
-        "{url}: column {col} is not a 64-character hex string; the bronze file is damaged"
-    ))
-}
-
-/// Keys that conflict within the file, with the record numbers of every version.
-#[derive(Default)]
-struct Conflicts {
-    keys: hashbrown::HashMap<Fp, Vec<u64>>,
-}
-
-#[derive(Default)]
-struct Stats {
-    seen: u64,
-    inserted: u64,
-    updated: u64,
-    unchanged: u64,
-    failed: u64,
-    ignored: Vec<String>,
-}
-
-enum PassOutcome {
-    Done(Stats),
-    Conflicts(Conflicts),
-}
-
-/// A held-back conflicting record (pass two), logged once all its siblings are known.
-struct ConflictRow {
-    fp: Fp,
-    fp_hex: String,
-    row_number: u64,
-    raw: String,
-}
-
-struct Pass;
-
-impl Pass {
-    #[allow(clippy::too_many_arguments)]
-    async fn run(
-        ws: &Workspace,
-        contract: &Arc<Contract>,
-        path: &Path,
-        opts: &IngestOptions,
-        record: &RunRecord,
-        hashers: &Arc<Hashers>,
-        index: &mut KeyIndex,
-        known: &Conflicts,
-    ) -> Result<PassOutcome> {
-        // The blocking thread parses, types and hashes; this task classifies and writes. Two
-        // stages for two cores.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(ParsedBatch, ArrayRef, ArrayRef)>>(2);
-        let thread_hashers = hashers.clone();
-        let (ignored_tx, ignored_rx) = tokio::sync::oneshot::channel::<Vec<String>>();
-        let loader_contract = contract.clone();
-        let loader_path = path.to_path_buf();
-        let batch_size = opts.batch_size;
-        let keep_raw = !known.keys.is_empty();
-        let parser = tokio::task::spawn_blocking(move || {
-            let mut loader = match open_loader(loader_contract, &loader_path, batch_size, keep_raw) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            };
-            loop {
-                match loader.next_batch() {
-                    Ok(Some(b)) => {
-                        let hashed = thread_hashers.eval(&b).map(|(fp, rh)| (b, fp, rh));
-                        if tx.blocking_send(hashed).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e));
-                        return;
-                    }
-                }
-            }
-            let _ = ignored_tx.send(loader.ignored_columns());
-        });
-
-        let progress = progress_bar(opts.progress, record.file_bytes as u64, path);
-        let data_schema = contract.bronze_schema();
-        let mut data = BronzeWriter::new(
-            &ws.lake,
-            layout::bronze_data(&contract.source, &record.run_id),
-            data_schema.clone(),
-        );
-        let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
-        let stamp = RunStamp {
-            run_id: record.run_id.clone(),
-            file_hash: record.file_hash.clone().unwrap_or_default(),
-            natural_key_version: contract.natural_key.version as i32,
-            contract_version: contract.version as i32,
-            ingested_at: record.started_at,
-        };
-        let mut stats = Stats::default();
-        let mut found = Conflicts::default();
-        let mut held: Vec<ConflictRow> = Vec::new();
-        let mut first_row: hashbrown::HashMap<Fp, u64> = hashbrown::HashMap::new();
-        let mut midway = false;
-
-        while let Some(batch) = rx.recv().await {
-            let (batch, fp, rh) = batch?;
-            let fp = fp
-                .as_string_opt::<i32>()
-                .ok_or_else(|| Error::RunFailed("fingerprint UDF returned a non-utf8 array".into()))?
-                .clone();
-            let rh = rh
-                .as_string_opt::<i32>()
-                .ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))?
-                .clone();
-            stats.seen += batch.num_rows() as u64;
-            for r in &batch.rejections {
-                stats.failed += 1;
-                failures
-                    .push(FailureRow {
-                        source_row_number: Some(r.row_number as i64),
-                        natural_key_fingerprint: r.key_ok.then(|| fp.value(r.index).to_string()),
-                        raw_payload: r.raw_payload.clone(),
-                        rule: r.rule.clone(),
-                        reason: r.reason.clone(),
-                    })
-                    .await?;
-            }
-            let mut keep: Vec<u32> = Vec::new();
-            for i in 0..batch.num_rows() {
-                if batch.valid.as_ref().is_some_and(|v| !v.value(i)) {
-                    continue;
-                }
-                let fp_hex = fp.value(i);
-                let (Some(key), Some(row)) = (fp_key(fp_hex), hex_u64(rh.value(i).as_bytes())) else {
-                    return Err(Error::RunFailed("hash UDFs returned a malformed digest".into()));
-                };
-                let row_number = batch.row_numbers.value(i) as u64;
-                if known.keys.contains_key(&key) {
-                    stats.failed += 1;
-                    let raw = batch.raw.as_ref().map(|r| r.value(i).to_string()).unwrap_or_default();
-                    held.push(ConflictRow {
-                        fp: key,
-                        fp_hex: fp_hex.to_string(),
-                        row_number,
-                        raw,
-                    });
-                    continue;
-                }
-                let state = index.map.entry(key).or_default();
-                if state.in_file {
-                    if state.file == row {
-                        stats.unchanged += 1;
-                    } else {
-                        // A conflict: remember both record numbers; the pass will be redone.
-                        let first = first_row.get(&key).copied().unwrap_or(0);
-                        let rows = found.keys.entry(key).or_insert_with(|| vec![first]);
-                        rows.push(row_number);
-                        stats.unchanged += 1; // provisional; this pass is discarded
-                    }
-                    continue;
-                }
-                state.in_file = true;
-                state.file = row;
-                if known.keys.is_empty() {
-                    first_row.insert(key, row_number);
-                }
-                if !state.has_current {
-                    stats.inserted += 1;
-                    keep.push(i as u32);
-                } else if state.current != row {
-                    stats.updated += 1;
-                    keep.push(i as u32);
-                } else {
-                    stats.unchanged += 1;
-                }
-            }
-            if !found.keys.is_empty() {
-                // Keep draining the input to find every conflicting key, but write nothing more.
-                continue;
-            }
-            if !keep.is_empty() {
-                let idx = UInt32Array::from(keep);
-                let cols = batch
-                    .columns
-                    .iter()
-                    .map(|c| take(c.as_ref(), &idx, None))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                let out = stamp.stamp(
-                    &data_schema,
-                    cols,
-                    take(&rh, &idx, None)?,
-                    take(&fp, &idx, None)?,
-                    take(batch.row_numbers.as_ref(), &idx, None)?,
-                )?;
-                data.write(&out).await?;
-                if !midway {
-                    midway = true;
-                    failpoint::hit("ingest.mid_data")?;
-                }
-            }
-            if let Some(p) = &progress {
-                p.set_position(batch.bytes_read.min(record.file_bytes as u64));
-            }
-        }
-        parser
-            .await
-            .map_err(|e| Error::RunFailed(format!("parser task failed: {e}")))?;
-        if let Some(p) = progress {
-            p.finish_and_clear();
-        }
-        if !found.keys.is_empty() {
-            // Abandon this pass; its run-scoped files are overwritten by the next one.
-            let _ = data.finish().await;
-            let _ = failures.finish().await;
-            // Collect record numbers of every version of each conflicting key in pass two.
-            let keys = found.keys.into_keys().map(|k| (k, Vec::new())).collect();
-            return Ok(PassOutcome::Conflicts(Conflicts { keys }));
-        }
-        // Log every record of each conflicting key, naming its siblings.
-        let mut by_key: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
-        for h in &held {
-            by_key.entry((h.fp.0, h.fp.1)).or_default().push(h.row_number);
-        }
-        let names: Vec<&str> = contract
-            .natural_key
-            .fields
-            .iter()
-            .map(|&i| contract.fields[i].name.as_str())
-            .collect();
-        for h in held {
-            let others: Vec<String> = by_key
-                .get(&(h.fp.0, h.fp.1))
-                .map(|v| {
-                    v.iter()
-                        .filter(|&&r| r != h.row_number)
-                        .map(|r| r.to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
-            failures
-                .push(FailureRow {
-                    source_row_number: Some(h.row_number as i64),
-                    natural_key_fingerprint: Some(h.fp_hex),
-                    raw_payload: h.raw,
-                    rule: "natural_key_conflict".into(),
-                    reason: format!(
-                        "natural key ({}) also in record{} {} of this file with different values; the current version stays",
-                        names.join(", "),
-                        if others.len() == 1 { "" } else { "s" },
-                        others.join(", ")
-                    ),
-                })
-                .await?;
-        }
-        data.finish().await?;
-        failpoint::hit("ingest.after_data")?;
-        failures.finish().await?;
-        failpoint::hit("ingest.after_failures")?;
-        stats.ignored = ignored_rx.await.unwrap_or_default();
-        Ok(PassOutcome::Done(stats))
-    }
-}
-
-fn progress_bar(enabled: bool, total: u64, path: &Path) -> Option<indicatif::ProgressBar> {
+pub(crate) fn progress_bar(enabled: bool, total: u64, path: &Path) -> Option<indicatif::ProgressBar> {
     if !enabled {
         return None;
     }

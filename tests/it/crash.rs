@@ -22,11 +22,20 @@ fn clean(extra_skip_rerun: bool) -> LakeSnapshot {
 
 #[test]
 fn every_ingest_failpoint_crash_then_rerun_equals_one_clean_run() {
+    crash_at_every_failpoint(TestLake::new);
+}
+
+#[test]
+fn every_ingest_failpoint_with_partitioned_change_detection() {
+    crash_at_every_failpoint(TestLake::partitioned);
+}
+
+fn crash_at_every_failpoint(new_lake: fn() -> TestLake) {
     let clean_once = clean(false);
     let clean_then_skip = clean(true);
     let file = landing("bookings/2026-11-04_bookings_corrected.csv");
     for point in ingot::failpoint::INGEST {
-        let t = TestLake::new();
+        let t = new_lake();
         seed(&t);
         let before = t.snapshot(SOURCES);
         let out = t

@@ -24,8 +24,11 @@ fn files_of<'a>(oracle: &'a Value, source: &str) -> Vec<&'a Value> {
 
 /// Ingest every landing file of `source` in order and compare each run with the oracle.
 fn check_source(source: &str) {
+    check_source_in(source, TestLake::new());
+}
+
+fn check_source_in(source: &str, t: TestLake) {
     let oracle = oracle();
-    let t = TestLake::new();
     for (i, expected) in files_of(&oracle, source).iter().enumerate() {
         let file = landing(expected["file"].as_str().unwrap().trim_start_matches("landing/"));
         t.ingest_ok(source, &file);
@@ -146,6 +149,17 @@ fn marketing_spend_story_matches_oracle() {
 #[test]
 fn web_sessions_story_matches_oracle() {
     check_source("web_sessions");
+}
+
+/// The partitioned (spilling) change detection gives exactly the same runs, rows and failures.
+#[test]
+fn bookings_story_matches_oracle_with_partitioned_change_detection() {
+    check_source_in("bookings", TestLake::partitioned());
+}
+
+#[test]
+fn marketing_spend_story_matches_oracle_with_partitioned_change_detection() {
+    check_source_in("marketing_spend", TestLake::partitioned());
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub fn bad(rel: &str) -> PathBuf {
 /// A temporary lake with its own copy of the repository's contracts.
 pub struct TestLake {
     pub dir: tempfile::TempDir,
+    /// Extra environment for every `ingot` run (e.g. a tiny index budget).
+    pub envs: Vec<(String, String)>,
 }
 
 impl TestLake {
@@ -34,7 +36,14 @@ impl TestLake {
             let p = e.unwrap().path();
             std::fs::copy(&p, dir.path().join("contracts").join(p.file_name().unwrap())).unwrap();
         }
-        TestLake { dir }
+        TestLake { dir, envs: Vec::new() }
+    }
+
+    /// A lake whose ingests use the partitioned (spilling) change detection.
+    pub fn partitioned() -> TestLake {
+        let mut t = TestLake::new();
+        t.envs.push(("INGOT_INDEX_MEMORY".into(), "1K".into()));
+        t
     }
 
     pub fn lake(&self) -> PathBuf {
@@ -52,7 +61,11 @@ impl TestLake {
             .arg("--contracts")
             .arg(self.contracts());
         c.env_remove("INGOT_FAILPOINT");
+        c.env_remove("INGOT_INDEX_MEMORY");
         c.env("INGOT_LOCK_TTL_SECS", "30");
+        for (k, v) in &self.envs {
+            c.env(k, v);
+        }
         c
     }
 
@@ -68,6 +81,14 @@ impl TestLake {
     pub fn ingest_ok(&self, source: &str, file: &Path) -> String {
         let out = self.ingest(source, file);
         assert_ok(&out);
+        let partitioned = String::from_utf8_lossy(&out.stderr).contains("change detection runs in");
+        let skipped = String::from_utf8_lossy(&out.stdout).contains("skipped, identical");
+        assert_eq!(
+            partitioned,
+            !self.envs.is_empty() && !skipped,
+            "partitioned mode: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 

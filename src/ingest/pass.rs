@@ -1,0 +1,353 @@
+//! One pass over an input file: parse, type, hash, classify, write.
+//!
+//! A blocking thread parses, types and hashes (the SQL UDFs, evaluated as physical expressions
+//! on each batch); the async task classifies rows and streams new versions and failures to the
+//! run-scoped Parquet files. Two stages for two cores, joined by a bounded channel, so memory
+//! stays a few batches whatever the file size.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{Column, DFSchema};
+use datafusion::execution::FunctionRegistry;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::prelude::{SessionContext, lit};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::audit::{FailureRow, FailureWriter, RunRecord};
+use crate::bronze::{BronzeWriter, RunStamp};
+use crate::contract::Contract;
+use crate::error::{Error, Result};
+use crate::failpoint;
+use crate::ingest::keys::{Classifier, Fate, Fp, fp_key, hex_u64};
+use crate::ingest::sink::ParsedBatch;
+use crate::ingest::{IngestOptions, open_loader};
+use crate::lake::layout;
+use crate::session::Workspace;
+
+/// The fingerprint and row-hash expressions of a contract, compiled once per run.
+pub struct Hashers {
+    fingerprint: Arc<dyn PhysicalExpr>,
+    row_hash: Arc<dyn PhysicalExpr>,
+    schema: SchemaRef,
+}
+
+impl Hashers {
+    pub fn new(ctx: &SessionContext, contract: &Contract) -> Result<Hashers> {
+        let schema = DFSchema::try_from(contract.fields_schema().as_ref().clone())?;
+        let normalize = ctx.udf("normalize_text")?;
+        let field_expr = |i: usize| -> Expr {
+            let f = &contract.fields[i];
+            let c = Expr::Column(Column::new_unqualified(&f.name));
+            if f.normalize.is_empty() {
+                c
+            } else {
+                let steps: Vec<&str> = f.normalize.iter().map(|s| s.name()).collect();
+                normalize.call(vec![c, lit(steps.join(","))])
+            }
+        };
+        let mut fp_args = vec![lit(contract.natural_key.version)];
+        fp_args.extend(contract.natural_key.fields.iter().map(|&i| field_expr(i)));
+        let fp = ctx.udf("natural_key_fingerprint")?.call(fp_args);
+        let rh_args: Vec<Expr> = (0..contract.fields.len())
+            .filter(|&i| !contract.fields[i].volatile)
+            .map(field_expr)
+            .collect();
+        let rh = ctx.udf("row_hash")?.call(rh_args);
+        Ok(Hashers {
+            schema: contract.fields_schema(),
+            fingerprint: ctx.create_physical_expr(fp, &schema)?,
+            row_hash: ctx.create_physical_expr(rh, &schema)?,
+        })
+    }
+
+    /// Fingerprints and row hashes of every row of the batch (rejected rows included).
+    pub fn eval(&self, batch: &ParsedBatch) -> Result<(StringArray, StringArray)> {
+        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
+        let n = rb.num_rows();
+        let utf8 = |a: ArrayRef, what: &str| -> Result<StringArray> {
+            a.as_string_opt::<i32>()
+                .cloned()
+                .ok_or_else(|| Error::RunFailed(format!("{what} UDF returned a non-utf8 array")))
+        };
+        let fp = utf8(
+            self.fingerprint.evaluate(&rb)?.into_array(n)?,
+            "natural_key_fingerprint",
+        )?;
+        let rh = utf8(self.row_hash.evaluate(&rb)?.into_array(n)?, "row_hash")?;
+        Ok((fp, rh))
+    }
+}
+
+/// A parsed, typed and hashed batch.
+pub struct HashedBatch {
+    pub batch: ParsedBatch,
+    pub fp: StringArray,
+    pub rh: StringArray,
+}
+
+impl HashedBatch {
+    /// The key and row-hash prefix of valid row `i`.
+    pub fn key(&self, i: usize) -> Result<(Fp, u64)> {
+        match (fp_key(self.fp.value(i)), hex_u64(self.rh.value(i).as_bytes())) {
+            (Some(k), Some(r)) => Ok((k, r)),
+            _ => Err(Error::RunFailed("hash UDFs returned a malformed digest".into())),
+        }
+    }
+
+    pub fn is_valid(&self, i: usize) -> bool {
+        self.batch.valid.as_ref().is_none_or(|v| v.value(i))
+    }
+}
+
+/// The producer side: a blocking thread that parses and hashes the file.
+pub struct Producer {
+    pub rx: mpsc::Receiver<Result<HashedBatch>>,
+    pub ignored: oneshot::Receiver<Vec<String>>,
+    pub thread: JoinHandle<()>,
+}
+
+pub fn spawn_producer(
+    contract: &Arc<Contract>,
+    path: &Path,
+    opts: &IngestOptions,
+    hashers: &Arc<Hashers>,
+    keep_raw: bool,
+) -> Producer {
+    let (tx, rx) = mpsc::channel::<Result<HashedBatch>>(2);
+    let (ignored_tx, ignored) = oneshot::channel::<Vec<String>>();
+    let contract = contract.clone();
+    let path = path.to_path_buf();
+    let batch_size = opts.batch_size;
+    let hashers = hashers.clone();
+    let thread = tokio::task::spawn_blocking(move || {
+        let mut loader = match open_loader(contract, &path, batch_size, keep_raw) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
+        loop {
+            match loader.next_batch() {
+                Ok(Some(batch)) => {
+                    let hashed = hashers.eval(&batch).map(|(fp, rh)| HashedBatch { batch, fp, rh });
+                    if tx.blocking_send(hashed).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+        let _ = ignored_tx.send(loader.ignored_columns());
+    });
+    Producer { rx, ignored, thread }
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub seen: u64,
+    pub inserted: u64,
+    pub updated: u64,
+    pub unchanged: u64,
+    pub failed: u64,
+    pub ignored: Vec<String>,
+}
+
+/// How a write pass ended.
+pub enum PassOutcome {
+    Done(Stats),
+    /// The classifier found conflicts it did not know about: redo the pass.
+    Rerun,
+}
+
+/// A conflicting record, logged at the end when all records of its key are known.
+struct ConflictRow {
+    fp: Fp,
+    fp_hex: String,
+    row_number: u64,
+    raw: String,
+}
+
+/// Everything a pass over one input needs.
+pub struct RunInput<'a> {
+    pub ws: &'a Workspace,
+    pub contract: &'a Arc<Contract>,
+    pub path: &'a Path,
+    pub opts: &'a IngestOptions,
+    pub record: &'a RunRecord,
+    pub hashers: &'a Arc<Hashers>,
+}
+
+/// Parse the file and write the run's data and failure files, asking `classifier` the fate of
+/// every valid row. `keep_raw` keeps every record's raw text (needed to log conflict rows).
+pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, keep_raw: bool) -> Result<PassOutcome> {
+    let RunInput {
+        ws,
+        contract,
+        path,
+        opts,
+        record,
+        hashers,
+    } = *input;
+    let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
+    let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
+    let data_schema = contract.bronze_schema();
+    let mut data = BronzeWriter::new(
+        &ws.lake,
+        layout::bronze_data(&contract.source, &record.run_id),
+        data_schema.clone(),
+    );
+    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
+    let stamp = RunStamp {
+        run_id: record.run_id.clone(),
+        file_hash: record.file_hash.clone().unwrap_or_default(),
+        natural_key_version: contract.natural_key.version as i32,
+        contract_version: contract.version as i32,
+        ingested_at: record.started_at,
+    };
+    let mut stats = Stats::default();
+    let mut held: Vec<ConflictRow> = Vec::new();
+    let mut midway = false;
+
+    while let Some(hashed) = producer.rx.recv().await {
+        let hashed = hashed?;
+        let batch = &hashed.batch;
+        stats.seen += batch.num_rows() as u64;
+        for r in &batch.rejections {
+            stats.failed += 1;
+            failures
+                .push(FailureRow {
+                    source_row_number: Some(r.row_number as i64),
+                    natural_key_fingerprint: r.key_ok.then(|| hashed.fp.value(r.index).to_string()),
+                    raw_payload: r.raw_payload.clone(),
+                    rule: r.rule.clone(),
+                    reason: r.reason.clone(),
+                })
+                .await?;
+        }
+        let mut keep: Vec<u32> = Vec::new();
+        for i in (0..batch.num_rows()).filter(|&i| hashed.is_valid(i)) {
+            let (key, row) = hashed.key(i)?;
+            let row_number = batch.row_numbers.value(i) as u64;
+            match classifier.classify(key, row, row_number) {
+                Fate::Inserted => {
+                    stats.inserted += 1;
+                    keep.push(i as u32);
+                }
+                Fate::Updated => {
+                    stats.updated += 1;
+                    keep.push(i as u32);
+                }
+                Fate::Unchanged => stats.unchanged += 1,
+                Fate::Conflict => {
+                    stats.failed += 1;
+                    let raw = batch.raw.as_ref().map(|r| r.value(i).to_string()).unwrap_or_default();
+                    held.push(ConflictRow {
+                        fp: key,
+                        fp_hex: hashed.fp.value(i).to_string(),
+                        row_number,
+                        raw,
+                    });
+                }
+            }
+        }
+        if let Some(p) = &progress {
+            p.set_position(batch.bytes_read.min(record.file_bytes as u64));
+        }
+        if classifier.discovered() {
+            // Keep draining the input to find every conflicting key, but write nothing more.
+            continue;
+        }
+        if !keep.is_empty() {
+            let idx = UInt32Array::from(keep);
+            let cols = batch
+                .columns
+                .iter()
+                .map(|c| take(c.as_ref(), &idx, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let out = stamp.stamp(
+                &data_schema,
+                cols,
+                take(&hashed.rh, &idx, None)?,
+                take(&hashed.fp, &idx, None)?,
+                take(batch.row_numbers.as_ref(), &idx, None)?,
+            )?;
+            data.write(&out).await?;
+            if !midway {
+                midway = true;
+                failpoint::hit("ingest.mid_data")?;
+            }
+        }
+    }
+    producer
+        .thread
+        .await
+        .map_err(|e| Error::RunFailed(format!("parser task failed: {e}")))?;
+    if let Some(p) = progress {
+        p.finish_and_clear();
+    }
+    if classifier.discovered() {
+        // Abandon this pass; its run-scoped files are overwritten by the next one.
+        let _ = data.finish().await;
+        let _ = failures.finish().await;
+        return Ok(PassOutcome::Rerun);
+    }
+    log_conflicts(contract, held, &mut failures).await?;
+    data.finish().await?;
+    failpoint::hit("ingest.after_data")?;
+    failures.finish().await?;
+    failpoint::hit("ingest.after_failures")?;
+    stats.ignored = producer.ignored.await.unwrap_or_default();
+    Ok(PassOutcome::Done(stats))
+}
+
+/// Log every record of each conflicting key, naming its siblings.
+async fn log_conflicts(contract: &Contract, held: Vec<ConflictRow>, failures: &mut FailureWriter) -> Result<()> {
+    let mut by_key: BTreeMap<Fp, Vec<u64>> = BTreeMap::new();
+    for h in &held {
+        by_key.entry(h.fp).or_default().push(h.row_number);
+    }
+    let names: Vec<&str> = contract
+        .natural_key
+        .fields
+        .iter()
+        .map(|&i| contract.fields[i].name.as_str())
+        .collect();
+    for h in held {
+        let others: Vec<String> = by_key
+            .get(&h.fp)
+            .map(|v| {
+                v.iter()
+                    .filter(|&&r| r != h.row_number)
+                    .map(|r| r.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        failures
+            .push(FailureRow {
+                source_row_number: Some(h.row_number as i64),
+                natural_key_fingerprint: Some(h.fp_hex),
+                raw_payload: h.raw,
+                rule: "natural_key_conflict".into(),
+                reason: format!(
+                    "natural key ({}) also in record{} {} of this file with different values; the current version stays",
+                    names.join(", "),
+                    if others.len() == 1 { "" } else { "s" },
+                    others.join(", ")
+                ),
+            })
+            .await?;
+    }
+    Ok(())
+}
