@@ -403,3 +403,18 @@ fn help_explains_commands_and_exit_codes() {
     let out = t.run(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn committed_sample_data_matches_its_generator() {
+    let out = std::process::Command::new("python3")
+        .arg(repo().join("scripts/gen_demo_data.py"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "data/ differs from scripts/gen_demo_data.py:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
