@@ -88,6 +88,9 @@ pub struct RunRecord {
     pub error: Option<String>,
     pub ingot_version: String,
     pub ignored_columns: Option<String>,
+    /// Position of the record among the source's run records (1-based): its commit slot. Not a
+    /// column; it is the record's file name.
+    pub seq: u64,
 }
 
 impl RunRecord {
@@ -237,6 +240,7 @@ impl RunRecord {
                     Some(_) => opt(s("ignored_columns")?, r),
                     None => None,
                 },
+                seq: 0,
             });
         }
         Ok(out)
@@ -252,17 +256,25 @@ pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
-/// Commit a run: its record, create-if-absent. Errors if the record already exists.
+/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another run of the source committed since this one started: nothing of this
+/// run is published.
 pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::failpoint::hit("ingest.before_commit")?;
-    if !lake.put_create(&layout::run_record(&record.run_id), bytes).await? {
-        return Err(Error::RunFailed(format!(
-            "run {} is already committed; refusing to overwrite its record",
-            record.run_id
+    if !lake.put_create(&layout::run_record(&record.source, record.seq), bytes).await? {
+        return Err(Error::Locked(format!(
+            "another ingest of \"{}\" committed while run {} was running (its lock had been taken over); \
+             nothing of run {} was published: run the same command again",
+            record.source, record.run_id, record.run_id
         )));
     }
     Ok(())
+}
+
+/// The next commit slot of `source`, given the run log.
+pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
+    runs.iter().filter(|r| r.source == source).map(|r| r.seq).max().unwrap_or(0) + 1
 }
 
 /// Every committed run record of the lake, in start order (then run id).
@@ -272,6 +284,12 @@ pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
         if meta.location.extension() != Some("parquet") {
             continue;
         }
+        let seq = meta
+            .location
+            .filename()
+            .and_then(|f| f.strip_suffix(".parquet"))
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the run log: {}", meta.location)))?;
         let bytes = lake.store.get(&meta.location).await.map_err(Error::from);
         let bytes = match bytes {
             Ok(g) => g.bytes().await?,
@@ -282,7 +300,10 @@ pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
             .map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
         for batch in reader {
             let batch = batch.map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
-            out.extend(RunRecord::from_batch(&batch)?);
+            out.extend(RunRecord::from_batch(&batch)?.into_iter().map(|mut r| {
+                r.seq = seq;
+                r
+            }));
         }
     }
     out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));

@@ -48,7 +48,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
     }
     let run_files: Vec<String> = runs
         .iter()
-        .map(|r| ws.lake.url(&layout::run_record(&r.run_id)))
+        .map(|r| ws.lake.url(&layout::run_record(&r.source, r.seq)))
         .collect();
     ctx.register_table(
         "audit.ingestion_run_log",

@@ -6,14 +6,17 @@
 //! ```text
 //! bronze/<source>/run_id=<run>/part-00000.parquet        run-scoped data (invisible until committed)
 //! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
-//! audit/ingestion_run_log/<run>.parquet                  the commit record: one put, create-if-absent
+//! audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
 //! _locks/<source>.lock                                   one ingest per source at a time
 //! ```
 //!
 //! Commit order (DESIGN.md §6): data file, then failure file, then the run-log record with
 //! `PutMode::Create`. Readers only look at files named by committed run-log records, so a crash
-//! before the record leaves orphans that nothing reads (and that `gc` can remove); a crash after it
-//! leaves a complete run. Hazard: never write into a committed run's paths.
+//! before the record leaves orphans that nothing reads (a later `gc` removes them); a crash after
+//! it leaves a complete run. The record's name is the source's next sequence number, read when the
+//! run started: if another run of the source committed in between (possible only after a lock
+//! takeover), the create-if-absent put fails and this run publishes nothing. Hazard: never write
+//! into a committed run's paths.
 
 use std::sync::Arc;
 
@@ -36,6 +39,8 @@ pub struct Lake {
     pub store_url: Url,
     /// What the user gave, for messages.
     pub display: String,
+    /// The root as a local directory (for `file://` URLs with proper percent-encoding).
+    root_dir: std::path::PathBuf,
 }
 
 impl Lake {
@@ -59,6 +64,7 @@ impl Lake {
             root,
             store_url,
             display: location.to_string(),
+            root_dir: abs,
         })
     }
 
@@ -71,9 +77,17 @@ impl Lake {
         p
     }
 
-    /// Full URL of `rel`, for DataFusion listing tables.
+    /// Full URL of `rel`, for DataFusion listing tables (percent-encoded: a lake path may contain
+    /// `%`, `#` or spaces).
     pub fn url(&self, rel: &str) -> String {
-        format!("{}{}", self.store_url, self.path(rel))
+        let mut path = self.root_dir.clone();
+        for part in rel.split('/').filter(|s| !s.is_empty()) {
+            path.push(part);
+        }
+        match Url::from_file_path(&path) {
+            Ok(u) => u.to_string(),
+            Err(()) => format!("{}{}", self.store_url, self.path(rel)),
+        }
     }
 
     pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
@@ -139,8 +153,9 @@ pub mod layout {
         format!("{FAILURE_LOG}/run_id={run_id}/part-00000.parquet")
     }
 
-    pub fn run_record(run_id: &str) -> String {
-        format!("{RUN_LOG}/{run_id}.parquet")
+    /// The commit record of the `seq`-th run of `source` (1-based).
+    pub fn run_record(source: &str, seq: u64) -> String {
+        format!("{RUN_LOG}/{source}/{seq:010}.parquet")
     }
 
     pub fn lock(source: &str) -> String {

@@ -6,9 +6,11 @@
 //! or whose process is gone (same host, pid not alive), is stale: it is removed and taken over,
 //! so a crashed process never blocks the source for longer than the TTL.
 //!
-//! Hazard: removing a stale lock and creating a new one are two steps; two processes that find
-//! the same stale lock at the same instant could both proceed. The commit protocol still keeps
-//! each run whole; see README "Concurrency".
+//! Hazard: a lock is only advisory. A process paused past its TTL loses the lock to another run,
+//! and removing a stale lock and creating a new one are two steps. Correctness does not rest on
+//! the lock: each run commits into the source's next sequence slot with a create-if-absent put
+//! ([`crate::audit::commit_run`]), so of two runs that started from the same state only one can
+//! publish; the other fails and publishes nothing.
 
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ pub struct LockInfo {
 pub struct SourceLock {
     lake: Lake,
     rel: String,
+    run_id: String,
     heartbeat: JoinHandle<()>,
 }
 
@@ -67,7 +70,7 @@ fn now_ms() -> i64 {
 
 impl LockInfo {
     fn is_stale(&self, now: i64) -> bool {
-        let expired = now - self.heartbeat_ms > self.ttl_ms;
+        let expired = now.saturating_sub(self.heartbeat_ms) > self.ttl_ms;
         let dead = self.host == hostname() && !pid_alive(self.pid);
         expired || dead
     }
@@ -88,11 +91,7 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
         if lake.put_create(&rel, body).await? {
             let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), ttl);
-            return Ok(SourceLock {
-                lake: lake.clone(),
-                rel,
-                heartbeat,
-            });
+            return Ok(SourceLock { lake: lake.clone(), rel, run_id: run_id.to_string(), heartbeat });
         }
         let holder = match lake.get(&rel).await? {
             None => continue, // released in between
@@ -100,7 +99,7 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         };
         match holder {
             Some(h) if !h.is_stale(now_ms()) => {
-                let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms + h.ttl_ms)
+                let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
                     .map(|t| t.to_rfc3339())
                     .unwrap_or_default();
                 return Err(Error::Locked(format!(
@@ -128,6 +127,10 @@ fn spawn_heartbeat(lake: Lake, rel: String, mut info: LockInfo, ttl: Duration) -
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(ttl / 3).await;
+            // Refresh only a lock that is still ours (it may have been taken over).
+            if !holds(&lake, &rel, &info.run_id).await {
+                return;
+            }
             info.heartbeat_ms = now_ms();
             if let Ok(body) = serde_json::to_vec(&info) {
                 let _ = lake.put(&rel, Bytes::from(body)).await;
@@ -136,10 +139,21 @@ fn spawn_heartbeat(lake: Lake, rel: String, mut info: LockInfo, ttl: Duration) -
     })
 }
 
+async fn holds(lake: &Lake, rel: &str, run_id: &str) -> bool {
+    match lake.get(rel).await {
+        Ok(Some(bytes)) => serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == run_id),
+        _ => false,
+    }
+}
+
 impl SourceLock {
+    /// Release the lock if it is still ours (a lock taken over by another run is left alone).
     pub async fn release(self) -> Result<()> {
         self.heartbeat.abort();
         let _ = self.heartbeat.await;
-        self.lake.delete(&self.rel).await
+        if holds(&self.lake, &self.rel, &self.run_id).await {
+            self.lake.delete(&self.rel).await?;
+        }
+        Ok(())
     }
 }

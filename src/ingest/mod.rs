@@ -156,9 +156,16 @@ pub async fn ingest_file(
         error: None,
         ingot_version: crate::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
+        seq: 0,
     };
     let lock = crate::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
-    let outcome = run(ws, &contract, path, opts, &mut record).await;
+    let outcome = match read_run_log(&ws.lake).await {
+        Ok(runs) => {
+            record.seq = crate::audit::next_seq(&runs, &contract.source);
+            run(ws, &contract, path, opts, &mut record, &runs).await
+        }
+        Err(e) => Err(e),
+    };
     let result = match outcome {
         Ok(()) => Ok(record),
         Err(Error::RunFailed(msg)) => {
@@ -188,23 +195,20 @@ async fn run(
     path: &Path,
     opts: &IngestOptions,
     record: &mut RunRecord,
+    all_runs: &[RunRecord],
 ) -> Result<()> {
     failpoint::hit("ingest.after_lock")?;
-    let file_hash = hash_file(path).await?;
+    let before = FileStamp::of(path)?;
+    let (file_hash, lines) = hash_file(path).await?;
     record.file_hash = Some(file_hash.clone());
     failpoint::hit("ingest.after_hash")?;
 
-    let runs = read_run_log(&ws.lake).await?;
-    let runs: Vec<&RunRecord> = runs.iter().filter(|r| r.source == contract.source).collect();
-    if let Some(previous) = runs
-        .iter()
-        .find(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash))
-    {
+    let runs: Vec<&RunRecord> = all_runs.iter().filter(|r| r.source == contract.source).collect();
+    if runs.iter().any(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash)) {
         record.status = RunStatus::SkippedDuplicateFile;
         record.error = None;
         record.finished_at = now_micros();
         record.ignored_columns = None;
-        let _ = previous;
         commit_run(&ws.lake, record).await?;
         return Ok(());
     }
@@ -221,7 +225,7 @@ async fn run(
         .filter(|r| r.status.is_loaded())
         .map(|r| r.rows_inserted as u64)
         .sum();
-    let keys = current_keys + estimate_rows(path, record.file_bytes as u64);
+    let keys = current_keys + estimate_rows(path, record.file_bytes as u64, lines);
     let bits = spill::partition_bits(keys, index_budget(ws));
     let snapshot = record.clone();
     let input = RunInput {
@@ -288,10 +292,13 @@ async fn run(
         RunStatus::Succeeded
     };
     record.finished_at = now_micros();
-    debug_assert_eq!(
-        stats.seen,
-        stats.inserted + stats.updated + stats.unchanged + stats.failed
-    );
+    if stats.seen != stats.inserted + stats.updated + stats.unchanged + stats.failed {
+        return Err(Error::RunFailed(format!(
+            "internal error: counts do not reconcile (seen {} != inserted {} + updated {} + unchanged {} + failed {}); nothing was published",
+            stats.seen, stats.inserted, stats.updated, stats.unchanged, stats.failed
+        )));
+    }
+    before.check(path)?;
     commit_run(&ws.lake, record).await
 }
 
@@ -304,30 +311,59 @@ fn index_budget(ws: &Workspace) -> u64 {
         .unwrap_or(ws.memory_limit / 2) as u64
 }
 
-/// Rough number of records in a file (about 128 bytes a record; gzip about 4:1).
-fn estimate_rows(path: &Path, bytes: u64) -> u64 {
+/// Number of records in a file: its line count, or for compressed input a generous guess
+/// (16 bytes a record at 4:1 compression).
+fn estimate_rows(path: &Path, bytes: u64, lines: u64) -> u64 {
     let gz = path.extension().is_some_and(|e| e == "gz");
-    (if gz { bytes * 4 } else { bytes }) / 128 + 1
+    if gz { bytes * 4 / 16 + 1 } else { lines + 1 }
 }
 
-/// SHA-256 of the file's bytes as stored.
-async fn hash_file(path: &Path) -> Result<String> {
+/// Size and modification time of an input, to detect a file that changes while it is read.
+#[derive(Debug, PartialEq)]
+struct FileStamp(u64, Option<std::time::SystemTime>);
+
+impl FileStamp {
+    fn of(path: &Path) -> Result<FileStamp> {
+        let m = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?;
+        Ok(FileStamp(m.len(), m.modified().ok()))
+    }
+
+    /// Fail the run if the file is no longer what was hashed.
+    fn check(&self, path: &Path) -> Result<()> {
+        if FileStamp::of(path)? != *self {
+            return Err(Error::RunFailed(format!(
+                "{}: the file changed while it was being ingested; nothing was published. Re-run when it is complete",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// SHA-256 of the file's bytes as stored, and its number of `\n` bytes (a row estimate).
+async fn hash_file(path: &Path) -> Result<(String, u64)> {
     let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || -> Result<String> {
+    tokio::task::spawn_blocking(move || -> Result<(String, u64)> {
         let mut f = std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?;
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
+        let mut lines = 0u64;
         loop {
-            let n = f.read(&mut buf).map_err(|e| Error::io(path.display(), e))?;
+            let n = match f.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(path.display(), e)),
+            };
             if n == 0 {
                 break;
             }
             h.update(&buf[..n]);
+            lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
         }
         let digest: [u8; 32] = h.finalize().into();
         let mut hex = [0u8; 64];
         crate::hash::hex_lower(&digest, &mut hex);
-        Ok(String::from_utf8_lossy(&hex).into_owned())
+        Ok((String::from_utf8_lossy(&hex).into_owned(), lines))
     })
     .await
     .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))?
