@@ -2,7 +2,9 @@
 //!
 //! `INGOT_FAILPOINT=<name>` makes the process abort (no destructors, no flushes: like a crash or
 //! a SIGKILL) when it reaches that point; `INGOT_FAILPOINT=<name>:error` makes the call return an
-//! error instead, for in-process tests. The names of every point are listed in [`ALL`] so tests can
+//! error instead, for in-process tests; `INGOT_FAILPOINT=<name>:sleep:<ms>` pauses there (a
+//! stalled process), first creating the file named by `INGOT_FAILPOINT_MARKER` if set, so a test
+//! knows the point was reached. The names of every point are listed in [`ALL`] so tests can
 //! iterate over them; a point missing from the list is a bug that the failpoint test catches.
 
 use crate::error::{Error, Result};
@@ -32,6 +34,13 @@ pub fn hit(name: &str) -> Result<()> {
     }
     if mode == "error" {
         return Err(Error::Failpoint(name.to_string()));
+    }
+    if let Some(ms) = mode.strip_prefix("sleep:").and_then(|m| m.parse::<u64>().ok()) {
+        if let Ok(marker) = std::env::var("INGOT_FAILPOINT_MARKER") {
+            let _ = std::fs::write(marker, name);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        return Ok(());
     }
     eprintln!("ingot: failpoint {name} reached: aborting");
     std::process::abort();

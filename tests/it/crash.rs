@@ -88,3 +88,42 @@ fn a_crash_during_the_first_run_leaves_an_empty_lake_then_loads_once() {
     t.snapshot(SOURCES)
         .assert_same(&clean, "first run crashed mid-data then re-run");
 }
+
+/// A run that stalls past its lock (the lock is taken over) must not publish after another run
+/// of the same source committed: its commit slot is taken, it fails, and the lake holds exactly
+/// one copy of every row.
+#[test]
+fn a_stalled_run_whose_lock_was_taken_over_cannot_commit() {
+    let t = TestLake::new();
+    let file = landing("bookings/2026-11-01_bookings.csv");
+    let marker = t.dir.path().join("reached");
+    let stalled = t
+        .command()
+        .env("INGOT_FAILPOINT", "ingest.before_commit:sleep:3000")
+        .env("INGOT_FAILPOINT_MARKER", &marker)
+        .args(["ingest", "bookings"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if marker.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(marker.exists(), "the stalled run never reached its commit");
+    // the lock is taken over (as after its TTL), and another run of the source commits
+    std::fs::remove_file(t.lake().join("_locks/bookings.lock")).unwrap();
+    t.ingest_ok("bookings", &file);
+    let out = stalled.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing of run"), "{}", String::from_utf8_lossy(&out.stderr));
+    let clean = {
+        let c = TestLake::new();
+        c.ingest_ok("bookings", &file);
+        c.snapshot(SOURCES)
+    };
+    t.snapshot(SOURCES).assert_same(&clean, "stalled run + takeover");
+}
