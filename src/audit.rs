@@ -262,7 +262,10 @@ pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
 pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::failpoint::hit("ingest.before_commit")?;
-    if !lake.put_create(&layout::run_record(&record.source, record.seq), bytes).await? {
+    if !lake
+        .put_create(&layout::run_record(&record.source, record.seq), bytes)
+        .await?
+    {
         return Err(Error::Locked(format!(
             "another ingest of \"{}\" committed while run {} was running (its lock had been taken over); \
              nothing of run {} was published: run the same command again",
@@ -274,7 +277,12 @@ pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
 
 /// The next commit slot of `source`, given the run log.
 pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
-    runs.iter().filter(|r| r.source == source).map(|r| r.seq).max().unwrap_or(0) + 1
+    runs.iter()
+        .filter(|r| r.source == source)
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or(0)
+        + 1
 }
 
 /// Every committed run record of the lake, in start order (then run id).

@@ -91,7 +91,12 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
         if lake.put_create(&rel, body).await? {
             let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), ttl);
-            return Ok(SourceLock { lake: lake.clone(), rel, run_id: run_id.to_string(), heartbeat });
+            return Ok(SourceLock {
+                lake: lake.clone(),
+                rel,
+                run_id: run_id.to_string(),
+                heartbeat,
+            });
         }
         let holder = match lake.get(&rel).await? {
             None => continue, // released in between

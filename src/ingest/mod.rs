@@ -204,7 +204,10 @@ async fn run(
     failpoint::hit("ingest.after_hash")?;
 
     let runs: Vec<&RunRecord> = all_runs.iter().filter(|r| r.source == contract.source).collect();
-    if runs.iter().any(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash)) {
+    if runs
+        .iter()
+        .any(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash))
+    {
         record.status = RunStatus::SkippedDuplicateFile;
         record.error = None;
         record.finished_at = now_micros();

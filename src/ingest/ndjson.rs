@@ -1,7 +1,8 @@
 //! NDJSON loader: one JSON object per line.
 //!
 //! A line that is not valid UTF-8, not valid JSON or not an object rejects that record (rule
-//! `json`), the rest of the file loads. A key that is not a contract field fails the run when the
+//! `malformed_record`), the rest of the file loads. Numbers are typed from their source text,
+//! never through a float, so decimals and large integers arrive exactly. A key that is not a contract field fails the run when the
 //! contract says `unknown_fields: reject` (as an unknown CSV column does) and is dropped and
 //! reported when it says `ignore`. Blank lines are skipped; record numbers count objects.
 
@@ -9,7 +10,11 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
 
 use crate::contract::{Contract, UnknownFields};
 use crate::error::{Error, Result};
@@ -22,7 +27,6 @@ pub struct NdjsonLoader {
     contract: Arc<Contract>,
     sink: RowSink,
     line_buf: Vec<u8>,
-    text_buf: Vec<String>,
     line: u64,
     row_number: u64,
     bytes_read: u64,
@@ -38,14 +42,12 @@ impl NdjsonLoader {
         batch_size: usize,
         keep_raw: bool,
     ) -> Result<NdjsonLoader> {
-        let n = contract.fields.len();
         Ok(NdjsonLoader {
             input: BufReader::with_capacity(1 << 20, input),
             display,
             sink: RowSink::new(contract.clone(), batch_size, keep_raw),
             contract,
             line_buf: Vec::with_capacity(4096),
-            text_buf: vec![String::new(); n],
             line: 0,
             row_number: 0,
             bytes_read: 0,
@@ -80,31 +82,17 @@ impl NdjsonLoader {
                 return Ok(());
             }
         };
-        let obj = match serde_json::from_str::<Json>(text) {
-            Ok(Json::Object(map)) => map,
-            Ok(other) => {
-                let kind = match other {
-                    Json::Array(_) => "an array",
-                    Json::String(_) => "a string",
-                    Json::Number(_) => "a number",
-                    Json::Bool(_) => "a boolean",
-                    _ => "null",
-                };
-                self.sink.reject_row(
-                    row_number,
-                    "malformed_record",
-                    format!("line {line_no}: expected a JSON object, found {kind}"),
-                    text.to_string(),
-                );
-                return Ok(());
-            }
+        // Values are kept as their JSON source text, so a number is typed from exactly the digits
+        // in the file (never through f64). A duplicate key keeps its last value.
+        let obj: HashMap<String, &RawValue> = match serde_json::from_str(text) {
+            Ok(map) => map,
             Err(e) => {
-                self.sink.reject_row(
-                    row_number,
-                    "malformed_record",
-                    format!("line {line_no}: invalid JSON: {e}"),
-                    text.to_string(),
-                );
+                let reason = match serde_json::from_str::<Json>(text) {
+                    Ok(other) => format!("line {line_no}: expected a JSON object, found {}", json_kind(&other)),
+                    Err(_) => format!("line {line_no}: invalid JSON: {e}"),
+                };
+                self.sink
+                    .reject_row(row_number, "malformed_record", reason, text.to_string());
                 return Ok(());
             }
         };
@@ -128,34 +116,50 @@ impl NdjsonLoader {
                 }
             }
         }
-        // Non-string JSON scalars are typed from their JSON text (numbers, booleans).
-        for (i, f) in self.contract.fields.iter().enumerate() {
-            let buf = &mut self.text_buf[i];
-            buf.clear();
-            match obj.get(&f.name) {
-                Some(Json::Number(n)) => {
-                    use std::fmt::Write;
-                    let _ = write!(buf, "{n}");
-                }
-                Some(Json::Bool(b)) => buf.push_str(if *b { "true" } else { "false" }),
-                _ => {}
-            }
-        }
-        let texts = &self.text_buf;
-        let fields = &self.contract.fields;
+        let values: Vec<Scalar<'_>> = self
+            .contract
+            .fields
+            .iter()
+            .map(|f| match obj.get(&f.name).map(|r| r.get()) {
+                None | Some("null") => Scalar::Null,
+                Some(raw) if raw.starts_with('"') => match serde_json::from_str::<Cow<'_, str>>(raw) {
+                    Ok(s) => Scalar::Text(s),
+                    Err(_) => Scalar::Invalid("the JSON string cannot be decoded"),
+                },
+                Some(raw) if raw.starts_with('[') => Scalar::Invalid("expected a scalar value, found a JSON array"),
+                Some(raw) if raw.starts_with('{') => Scalar::Invalid("expected a scalar value, found a JSON object"),
+                Some(raw) => Scalar::Text(Cow::Borrowed(raw)),
+            })
+            .collect();
         self.sink.push_row(
             row_number,
-            |i| match obj.get(&fields[i].name) {
-                None | Some(Json::Null) => FieldText::Null,
-                Some(Json::String(s)) => FieldText::Text(s),
-                Some(Json::Number(_)) | Some(Json::Bool(_)) => FieldText::Text(&texts[i]),
-                Some(Json::Array(_)) => FieldText::Invalid("expected a scalar value, found a JSON array"),
-                Some(Json::Object(_)) => FieldText::Invalid("expected a scalar value, found a JSON object"),
+            |i| match &values[i] {
+                Scalar::Null => FieldText::Null,
+                Scalar::Text(t) => FieldText::Text(t),
+                Scalar::Invalid(why) => FieldText::Invalid(why),
             },
             || text.to_string(),
             Some(line_no),
         );
         Ok(())
+    }
+}
+
+/// A field's value: JSON strings decoded, numbers and booleans as their source text.
+enum Scalar<'a> {
+    Null,
+    Text(Cow<'a, str>),
+    Invalid(&'static str),
+}
+
+fn json_kind(v: &Json) -> &'static str {
+    match v {
+        Json::Array(_) => "an array",
+        Json::String(_) => "a string",
+        Json::Number(_) => "a number",
+        Json::Bool(_) => "a boolean",
+        Json::Object(_) => "an object",
+        Json::Null => "null",
     }
 }
 

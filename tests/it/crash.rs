@@ -119,7 +119,11 @@ fn a_stalled_run_whose_lock_was_taken_over_cannot_commit() {
     t.ingest_ok("bookings", &file);
     let out = stalled.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing of run"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing of run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let clean = {
         let c = TestLake::new();
         c.ingest_ok("bookings", &file);

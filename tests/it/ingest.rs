@@ -418,3 +418,31 @@ fn committed_sample_data_matches_its_generator() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn ndjson_numbers_are_typed_from_their_exact_digits() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("exact.yaml"),
+        "source: exact\nversion: 1\nformat: ndjson\nfields:\n  - {name: id, type: string, required: true}\n  - {name: d, type: \"decimal(38,2)\"}\n  - {name: i, type: int64}\n  - {name: b, type: boolean}\nnatural_key: {version: 1, fields: [id]}\n",
+    )
+    .unwrap();
+    let input = t.dir.path().join("exact.ndjson");
+    std::fs::write(
+        &input,
+        "{\"id\":\"a\",\"d\":923456789012345.61,\"i\":9007199254740993,\"b\":true}\n{\"id\":\"b\",\"d\":1.234,\"i\":1}\n{\"id\":\"c\",\"d\":\"7.5\",\"i\":null,\"b\":\"no\"}\n",
+    )
+    .unwrap();
+    t.ingest_ok("exact", &input);
+    let rows = t.query("SELECT id, CAST(d AS VARCHAR) AS d, CAST(i AS VARCHAR) AS i, b FROM bronze.exact ORDER BY id");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["d"], "923456789012345.61");
+    assert_eq!(rows[0]["i"], "9007199254740993");
+    assert_eq!(rows[0]["b"], true);
+    assert_eq!(rows[1]["d"], "7.50");
+    assert_eq!(rows[1]["b"], false);
+    let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log");
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0]["rule"], "type:d");
+    assert!(f[0]["reason"].as_str().unwrap().contains("found \"1.234\""), "{f:?}");
+}
