@@ -17,6 +17,7 @@ pub mod ingest;
 pub mod lake;
 pub mod lock;
 pub mod output;
+pub mod rules;
 pub mod session;
 pub mod yaml;
 

@@ -1,13 +1,19 @@
-//! `ingot check`: validate every contract, all problems at once.
+//! `ingot check`: validate every contract and every rules file, all problems at once.
+//!
+//! Contracts are read first (rules are checked against them); a missing rules directory means
+//! there are no silver tables yet, which is fine. Problems go to stderr as
+//! `file:line:column: message`, then a count; the exit code is 2 when there is any.
 
 use crate::cli::Cli;
 use crate::contract::ContractSet;
 use crate::error::Result;
+use crate::rules::RulesSet;
 use crate::yaml::Problems;
 
 pub fn run(cli: &Cli) -> Result<u8> {
     let mut problems = Problems::default();
     let set = ContractSet::load(&cli.contracts, &mut problems);
+    let rules = RulesSet::load(&cli.rules, &set, &mut problems);
     if problems.is_empty() {
         println!(
             "ok: {} contract{} in {} ({})",
@@ -16,6 +22,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             cli.contracts.display(),
             set.names().join(", ")
         );
+        println!("{}", rules_summary(&rules));
         return Ok(0);
     }
     for p in &problems.items {
@@ -27,4 +34,23 @@ pub fn run(cli: &Cli) -> Result<u8> {
         if problems.items.len() == 1 { "" } else { "s" }
     );
     Ok(2)
+}
+
+/// `ok: 2 rules tables in rules (bookings v2, web_sessions v1)`: each table with its latest version.
+fn rules_summary(rules: &RulesSet) -> String {
+    let n = rules.tables.len();
+    if n == 0 {
+        return format!("ok: no rules tables in {}", rules.dir.display());
+    }
+    let tables: Vec<String> = rules
+        .tables
+        .iter()
+        .filter_map(|(t, versions)| versions.keys().next_back().map(|v| format!("{t} v{v}")))
+        .collect();
+    format!(
+        "ok: {n} rules table{} in {} ({})",
+        if n == 1 { "" } else { "s" },
+        rules.dir.display(),
+        tables.join(", ")
+    )
 }

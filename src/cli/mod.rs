@@ -50,7 +50,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate every contract; print all problems at once as file:line:column: message.
+    /// Validate every contract and rules file; print all problems at once as file:line:column: message.
     Check,
     /// Ingest files into bronze: one run per file, in sorted order.
     ///

@@ -11,15 +11,16 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, new_null_array};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
 use datafusion::arrow::datatypes::{
-    Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+    DataType, Date32Type, Decimal128Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
 };
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
 use crate::contract::{Contract, Field, FieldType, UnknownFields};
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
 use crate::ingest::sink::{ParsedBatch, RowRejection};
-use crate::ingest::typing::{Rejection, Value, check_value};
+use crate::ingest::typing::{ColumnBuilder, Rejection, Value, check_value, parse_value, shown};
 
 pub struct ParquetLoader {
     reader: ParquetRecordBatchReader,
@@ -28,6 +29,7 @@ pub struct ParquetLoader {
     field_column: Vec<Option<usize>>,
     ignored: Vec<String>,
     row_number: u64,
+    display: String,
     norm: String,
     scratch: String,
     keep_raw: bool,
@@ -91,10 +93,58 @@ impl ParquetLoader {
             field_column,
             ignored: unknown,
             row_number: 0,
+            display: display.clone(),
             norm: String::new(),
             scratch: String::new(),
             keep_raw,
         })
+    }
+
+    /// Cast a typed column to the field's type; a value that does not survive the cast exactly
+    /// (rounded, truncated or out of range) rejects its row.
+    fn cast_losslessly(
+        &self,
+        src: &ArrayRef,
+        f: &Field,
+        name: &str,
+        first: &mut [Option<Rejection>],
+    ) -> Result<ArrayRef> {
+        let target = f.ty.arrow_type();
+        if src.data_type() == &target {
+            return Ok(src.clone());
+        }
+        let opts = CastOptions {
+            safe: true,
+            ..Default::default()
+        };
+        let cannot = |e: datafusion::arrow::error::ArrowError| {
+            Error::RunFailed(format!(
+                "{}: column {name} ({}) cannot be read as {} ({}): {e}",
+                self.display,
+                src.data_type(),
+                f.ty.name(),
+                f.name
+            ))
+        };
+        let typed = cast_with_options(src, &target, &opts).map_err(cannot)?;
+        let back = cast_with_options(&typed, src.data_type(), &opts).map_err(cannot)?;
+        let differs = datafusion::arrow::compute::kernels::cmp::distinct(&back, src).map_err(cannot)?;
+        let formatter = ArrayFormatter::try_new(src.as_ref(), &FormatOptions::default()).map_err(cannot)?;
+        for (row, slot) in first.iter_mut().enumerate() {
+            if src.is_valid(row) && (typed.is_null(row) || differs.value(row)) && slot.is_none() {
+                *slot = Some(Rejection::new(
+                    format!("type:{}", f.name),
+                    format!(
+                        "{}: {} value {} cannot be stored as {} without loss",
+                        f.name,
+                        src.data_type(),
+                        shown(&formatter.value(row).to_string()),
+                        f.ty.name()
+                    ),
+                ));
+            }
+        }
+        Ok(typed)
     }
 
     fn convert(&mut self, batch: RecordBatch) -> Result<ParsedBatch> {
@@ -113,21 +163,33 @@ impl ParquetLoader {
                 None => new_null_array(&target, n),
                 Some(j) => {
                     let src = batch.column(j);
-                    let typed = cast_with_options(src, &target, &opts)?;
-                    for (row, slot) in first.iter_mut().enumerate() {
-                        if src.is_valid(row) && typed.is_null(row) && slot.is_none() {
-                            *slot = Some(Rejection::new(
-                                format!("type:{}", f.name),
-                                format!(
-                                    "{}: {} value cannot be read as {}",
-                                    f.name,
-                                    src.data_type(),
-                                    f.ty.name()
-                                ),
-                            ));
+                    let name = batch.schema().field(j).name().clone();
+                    if matches!(
+                        src.data_type(),
+                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                    ) {
+                        // Text columns go through the same parser as CSV (formats, strictness).
+                        let text = cast_with_options(src, &DataType::Utf8, &opts)
+                            .map_err(|e| Error::RunFailed(format!("{}: column {name}: {e}", self.display)))?;
+                        let text = text.as_string::<i32>();
+                        let mut b = ColumnBuilder::new(f.ty, n);
+                        for (row, slot) in first.iter_mut().enumerate() {
+                            if text.is_null(row) {
+                                b.append_null();
+                                continue;
+                            }
+                            match parse_value(f, text.value(row)) {
+                                Ok(v) => b.append(&v),
+                                Err(r) => {
+                                    b.append_null();
+                                    slot.get_or_insert(r);
+                                }
+                            }
                         }
+                        b.finish()?
+                    } else {
+                        self.cast_losslessly(src, f, &name, &mut first)?
                     }
-                    typed
                 }
             };
             let is_key = contract.natural_key.fields.contains(&i);
@@ -232,7 +294,10 @@ impl Loader for ParquetLoader {
     fn next_batch(&mut self) -> Result<Option<ParsedBatch>> {
         match self.reader.next() {
             None => Ok(None),
-            Some(batch) => Ok(Some(self.convert(batch?)?)),
+            Some(batch) => {
+                let batch = batch.map_err(|e| Error::RunFailed(format!("{}: {e}", self.display)))?;
+                Ok(Some(self.convert(batch)?))
+            }
         }
     }
 

@@ -446,3 +446,38 @@ fn ndjson_numbers_are_typed_from_their_exact_digits() {
     assert_eq!(f[0]["rule"], "type:d");
     assert!(f[0]["reason"].as_str().unwrap().contains("found \"1.234\""), "{f:?}");
 }
+
+#[test]
+fn parquet_values_are_never_rounded_and_text_columns_use_the_contract_formats() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("pq.yaml"),
+        "source: pq\nversion: 1\nformat: parquet\nfields:\n  - {name: id, type: string, required: true}\n  - {name: i, type: int64}\n  - {name: d, type: \"decimal(12,2)\"}\n  - {name: dt, type: date, format: \"%d/%m/%Y\"}\nnatural_key: {version: 1, fields: [id]}\n",
+    )
+    .unwrap();
+    let file = t.dir.path().join("in.parquet");
+    let q = "SELECT * FROM (VALUES \
+        ('a', CAST(2.0 AS DOUBLE), arrow_cast(1.230, 'Decimal128(10,3)'), '03/11/2026'), \
+        ('b', CAST(1.7 AS DOUBLE), arrow_cast(1.230, 'Decimal128(10,3)'), '03/11/2026'), \
+        ('c', CAST(3.0 AS DOUBLE), arrow_cast(1.235, 'Decimal128(10,3)'), '03/11/2026'), \
+        ('d', CAST(4.0 AS DOUBLE), arrow_cast(1.000, 'Decimal128(10,3)'), '2026-11-03')) AS v(id, i, d, dt)";
+    assert_ok(&t.run(&["sql", q, "--format", "parquet", "--output", file.to_str().unwrap()]));
+    t.ingest_ok("pq", &file);
+    let rows = t.query("SELECT id, i, CAST(d AS VARCHAR) AS d, CAST(dt AS VARCHAR) AS dt FROM bronze.pq ORDER BY id");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["id"], "a");
+    assert_eq!(rows[0]["i"], 2);
+    assert_eq!(rows[0]["d"], "1.23");
+    assert_eq!(rows[0]["dt"], "2026-11-03");
+    let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log ORDER BY source_row_number");
+    let got: Vec<(i64, &str)> = f
+        .iter()
+        .map(|r| (r["source_row_number"].as_i64().unwrap(), r["rule"].as_str().unwrap()))
+        .collect();
+    assert_eq!(got, vec![(2, "type:i"), (3, "type:d"), (4, "type:dt")]);
+    assert!(
+        f[0]["reason"].as_str().unwrap().contains("1.7") && f[0]["reason"].as_str().unwrap().contains("without loss"),
+        "{f:?}"
+    );
+    assert!(f[2]["reason"].as_str().unwrap().contains("%d/%m/%Y"), "{f:?}");
+}

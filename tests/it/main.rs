@@ -5,4 +5,5 @@ mod contracts;
 mod crash;
 mod hashing;
 mod ingest;
+mod rules;
 mod util;
