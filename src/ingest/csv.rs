@@ -114,8 +114,9 @@ impl CsvLoader {
                 Ok(s) => header.push(s.trim().to_string()),
                 Err(_) => {
                     return Err(Error::RunFailed(format!(
-                        "{}:1: header column {} is not valid UTF-8",
+                        "{}:{}: header column {} is not valid UTF-8",
                         self.display,
+                        self.rec_line,
                         j + 1
                     )));
                 }
@@ -126,8 +127,9 @@ impl CsvLoader {
             match contract.field_index(name) {
                 Some(i) if self.field_column[i].is_some() => {
                     return Err(Error::RunFailed(format!(
-                        "{}:1: column \"{name}\" appears twice in the header (columns {} and {})",
+                        "{}:{}: column \"{name}\" appears twice in the header (columns {} and {})",
                         self.display,
+                        self.rec_line,
                         self.field_column[i].map(|c| c + 1).unwrap_or(0),
                         j + 1
                     )));
@@ -135,6 +137,15 @@ impl CsvLoader {
                 Some(i) => {
                     self.field_column[i] = Some(j);
                     self.column_field.push(Some(i));
+                }
+                None if name.is_empty() => {
+                    return Err(Error::RunFailed(format!(
+                        "{}:{}: header column {} has no name (a trailing delimiter?); the header has: {}",
+                        self.display,
+                        self.rec_line,
+                        j + 1,
+                        header.join(", ")
+                    )));
                 }
                 None => {
                     unknown.push(name.clone());
@@ -146,9 +157,10 @@ impl CsvLoader {
             match contract.unknown_fields {
                 UnknownFields::Reject => {
                     return Err(Error::RunFailed(format!(
-                        "{}:1: column{} {} not in contract {} (unknown_fields: reject); contract fields are: {}. \
+                        "{}:{}: column{} {} not in contract {} (unknown_fields: reject); contract fields are: {}. \
                          Add the column to the contract or set unknown_fields: ignore",
                         self.display,
+                        self.rec_line,
                         if unknown.len() > 1 { "s" } else { "" },
                         unknown
                             .iter()
@@ -171,8 +183,9 @@ impl CsvLoader {
             .collect();
         if !missing.is_empty() {
             return Err(Error::RunFailed(format!(
-                "{}:1: required column{} {} missing from the header; the header has: {}",
+                "{}:{}: required column{} {} missing from the header; the header has: {}",
                 self.display,
+                self.rec_line,
                 if missing.len() > 1 { "s" } else { "" },
                 missing
                     .iter()
@@ -212,6 +225,14 @@ impl CsvLoader {
             if self.pos == self.len && !self.eof {
                 if self.rec_start < self.len {
                     self.carry.extend_from_slice(&self.buf[self.rec_start..self.len]);
+                    if self.carry.len() > MAX_RECORD_BYTES {
+                        return Err(Error::RunFailed(format!(
+                            "{}: line {}: a record longer than {} MiB (an unterminated quote?); nothing was loaded",
+                            self.display,
+                            self.line,
+                            MAX_RECORD_BYTES >> 20
+                        )));
+                    }
                 }
                 self.len = loop {
                     match self.input.read(&mut self.buf) {
@@ -254,14 +275,9 @@ impl CsvLoader {
                     } else {
                         &self.carry
                     };
-                    let leading = raw
-                        .iter()
-                        .take_while(|&&b| b == b'\n' || b == b'\r')
-                        .filter(|&&b| b == b'\n')
-                        .count() as u64;
-                    let newlines = raw.iter().filter(|&&b| b == b'\n').count() as u64;
-                    self.rec_line = self.line + leading;
-                    self.line += newlines;
+                    let blank = raw.iter().take_while(|&&b| b == b'\n' || b == b'\r').count();
+                    self.rec_line = self.line + line_ends(&raw[..blank]);
+                    self.line += line_ends(raw);
                     return Ok(Next::Record);
                 }
                 ReadRecordResult::End => return Ok(Next::End),
@@ -327,6 +343,20 @@ impl Loader for CsvLoader {
     fn ignored_columns(&self) -> Vec<String> {
         self.ignored.clone()
     }
+}
+
+/// Longest record accepted; a longer one is almost always an unterminated quote.
+const MAX_RECORD_BYTES: usize = 64 << 20;
+
+/// Line ends in `raw`: `\n`, `\r\n` and a lone `\r` each count once.
+fn line_ends(raw: &[u8]) -> u64 {
+    let mut n = 0;
+    for (i, &b) in raw.iter().enumerate() {
+        if b == b'\n' || (b == b'\r' && raw.get(i + 1) != Some(&b'\n')) {
+            n += 1;
+        }
+    }
+    n
 }
 
 fn trim_line(raw: &[u8]) -> &[u8] {

@@ -84,7 +84,7 @@ pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
                 "cannot read \"{input}\": {scheme}:// inputs are not supported by this build; use a local path, a glob or file://"
             )));
         }
-        if input.contains(['*', '?', '[']) {
+        if input.contains(['*', '?', '[']) && !Path::new(input).is_file() {
             let matches = glob::glob(input).map_err(|e| Error::Invalid(format!("invalid glob \"{input}\": {e}")))?;
             let mut any = false;
             for m in matches {

@@ -163,6 +163,9 @@ fn json_kind(v: &Json) -> &'static str {
     }
 }
 
+/// Longest line accepted.
+const MAX_LINE_BYTES: u64 = 64 << 20;
+
 fn trim_eol(b: &[u8]) -> &[u8] {
     let mut end = b.len();
     while end > 0 && (b[end - 1] == b'\n' || b[end - 1] == b'\r') {
@@ -175,10 +178,18 @@ impl Loader for NdjsonLoader {
     fn next_batch(&mut self) -> Result<Option<ParsedBatch>> {
         while !self.done && !self.sink.is_full() {
             self.line_buf.clear();
-            let n = self
-                .input
+            let n = (&mut self.input)
+                .take(MAX_LINE_BYTES + 1)
                 .read_until(b'\n', &mut self.line_buf)
                 .map_err(|e| Error::RunFailed(format!("{}: read failed: {e}", self.display)))?;
+            if self.line_buf.len() as u64 > MAX_LINE_BYTES {
+                return Err(Error::RunFailed(format!(
+                    "{}: line {}: longer than {} MiB; nothing was loaded",
+                    self.display,
+                    self.line + 1,
+                    MAX_LINE_BYTES >> 20
+                )));
+            }
             if n == 0 {
                 self.done = true;
                 break;

@@ -341,7 +341,7 @@ async fn log_conflicts(contract: &Contract, held: Vec<ConflictRow>, failures: &m
                 raw_payload: h.raw,
                 rule: "natural_key_conflict".into(),
                 reason: format!(
-                    "natural key ({}) also in record{} {} of this file with different values; the current version stays",
+                    "natural key ({}) has different versions in this file (also record{} {}); none of them is loaded and the current version stays",
                     names.join(", "),
                     if others.len() == 1 { "" } else { "s" },
                     others.join(", ")

@@ -14,6 +14,12 @@ use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, 
 use crate::contract::Contract;
 use crate::ingest::typing::{ColumnBuilder, Rejection, check_value, parse_value};
 
+/// A required string whose normalized value is empty (`"  "` with `trim`) counts as missing.
+fn normalizes_to_empty(f: &crate::contract::Field, text: &str, norm: &mut String, scratch: &mut String) -> bool {
+    crate::hash::normalize::normalize_into(&f.normalize, text, norm, scratch);
+    norm.is_empty()
+}
+
 /// One rejected record of a batch.
 #[derive(Debug, Clone)]
 pub struct RowRejection {
@@ -134,7 +140,17 @@ impl RowSink {
                 FieldText::Text(t) => match parse_value(f, t) {
                     Ok(v) => {
                         builder.append(&v);
-                        check_value(f, &v, &mut self.norm, &mut self.scratch)
+                        if f.required
+                            && !f.normalize.is_empty()
+                            && normalizes_to_empty(f, t, &mut self.norm, &mut self.scratch)
+                        {
+                            Some(Rejection::new(
+                                format!("required:{}", f.name),
+                                format!("{}: required value is empty after normalize", f.name),
+                            ))
+                        } else {
+                            check_value(f, &v, &mut self.norm, &mut self.scratch)
+                        }
                     }
                     Err(r) => {
                         builder.append_null();

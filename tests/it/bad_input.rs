@@ -205,3 +205,39 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
         "lock released after the run"
     );
 }
+
+fn tiny_contract(t: &TestLake) {
+    std::fs::write(
+        t.contracts().join("tiny.yaml"),
+        "source: tiny\nversion: 1\nfields:\n  - {name: k, type: string, required: true, normalize: [trim]}\n  - {name: n, type: int32}\nnatural_key: {version: 1, fields: [k]}\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn odd_csv_shapes_get_located_answers() {
+    let t = TestLake::new();
+    tiny_contract(&t);
+    // lone \r line ends: line numbers still count
+    let cr = t.dir.path().join("cr [1].csv");
+    std::fs::write(&cr, "k,n\ra,1\rb,x\r   ,3\r").unwrap();
+    // a name with glob characters is taken literally when the file exists
+    t.ingest_ok("tiny", &cr);
+    let f = t.query("SELECT source_row_number, rule, reason FROM audit.row_failure_log ORDER BY source_row_number");
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_eq!(f[0]["rule"], "type:n");
+    assert!(f[0]["reason"].as_str().unwrap().starts_with("line 3: "), "{f:?}");
+    // a required key that is only blanks is missing once normalized
+    assert_eq!(f[1]["rule"], "required:k");
+    assert!(f[1]["reason"].as_str().unwrap().starts_with("line 4: "), "{f:?}");
+
+    let trailing = t.dir.path().join("trailing.csv");
+    std::fs::write(&trailing, "\nk,n,\na,1,\n").unwrap();
+    let out = t.ingest("tiny", &trailing);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("trailing.csv:2: header column 3 has no name (a trailing delimiter?)"),
+        "{text}"
+    );
+}
