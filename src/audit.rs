@@ -17,12 +17,12 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{
     DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
 };
+use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
-use object_store::buffered::BufWriter;
 
 use object_store::ObjectStoreExt;
 
+use crate::bronze::RunFileWriter;
 use crate::contract::timestamp_type;
 use crate::error::{Error, Result};
 use crate::lake::{Lake, layout};
@@ -337,9 +337,7 @@ pub struct FailureWriter {
     rules_version: Option<i32>,
     failed_at: i64,
     pending: Vec<FailureRow>,
-    writer: Option<AsyncArrowWriter<BufWriter>>,
-    lake: Lake,
-    rel: String,
+    file: RunFileWriter,
     pub count: u64,
 }
 
@@ -355,9 +353,7 @@ impl FailureWriter {
             rules_version: None,
             failed_at,
             pending: Vec::new(),
-            writer: None,
-            lake: lake.clone(),
-            rel: layout::failures(run_id),
+            file: RunFileWriter::new(lake, layout::failures(run_id), failure_log_schema()),
             count: 0,
         }
     }
@@ -418,26 +414,13 @@ impl FailureWriter {
             return Ok(());
         }
         let batch = self.batch()?;
-        if self.writer.is_none() {
-            let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
-            self.writer = Some(AsyncArrowWriter::try_new(
-                w,
-                failure_log_schema(),
-                Some(crate::bronze::writer_properties()),
-            )?);
-        }
-        if let Some(w) = self.writer.as_mut() {
-            w.write(&batch).await?;
-        }
-        Ok(())
+        self.file.write(&batch).await
     }
 
     /// Flush and close the file (if any row was written). Returns the number of rows.
     pub async fn finish(mut self) -> Result<u64> {
         self.flush().await?;
-        if let Some(w) = self.writer.take() {
-            w.close().await?;
-        }
+        self.file.finish().await?;
         Ok(self.count)
     }
 }

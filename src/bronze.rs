@@ -84,8 +84,9 @@ impl RunStamp {
     }
 }
 
-/// Streams a run's bronze rows to `bronze/<source>/run_id=<run>/part-00000.parquet`.
-pub struct BronzeWriter {
+/// Streams batches to one run-scoped Parquet object (bronze data, failure rows), created on the
+/// first non-empty batch: a run that writes no rows leaves no file.
+pub struct RunFileWriter {
     lake: Lake,
     rel: String,
     schema: SchemaRef,
@@ -93,9 +94,9 @@ pub struct BronzeWriter {
     pub rows: u64,
 }
 
-impl BronzeWriter {
-    pub fn new(lake: &Lake, rel: String, schema: SchemaRef) -> BronzeWriter {
-        BronzeWriter {
+impl RunFileWriter {
+    pub fn new(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
+        RunFileWriter {
             lake: lake.clone(),
             rel,
             schema,

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::audit::{FailureRow, FailureWriter, RunRecord};
-use crate::bronze::{BronzeWriter, RunStamp};
+use crate::bronze::{RunFileWriter, RunStamp};
 use crate::contract::Contract;
 use crate::error::{Error, Result};
 use crate::failpoint;
@@ -203,7 +203,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
     let data_schema = contract.bronze_schema();
-    let mut data = BronzeWriter::new(
+    let mut data = RunFileWriter::new(
         &ws.lake,
         layout::bronze_data(&contract.source, &record.run_id),
         data_schema.clone(),
