@@ -50,10 +50,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
         .iter()
         .map(|r| ws.lake.url(&layout::run_record(&r.source, r.seq)))
         .collect();
-    ctx.register_table(
-        "audit.ingestion_run_log",
-        table_over(&ctx, run_files, run_log_schema()).await?,
-    )?;
+    ctx.register_table("audit.ingestion_run_log", table_over(run_files, run_log_schema())?)?;
     let failure_files: Vec<String> = runs
         .iter()
         .filter(|r| r.has_failures())
@@ -61,7 +58,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
         .collect();
     ctx.register_table(
         "audit.row_failure_log",
-        table_over(&ctx, failure_files, failure_log_schema()).await?,
+        table_over(failure_files, failure_log_schema())?,
     )?;
     Ok(Catalog {
         ctx,
@@ -78,7 +75,7 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
         .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
         .collect();
     let name = format!("bronze.{}", contract.source);
-    ctx.register_table(name.as_str(), table_over(ctx, files, contract.bronze_schema()).await?)?;
+    ctx.register_table(name.as_str(), table_over(files, contract.bronze_schema())?)?;
     let rn = datafusion::functions_window::expr_fn::row_number()
         .partition_by(vec![col("natural_key_fingerprint")])
         .order_by(vec![
@@ -101,7 +98,7 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
 }
 
 /// A Parquet listing table over exactly `files` (an empty table when there are none).
-async fn table_over(_ctx: &SessionContext, files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
+fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
     if files.is_empty() {
         return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
     }
