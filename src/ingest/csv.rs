@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use csv_core::{ReadRecordResult, Reader, ReaderBuilder};
 
-use crate::contract::{Contract, UnknownFields};
+use crate::contract::Contract;
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
+use crate::ingest::columns::match_columns;
 use crate::ingest::sink::{FieldText, ParsedBatch, RowSink};
 
 const READ_SIZE: usize = 1 << 20;
@@ -122,79 +123,14 @@ impl CsvLoader {
                 }
             }
         }
-        let mut unknown = Vec::new();
-        for (j, name) in header.iter().enumerate() {
-            match contract.field_index(name) {
-                Some(i) if self.field_column[i].is_some() => {
-                    return Err(Error::RunFailed(format!(
-                        "{}:{}: column \"{name}\" appears twice in the header (columns {} and {})",
-                        self.display,
-                        self.rec_line,
-                        self.field_column[i].map(|c| c + 1).unwrap_or(0),
-                        j + 1
-                    )));
-                }
-                Some(i) => {
-                    self.field_column[i] = Some(j);
-                    self.column_field.push(Some(i));
-                }
-                None if name.is_empty() => {
-                    return Err(Error::RunFailed(format!(
-                        "{}:{}: header column {} has no name (a trailing delimiter?); the header has: {}",
-                        self.display,
-                        self.rec_line,
-                        j + 1,
-                        header.join(", ")
-                    )));
-                }
-                None => {
-                    unknown.push(name.clone());
-                    self.column_field.push(None);
-                }
-            }
-        }
-        if !unknown.is_empty() {
-            match contract.unknown_fields {
-                UnknownFields::Reject => {
-                    return Err(Error::RunFailed(format!(
-                        "{}:{}: column{} {} not in contract {} (unknown_fields: reject); contract fields are: {}. \
-                         Add the column to the contract or set unknown_fields: ignore",
-                        self.display,
-                        self.rec_line,
-                        if unknown.len() > 1 { "s" } else { "" },
-                        unknown
-                            .iter()
-                            .map(|u| format!("\"{u}\""))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        contract.path.display(),
-                        contract.field_names().join(", ")
-                    )));
-                }
-                UnknownFields::Ignore => self.ignored = unknown,
-            }
-        }
-        let missing: Vec<&str> = contract
-            .fields
-            .iter()
-            .enumerate()
-            .filter(|(i, f)| f.required && self.field_column[*i].is_none())
-            .map(|(_, f)| f.name.as_str())
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::RunFailed(format!(
-                "{}:{}: required column{} {} missing from the header; the header has: {}",
-                self.display,
-                self.rec_line,
-                if missing.len() > 1 { "s" } else { "" },
-                missing
-                    .iter()
-                    .map(|u| format!("\"{u}\""))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                header.join(", ")
-            )));
-        }
+        let map = match_columns(
+            contract,
+            &header,
+            &format!("{}:{}: header", self.display, self.rec_line),
+        )?;
+        self.column_field = map.column_field;
+        self.field_column = map.field_column;
+        self.ignored = map.ignored;
         Ok(())
     }
 

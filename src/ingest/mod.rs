@@ -20,6 +20,7 @@
 //! the index budget (half of `--memory-limit`, or `INGOT_INDEX_MEMORY`), change detection is
 //! partitioned and spilled to disk instead ([`spill`]), so memory does not grow with the data.
 
+pub mod columns;
 pub mod csv;
 pub mod keys;
 pub mod ndjson;

@@ -16,9 +16,10 @@ use datafusion::arrow::datatypes::{
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
-use crate::contract::{Contract, Field, FieldType, UnknownFields};
+use crate::contract::{Contract, Field, FieldType};
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
+use crate::ingest::columns::match_columns;
 use crate::ingest::sink::{ParsedBatch, RowRejection};
 use crate::ingest::typing::{ColumnBuilder, Rejection, Value, check_value, parse_value, shown};
 
@@ -46,43 +47,9 @@ impl ParquetLoader {
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| Error::RunFailed(format!("{display}: not a readable Parquet file: {e}")))?;
         let schema = builder.schema().clone();
-        let mut field_column = vec![None; contract.fields.len()];
-        let mut unknown = Vec::new();
-        for (j, f) in schema.fields().iter().enumerate() {
-            match contract.field_index(f.name()) {
-                Some(i) => field_column[i] = Some(j),
-                None => unknown.push(f.name().clone()),
-            }
-        }
-        if !unknown.is_empty() && contract.unknown_fields == UnknownFields::Reject {
-            return Err(Error::RunFailed(format!(
-                "{display}: column{} {} not in contract {} (unknown_fields: reject); contract fields are: {}",
-                if unknown.len() > 1 { "s" } else { "" },
-                unknown.join(", "),
-                contract.path.display(),
-                contract.field_names().join(", ")
-            )));
-        }
-        let missing: Vec<&str> = contract
-            .fields
-            .iter()
-            .zip(&field_column)
-            .filter(|(f, c)| f.required && c.is_none())
-            .map(|(f, _)| f.name.as_str())
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::RunFailed(format!(
-                "{display}: required column{} {} missing; the file has: {}",
-                if missing.len() > 1 { "s" } else { "" },
-                missing.join(", "),
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let map = match_columns(&contract, &names, &format!("{display}: Parquet schema"))?;
+        let (field_column, unknown) = (map.field_column, map.ignored);
         let reader = builder
             .with_batch_size(batch_size)
             .build()

@@ -103,10 +103,7 @@ fn missing_required_column_fails_and_writes_nothing() {
     let run = last_run(&t);
     assert_eq!(run["status"], "failed");
     let err = run["error"].as_str().unwrap();
-    assert!(
-        err.contains("required column \"booking_ref\" missing from the header"),
-        "{err}"
-    );
+    assert!(err.contains("header: required column \"booking_ref\" missing"), "{err}");
     let n = t.query(&format!(
         "SELECT count(*) AS n FROM bronze.bookings WHERE ingestion_run_id = '{}'",
         run["run_id"].as_str().unwrap()
@@ -237,7 +234,7 @@ fn odd_csv_shapes_get_located_answers() {
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
     assert!(
-        text.contains("trailing.csv:2: header column 3 has no name (a trailing delimiter?)"),
+        text.contains("trailing.csv:2: header: column 3 has no name (a trailing delimiter?)"),
         "{text}"
     );
 }
