@@ -19,6 +19,7 @@ pub mod lock;
 pub mod output;
 pub mod rules;
 pub mod session;
+pub mod silver;
 pub mod yaml;
 
 pub use error::{Error, Result};

@@ -6,4 +6,5 @@ mod crash;
 mod hashing;
 mod ingest;
 mod rules;
+mod silver_compile;
 mod util;
