@@ -47,4 +47,26 @@ run sql "SELECT source, count(*) AS versions, count(DISTINCT natural_key_fingerp
 run sql "SELECT rule, count(*) AS rows FROM audit.row_failure_log GROUP BY rule ORDER BY rows DESC, rule"
 run sql "SELECT natural_key_fingerprint(1, normalize_text('  ann.smith@example.com ', 'trim,lower')) AS same_1, natural_key_fingerprint(1, normalize_text('Ann.Smith@Example.COM', 'trim,lower')) AS same_2"
 
+say "9. Silver: bookings and marketing spend cleaned by versioned rules (rules/<table>/v<N>.yaml)"
+echo "   Each build publishes one complete snapshot atomically and records itself in"
+echo "   audit.silver_build_log; rows that fail a validation go to audit.row_failure_log (layer silver)."
+run build bookings --rules-version 1
+run build marketing_spend
+run sql "SELECT channel, rules_version, count(*) AS bookings FROM silver.bookings GROUP BY 1, 2 ORDER BY 1"
+echo "   -> v1 left the desk's \"bcom\" spelling alone. rules/bookings/v2.yaml maps it too; a rules"
+echo "      version is immutable once used, so the fix is a new file. Rebuild only the v1 rows:"
+run build bookings --rebuild-where "rules_version < 2"
+run sql "SELECT channel, rules_version, count(*) AS bookings FROM silver.bookings GROUP BY 1, 2 ORDER BY 1"
+echo "   -> A build with nothing new reads nothing and keeps every row (incremental):"
+run build bookings
+run sql "SELECT \"table\", rules_version, mode, status, rows_read, rows_written, rows_filtered, rows_rejected, rows_flagged FROM audit.silver_build_log ORDER BY started_at"
+run sql "SELECT rule, reason, rules_version, raw_payload FROM audit.row_failure_log WHERE layer = 'silver' ORDER BY rule"
+
+say "10. Flagged, not dropped: a refund (negative spend) and hotels reporting for the first time in a year"
+run sql "SELECT hotel_code, day, channel, campaign, spend_eur, anomaly_flags FROM silver.marketing_spend WHERE is_anomaly ORDER BY hotel_code, day"
+
+say "11. What the rules compile to: ingot explain prints the steps and the DataFusion plan"
+printf '$ ingot explain bookings | head -30\n'
+"$INGOT" explain bookings | head -30 || true
+
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""

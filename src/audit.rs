@@ -1,4 +1,5 @@
-//! Audit tables: `audit.ingestion_run_log` and `audit.row_failure_log` (DESIGN.md §5).
+//! Audit tables: `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`
+//! (DESIGN.md §5).
 //!
 //! A run-log record is the commit of its run: it is written once, as a one-row Parquet file, with
 //! a create-if-absent put (see [`crate::lake`]). Failure rows are streamed to a run-scoped Parquet
@@ -423,4 +424,200 @@ impl FailureWriter {
         self.file.finish().await?;
         Ok(self.count)
     }
+}
+
+// ---- audit.silver_build_log ---------------------------------------------------------------------
+
+/// Status of a silver build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+    Succeeded,
+    Failed,
+}
+
+impl BuildStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BuildStatus::Succeeded => "succeeded",
+            BuildStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BuildStatus> {
+        Some(match s {
+            "succeeded" => BuildStatus::Succeeded,
+            "failed" => BuildStatus::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// One row of `audit.silver_build_log` (DESIGN.md §5): the commit of a silver build. Times are
+/// microseconds since the epoch, UTC. `rows_read = rows_written + rows_filtered + rows_rejected`
+/// counts the input rows this build processed (an incremental build processes only changed
+/// records); `rows_flagged` counts the flagged rows of the whole published table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildRecord {
+    pub build_id: String,
+    pub table: String,
+    pub rules_version: i32,
+    pub rules_sha256: String,
+    /// `full`, `incremental` or `rebuild`.
+    pub mode: String,
+    pub rebuild_filter: Option<String>,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub status: BuildStatus,
+    pub rows_read: i64,
+    pub rows_written: i64,
+    pub rows_filtered: i64,
+    pub rows_rejected: i64,
+    pub rows_flagged: i64,
+    pub error: Option<String>,
+    /// Position among the table's build records (1-based): its commit slot and file name.
+    pub seq: u64,
+}
+
+pub fn build_log_schema() -> SchemaRef {
+    let ts = timestamp_type();
+    Arc::new(Schema::new(vec![
+        Field::new("build_id", DataType::Utf8, false),
+        Field::new("table", DataType::Utf8, false),
+        Field::new("rules_version", DataType::Int32, false),
+        Field::new("rules_sha256", DataType::Utf8, false),
+        Field::new("mode", DataType::Utf8, false),
+        Field::new("rebuild_filter", DataType::Utf8, true),
+        Field::new("started_at", ts.clone(), false),
+        Field::new("finished_at", ts, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows_read", DataType::Int64, false),
+        Field::new("rows_written", DataType::Int64, false),
+        Field::new("rows_filtered", DataType::Int64, false),
+        Field::new("rows_rejected", DataType::Int64, false),
+        Field::new("rows_flagged", DataType::Int64, false),
+        Field::new("error", DataType::Utf8, true),
+    ]))
+}
+
+impl BuildRecord {
+    pub fn to_batch(&self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            str_array(Some(&self.build_id)),
+            str_array(Some(&self.table)),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![self.rules_version])),
+            str_array(Some(&self.rules_sha256)),
+            str_array(Some(&self.mode)),
+            str_array(self.rebuild_filter.as_deref()),
+            ts_array(self.started_at),
+            ts_array(self.finished_at),
+            str_array(Some(self.status.as_str())),
+            i64_array(self.rows_read),
+            i64_array(self.rows_written),
+            i64_array(self.rows_filtered),
+            i64_array(self.rows_rejected),
+            i64_array(self.rows_flagged),
+            str_array(self.error.as_deref()),
+        ];
+        Ok(RecordBatch::try_new(build_log_schema(), cols)?)
+    }
+
+    pub fn from_batch(batch: &RecordBatch) -> Result<Vec<BuildRecord>> {
+        let col = |name: &str| -> Result<&ArrayRef> {
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| Error::RunFailed(format!("build log record lacks column {name}")))
+        };
+        let s = |name: &str| -> Result<&StringArray> {
+            col(name)?
+                .as_string_opt::<i32>()
+                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not utf8")))
+        };
+        let i = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<Int64Type>> {
+            col(name)?
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not int64")))
+        };
+        let t = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
+            col(name)?
+                .as_primitive_opt::<TimestampMicrosecondType>()
+                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not a timestamp")))
+        };
+        let opt = |a: &StringArray, r: usize| (!a.is_null(r)).then(|| a.value(r).to_string());
+        let rv = col("rules_version")?
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| Error::RunFailed("build log column rules_version is not int32".into()))?;
+        let mut out = Vec::with_capacity(batch.num_rows());
+        for r in 0..batch.num_rows() {
+            let status_text = s("status")?.value(r);
+            let status = BuildStatus::parse(status_text)
+                .ok_or_else(|| Error::RunFailed(format!("build log has unknown status \"{status_text}\"")))?;
+            out.push(BuildRecord {
+                build_id: s("build_id")?.value(r).to_string(),
+                table: s("table")?.value(r).to_string(),
+                rules_version: rv.value(r),
+                rules_sha256: s("rules_sha256")?.value(r).to_string(),
+                mode: s("mode")?.value(r).to_string(),
+                rebuild_filter: opt(s("rebuild_filter")?, r),
+                started_at: t("started_at")?.value(r),
+                finished_at: t("finished_at")?.value(r),
+                status,
+                rows_read: i("rows_read")?.value(r),
+                rows_written: i("rows_written")?.value(r),
+                rows_filtered: i("rows_filtered")?.value(r),
+                rows_rejected: i("rows_rejected")?.value(r),
+                rows_flagged: i("rows_flagged")?.value(r),
+                error: opt(s("error")?, r),
+                seq: 0,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Commit a build: its record goes into the table's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another build of the table committed since this one started: nothing of this
+/// build is published.
+pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::failpoint::hit("build.before_commit")?;
+    if !lake
+        .put_create(&layout::build_record(&record.table, record.seq), bytes)
+        .await?
+    {
+        return Err(Error::Locked(format!(
+            "another build of \"{}\" committed while build {} was running; nothing of build {} was \
+             published: run the same command again",
+            record.table, record.build_id, record.build_id
+        )));
+    }
+    Ok(())
+}
+
+/// Every committed build record of the lake, by table then sequence number.
+pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
+    let mut out = Vec::new();
+    for meta in lake.list(layout::BUILD_LOG).await? {
+        if meta.location.extension() != Some("parquet") {
+            continue;
+        }
+        let seq = meta
+            .location
+            .filename()
+            .and_then(|f| f.strip_suffix(".parquet"))
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the build log: {}", meta.location)))?;
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(|e| Error::RunFailed(format!("build log record {}: {e}", meta.location)))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| Error::RunFailed(format!("build log record {}: {e}", meta.location)))?;
+            out.extend(BuildRecord::from_batch(&batch)?.into_iter().map(|mut r| {
+                r.seq = seq;
+                r
+            }));
+        }
+    }
+    out.sort_by(|a, b| (&a.table, a.seq).cmp(&(&b.table, b.seq)));
+    Ok(out)
 }

@@ -1,5 +1,11 @@
-//! The SQL catalog over a lake: `bronze.<source>`, `bronze.<source>_current`,
-//! `audit.ingestion_run_log` and `audit.row_failure_log`.
+//! The SQL catalog over a lake: `bronze.<source>`, `bronze.<source>_current`, `silver.<table>`,
+//! `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`.
+//!
+//! `silver.<table>` is a listing table over the one snapshot file of the table's latest
+//! succeeded build (its highest-numbered `succeeded` record), so a reader sees one complete
+//! build, never a mix; a table that has rules but no build yet is an empty table with the columns
+//! its latest rules version would produce. `audit.row_failure_log` holds the failure files of
+//! committed ingest runs and of succeeded builds.
 //!
 //! Tables are listing tables over the explicit list of files named by committed run records, so
 //! an uncommitted (crashed) run is invisible by construction and the same plans can later be
@@ -15,7 +21,10 @@ use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTable
 use datafusion::logical_expr::ExprFunctionExt;
 use datafusion::prelude::{SessionContext, col, lit};
 
-use crate::audit::{RunRecord, failure_log_schema, read_run_log, run_log_schema};
+use crate::audit::{
+    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log, read_run_log,
+    run_log_schema,
+};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
 use crate::lake::{Lake, layout};
@@ -27,6 +36,8 @@ pub struct Catalog {
     pub ctx: SessionContext,
     pub contracts: ContractSet,
     pub runs: Vec<RunRecord>,
+    /// Every committed silver build record, by table then sequence number.
+    pub builds: Vec<BuildRecord>,
     /// Problems of contracts that could not be loaded (their tables are missing).
     pub problems: Problems,
 }
@@ -37,10 +48,11 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
     let mut problems = Problems::default();
     let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
     let runs = read_run_log(&ws.lake).await?;
+    let builds = read_build_log(&ws.lake).await?;
     let catalog = ctx
         .catalog("ingot")
         .ok_or_else(|| Error::Invalid("the default catalog \"ingot\" is missing".into()))?;
-    for schema in ["bronze", "audit"] {
+    for schema in ["bronze", "silver", "audit"] {
         catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
     }
     for contract in contracts.contracts.values() {
@@ -51,11 +63,23 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
         .map(|r| ws.lake.url(&layout::run_record(&r.source, r.seq)))
         .collect();
     ctx.register_table("audit.ingestion_run_log", table_over(run_files, run_log_schema())?)?;
-    let failure_files: Vec<String> = runs
+    let mut failure_files: Vec<String> = runs
         .iter()
         .filter(|r| r.has_failures())
         .map(|r| ws.lake.url(&layout::failures(&r.run_id)))
         .collect();
+    failure_files.extend(
+        builds
+            .iter()
+            .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
+            .map(|b| ws.lake.url(&layout::silver_failures(&b.build_id))),
+    );
+    let build_files: Vec<String> = builds
+        .iter()
+        .map(|b| ws.lake.url(&layout::build_record(&b.table, b.seq)))
+        .collect();
+    ctx.register_table("audit.silver_build_log", table_over(build_files, build_log_schema())?)?;
+    register_silver(&ctx, ws, &contracts, &builds).await?;
     ctx.register_table(
         "audit.row_failure_log",
         table_over(failure_files, failure_log_schema())?,
@@ -64,6 +88,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
         ctx,
         contracts,
         runs,
+        builds,
         problems,
     })
 }
@@ -97,8 +122,69 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     Ok(())
 }
 
+/// The latest succeeded build of `table`, if any.
+pub fn latest_build<'a>(builds: &'a [BuildRecord], table: &str) -> Option<&'a BuildRecord> {
+    builds
+        .iter()
+        .filter(|b| b.table == table && b.status == BuildStatus::Succeeded)
+        .max_by_key(|b| b.seq)
+}
+
+/// `silver.<table>` for every table with a succeeded build (its latest snapshot) and every table
+/// with valid rules but no build yet (empty, with the columns the rules would produce; rules or
+/// contracts with problems are skipped silently here: `ingot check` reports them).
+async fn register_silver(
+    ctx: &SessionContext,
+    ws: &Workspace,
+    contracts: &ContractSet,
+    builds: &[BuildRecord],
+) -> Result<()> {
+    let mut tables: Vec<&str> = builds.iter().map(|b| b.table.as_str()).collect();
+    tables.dedup();
+    let mut built = std::collections::HashSet::new();
+    for table in tables {
+        if let Some(b) = latest_build(builds, table) {
+            let file = layout::silver_data(table, &b.build_id);
+            let provider = table_over_file(ctx, &ws.lake, &file).await?;
+            ctx.register_table(format!("silver.{table}").as_str(), provider)?;
+            built.insert(table.to_string());
+        }
+    }
+    let mut ignored = Problems::default();
+    let rules = crate::rules::RulesSet::load(&ws.rules_dir, contracts, &mut ignored);
+    for (table, versions) in &rules.tables {
+        if built.contains(table) {
+            continue;
+        }
+        let Some(latest) = versions.values().next_back() else {
+            continue;
+        };
+        if let Ok(schema) = crate::silver::build::planned_schema(ctx, contracts, latest).await {
+            ctx.register_table(
+                format!("silver.{table}").as_str(),
+                Arc::new(MemTable::try_new(schema, vec![vec![]])?),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The Arrow schema stored in one Parquet file ingot wrote (strings stay `Utf8`, not views).
+pub async fn file_schema(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<SchemaRef> {
+    let url = ListingTableUrl::parse(lake.url(rel))?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default().with_force_view_types(false)))
+        .with_file_extension(".parquet");
+    Ok(options.infer_schema(&ctx.state(), &url).await?)
+}
+
+/// A listing table over one Parquet file ingot wrote, with the schema stored in it.
+pub async fn table_over_file(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<Arc<dyn TableProvider>> {
+    let schema = file_schema(ctx, lake, rel).await?;
+    table_over(vec![lake.url(rel)], schema)
+}
+
 /// A Parquet listing table over exactly `files` (an empty table when there are none).
-fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
+pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
     if files.is_empty() {
         return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
     }

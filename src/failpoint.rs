@@ -20,8 +20,11 @@ pub const INGEST: &[&str] = &[
     "ingest.after_commit",
 ];
 
+/// Every failpoint of the silver build commit sequence, in the order they are reached.
+pub const BUILD: &[&str] = &["build.after_data", "build.before_commit", "build.after_commit"];
+
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

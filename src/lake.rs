@@ -8,7 +8,16 @@
 //! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
 //! audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
 //! _locks/<source>.lock                                   one ingest per source at a time
+//! silver/<table>/build_id=<build>/part-00000.parquet     a build's complete snapshot of the table
+//! silver/<table>/build_id=<build>/state.parquet          (fingerprint, row_hash, run, outcome) per input row
+//! silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
+//! silver/<table>/build_id=<build>/_scratch_*.parquet     a build's working files, deleted after its commit
+//! audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
+//! audit/silver_build_log/<table>/<seq>.parquet           a build's commit record (create-if-absent)
 //! ```
+//!
+//! Silver builds commit the same way: every file of a build is build-scoped and becomes visible
+//! only through its `silver_build_log` record, the table's next numbered object.
 //!
 //! Commit order (DESIGN.md §6): data file, then failure file, then the run-log record with
 //! `PutMode::Create`. Readers only look at files named by committed run-log records, so a crash
@@ -156,6 +165,38 @@ pub mod layout {
     /// The commit record of the `seq`-th run of `source` (1-based).
     pub fn run_record(source: &str, seq: u64) -> String {
         format!("{RUN_LOG}/{source}/{seq:010}.parquet")
+    }
+
+    pub const BUILD_LOG: &str = "audit/silver_build_log";
+
+    /// The complete snapshot of `table` written by build `build_id`.
+    pub fn silver_data(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/part-00000.parquet")
+    }
+
+    /// What build `build_id` knew of each input row (for the next incremental build).
+    pub fn silver_state(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/state.parquet")
+    }
+
+    /// Digest of what the build's `resolve` read (lookup runs, contract files).
+    pub fn silver_inputs(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/inputs.json")
+    }
+
+    /// A scratch file of build `build_id` (deleted after its commit; never read by queries).
+    pub fn silver_scratch(table: &str, build_id: &str, name: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/_scratch_{name}.parquet")
+    }
+
+    /// The silver rejections of build `build_id`.
+    pub fn silver_failures(build_id: &str) -> String {
+        format!("{FAILURE_LOG}/build_id={build_id}/part-00000.parquet")
+    }
+
+    /// The commit record of the `seq`-th build of `table` (1-based).
+    pub fn build_record(table: &str, seq: u64) -> String {
+        format!("{BUILD_LOG}/{table}/{seq:010}.parquet")
     }
 
     pub fn lock(source: &str) -> String {

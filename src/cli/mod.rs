@@ -4,7 +4,9 @@
 //! invocation, contract or rules.
 
 mod audit_views;
+mod build;
 mod check;
+mod explain;
 mod ingest;
 mod sql;
 
@@ -60,13 +62,24 @@ pub enum Command {
     /// changed records are written. A run becomes visible only when its run-log record commits,
     /// so a crash at any point is undone by simply running the same command again.
     Ingest(ingest::IngestArgs),
-    /// Run one read-only SQL query over bronze.*, bronze.*_current and audit.*.
+    /// Run one read-only SQL query over bronze.*, bronze.*_current, silver.* and audit.*.
     ///
     /// Tables: bronze.<source> (every version), bronze.<source>_current (latest version per
-    /// natural key), audit.ingestion_run_log, audit.row_failure_log. The UDFs row_hash,
+    /// natural key), silver.<table> (the latest succeeded build), audit.ingestion_run_log,
+    /// audit.row_failure_log, audit.silver_build_log. The UDFs row_hash,
     /// natural_key_fingerprint, canonical_text and normalize_text are available. DDL, DML and
     /// COPY are refused.
     Sql(sql::SqlArgs),
+    /// Build a silver table from bronze with its rules and publish a new snapshot atomically.
+    ///
+    /// Incremental by default: only records whose current bronze version changed since the last
+    /// build are transformed (plus removals); the other rows are kept as they were. --full
+    /// rebuilds every row; --rebuild-where "rules_version < 2" rebuilds only matching rows. Anomaly
+    /// flags are recomputed over the whole table. A `fail` validation fails the build (exit 1,
+    /// nothing published); an edited rules version that a build already used is refused (exit 2).
+    Build(build::BuildArgs),
+    /// Print the rules of a silver table and the DataFusion logical plans they compile to.
+    Explain(explain::ExplainArgs),
     /// Show the ingestion runs, oldest first.
     Runs(audit_views::RunsArgs),
     /// Show rejected rows with their rule, reason and raw payload.
@@ -135,6 +148,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Check => check::run(&cli),
         Command::Ingest(args) => ingest::run(&cli, args).await,
         Command::Sql(args) => sql::run(&cli, args).await,
+        Command::Build(args) => build::run(&cli, args).await,
+        Command::Explain(args) => explain::run(&cli, args).await,
         Command::Runs(args) => audit_views::runs(&cli, args).await,
         Command::Failures(args) => audit_views::failures(&cli, args).await,
     }

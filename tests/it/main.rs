@@ -6,5 +6,6 @@ mod crash;
 mod hashing;
 mod ingest;
 mod rules;
+mod silver_build;
 mod silver_compile;
 mod util;

@@ -1,0 +1,103 @@
+//! `ingot build <table> [--full | --rebuild-where PRED] [--rules-version N]`: one silver build,
+//! one line saying what it did.
+
+use crate::audit::{BuildRecord, BuildStatus};
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::silver::build::{BuildOptions, Built, build};
+
+#[derive(Debug, clap::Args)]
+pub struct BuildArgs {
+    /// Silver table: rules/<table>/v<N>.yaml must exist.
+    pub table: String,
+    /// Rebuild every row from bronze (default: incremental, only new, changed and removed records).
+    #[arg(long, conflicts_with = "rebuild_where")]
+    pub full: bool,
+    /// Rebuild only the rows matching this predicate on rules_version (e.g. "rules_version < 2");
+    /// every other row stays byte-for-byte.
+    #[arg(long, value_name = "PRED")]
+    pub rebuild_where: Option<String>,
+    /// Build with this rules version instead of the latest.
+    #[arg(long, value_name = "N")]
+    pub rules_version: Option<i32>,
+    /// Print the build record as one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let opts = BuildOptions {
+        full: args.full,
+        rebuild_where: args.rebuild_where.clone(),
+        rules_version: args.rules_version,
+    };
+    let built = build(&ws, &args.table, &opts).await?;
+    if args.json {
+        println!("{}", record_json(&built.record));
+    } else {
+        println!("{}", describe(&built));
+    }
+    Ok(if built.record.status == BuildStatus::Failed {
+        1
+    } else {
+        0
+    })
+}
+
+/// One sentence per build, for people.
+pub fn describe(b: &Built) -> String {
+    let r = &b.record;
+    let ms = (r.finished_at - r.started_at) as f64 / 1000.0;
+    if r.status == BuildStatus::Failed {
+        return format!(
+            "silver.{}: build FAILED with rules v{}, nothing published: {} [build {}]",
+            r.table,
+            r.rules_version,
+            r.error.as_deref().unwrap_or("unknown error"),
+            r.build_id
+        );
+    }
+    format!(
+        "silver.{}: {} with rules v{}{}: {} rows read: {} written, {} filtered, {} rejected; \
+         {} rows in the table ({} kept), {} flagged ({ms:.0} ms) [build {}]",
+        r.table,
+        if r.mode == "rebuild" {
+            "rebuild".to_string()
+        } else {
+            format!("{} build", r.mode)
+        },
+        r.rules_version,
+        r.rebuild_filter
+            .as_deref()
+            .map(|f| format!(" where {f}"))
+            .unwrap_or_default(),
+        r.rows_read,
+        r.rows_written,
+        r.rows_filtered,
+        r.rows_rejected,
+        b.table_rows,
+        b.kept_rows,
+        r.rows_flagged,
+        r.build_id
+    )
+}
+
+fn record_json(r: &BuildRecord) -> String {
+    serde_json::json!({
+        "build_id": r.build_id,
+        "table": r.table,
+        "rules_version": r.rules_version,
+        "rules_sha256": r.rules_sha256,
+        "mode": r.mode,
+        "rebuild_filter": r.rebuild_filter,
+        "status": r.status.as_str(),
+        "rows_read": r.rows_read,
+        "rows_written": r.rows_written,
+        "rows_filtered": r.rows_filtered,
+        "rows_rejected": r.rows_rejected,
+        "rows_flagged": r.rows_flagged,
+        "error": r.error,
+    })
+    .to_string()
+}

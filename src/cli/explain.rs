@@ -1,0 +1,156 @@
+//! `ingot explain <table> [--rules-version N]`: the rules in words, then the DataFusion logical
+//! plans they compile to (silver's rows with their flags, and the rejected rows).
+
+use std::fmt::Write;
+
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::rules::{Action, AnomalyKind, RuleSet, Step};
+use crate::silver::build::load_rules;
+use crate::silver::compile::{explain, read_inputs};
+
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// Silver table: rules/<table>/v<N>.yaml must exist.
+    pub table: String,
+    /// Explain this rules version instead of the latest.
+    #[arg(long, value_name = "N")]
+    pub rules_version: Option<i32>,
+}
+
+pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let catalog = crate::catalog::open(&ws).await?;
+    let rules = load_rules(&ws, &catalog, &args.table, args.rules_version)?;
+    let inputs = read_inputs(&catalog.ctx, &catalog.contracts, &rules).await?;
+    let mut out = summary(&rules, &inputs.contract);
+    out.push('\n');
+    out.push_str(&explain(
+        &catalog.ctx,
+        &rules,
+        &inputs.contract,
+        inputs.input,
+        &inputs.lookups,
+    )?);
+    // `ingot explain t | head` closes the pipe early: not an error.
+    let mut stdout = std::io::stdout().lock();
+    match std::io::Write::write_all(&mut stdout, out.as_bytes()).and_then(|()| std::io::Write::flush(&mut stdout)) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(crate::error::Error::io("stdout", e)),
+        _ => Ok(0),
+    }
+}
+
+/// The rules of a build in words: what is read, resolved, each step, validation and anomaly.
+pub fn summary(rules: &RuleSet, contract: &crate::contract::Contract) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "silver.{} with rules v{} ({}, sha256 {})",
+        rules.table,
+        rules.version,
+        rules.path.display(),
+        rules.sha256
+    );
+    let _ = writeln!(s, "reads bronze.{}_current", rules.source);
+    for r in &contract.resolve {
+        let _ = writeln!(
+            s,
+            "resolve {}: {} -> {}.{} by {} as {} (on_missing: {})",
+            r.name,
+            r.from,
+            r.lookup,
+            r.value,
+            r.key,
+            r.alias,
+            match r.on_missing {
+                crate::contract::OnMissing::Reject => "reject",
+                crate::contract::OnMissing::Null => "null",
+            }
+        );
+    }
+    let _ = writeln!(s, "steps:");
+    if rules.steps.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for (i, step) in rules.steps.iter().enumerate() {
+        let what = match step {
+            Step::Set { column, expr } => format!("set {} = {}", column.name, expr.sql),
+            Step::Map {
+                column,
+                values,
+                default,
+            } => format!(
+                "map {} {{{}}}{}",
+                column.name,
+                values
+                    .iter()
+                    .map(|(k, v)| format!("{k:?}: {v:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                default.as_ref().map(|d| format!(" default {d:?}")).unwrap_or_default()
+            ),
+            Step::Rename(pairs) => format!(
+                "rename {}",
+                pairs
+                    .iter()
+                    .map(|(a, b)| format!("{} -> {}", a.name, b.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Step::Cast(pairs) => format!(
+                "cast {}",
+                pairs
+                    .iter()
+                    .map(|(a, t)| format!("{} as {}", a.name, t.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Step::Drop(cols) => format!(
+                "drop {}",
+                cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            Step::Filter(e) => format!("filter {}", e.sql),
+        };
+        let _ = writeln!(s, "  {}. {what}", i + 1);
+    }
+    let _ = writeln!(s, "validate:");
+    if rules.validate.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for v in &rules.validate {
+        let action = match v.action {
+            Action::Reject => "reject",
+            Action::Fail => "fail",
+        };
+        let _ = writeln!(s, "  {}: {} ({action})", v.name, v.check.sql);
+    }
+    let _ = writeln!(s, "anomalies:");
+    if rules.anomalies.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for a in &rules.anomalies {
+        let what = match &a.kind {
+            AnomalyKind::When(e) => format!("when {}", e.sql),
+            AnomalyKind::Spike {
+                column,
+                by,
+                order,
+                window,
+                factor,
+                min_history,
+            } => format!(
+                "spike {} > {factor} x mean of the previous {window} rows by [{}] order {} (min_history {min_history})",
+                column.name,
+                by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", "),
+                order.name
+            ),
+            AnomalyKind::FirstSeen { by, order, gap_days } => format!(
+                "first_seen by [{}] order {} gap_days {gap_days}",
+                by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", "),
+                order.name
+            ),
+        };
+        let _ = writeln!(s, "  {}: {what}", a.name);
+    }
+    s
+}
