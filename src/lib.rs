@@ -16,6 +16,7 @@ pub mod hash;
 pub mod ingest;
 pub mod lake;
 pub mod lock;
+pub mod nightly;
 pub mod output;
 pub mod rules;
 pub mod session;

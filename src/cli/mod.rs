@@ -8,6 +8,7 @@ mod build;
 mod check;
 mod explain;
 mod ingest;
+mod run;
 mod sql;
 
 use std::path::PathBuf;
@@ -80,6 +81,13 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Print the rules of a silver table and the DataFusion logical plans they compile to.
     Explain(explain::ExplainArgs),
+    /// The nightly job: ingest every new file under <landing>/<source>/ (sorted, one run each),
+    /// then build every silver table whose inputs changed; print one summary table.
+    ///
+    /// A file counts as new unless a run of its source already took the same file name and hash
+    /// (a failed file is retried after its contract version changes). Running the job twice in a
+    /// row changes nothing the second time. Exit 1 when any run or build failed.
+    Run(run::RunArgs),
     /// Show the ingestion runs, oldest first.
     Runs(audit_views::RunsArgs),
     /// Show rejected rows with their rule, reason and raw payload.
@@ -150,6 +158,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Sql(args) => sql::run(&cli, args).await,
         Command::Build(args) => build::run(&cli, args).await,
         Command::Explain(args) => explain::run(&cli, args).await,
+        Command::Run(args) => run::run(&cli, args).await,
         Command::Runs(args) => audit_views::runs(&cli, args).await,
         Command::Failures(args) => audit_views::failures(&cli, args).await,
     }

@@ -200,7 +200,7 @@ async fn run(
 ) -> Result<()> {
     failpoint::hit("ingest.after_lock")?;
     let before = FileStamp::of(path)?;
-    let (file_hash, lines) = hash_file(path).await?;
+    let (file_hash, lines) = file_digest(path).await?;
     record.file_hash = Some(file_hash.clone());
     failpoint::hit("ingest.after_hash")?;
 
@@ -345,7 +345,7 @@ impl FileStamp {
 }
 
 /// SHA-256 of the file's bytes as stored, and its number of `\n` bytes (a row estimate).
-async fn hash_file(path: &Path) -> Result<(String, u64)> {
+pub async fn file_digest(path: &Path) -> Result<(String, u64)> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<(String, u64)> {
         let mut f = std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?;

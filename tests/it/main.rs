@@ -5,6 +5,7 @@ mod contracts;
 mod crash;
 mod hashing;
 mod ingest;
+mod nightly;
 mod rules;
 mod silver_build;
 mod silver_compile;

@@ -1,0 +1,133 @@
+//! `ingot run`: the nightly job, with one summary table at the end.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+
+use crate::audit::{BuildStatus, RunStatus};
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::ingest::IngestOptions;
+use crate::nightly::{NightlyReport, run as nightly};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {}
+
+pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let terminal = std::io::stdout().is_terminal();
+    let opts = IngestOptions {
+        progress: terminal,
+        ..Default::default()
+    };
+    let spinner = terminal.then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.enable_steady_tick(std::time::Duration::from_millis(120));
+        s
+    });
+    let report = nightly(&ws, &opts, |step| match &spinner {
+        Some(s) => s.set_message(step.to_string()),
+        None => println!("{step}"),
+    })
+    .await?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    print!("{}", summary(&report));
+    Ok(if report.failed() { 1 } else { 0 })
+}
+
+/// The summary table: one line per source ingested and per table built.
+pub fn summary(r: &NightlyReport) -> String {
+    #[derive(Default)]
+    struct Src {
+        runs: u64,
+        inserted: i64,
+        updated: i64,
+        unchanged: i64,
+        failed_rows: i64,
+        skipped: u64,
+        failed_runs: u64,
+    }
+    let mut sources: BTreeMap<&str, Src> = BTreeMap::new();
+    for run in &r.runs {
+        let s = sources.entry(run.source.as_str()).or_default();
+        s.runs += 1;
+        s.inserted += run.rows_inserted;
+        s.updated += run.rows_updated;
+        s.unchanged += run.rows_unchanged;
+        s.failed_rows += run.rows_failed;
+        s.skipped += u64::from(run.status == RunStatus::SkippedDuplicateFile);
+        s.failed_runs += u64::from(run.status == RunStatus::Failed);
+    }
+    let mut out = format!(
+        "nightly job: {} run{} ({} skipped as duplicates, {} failed), {} build{} ({} failed); {} landing file{} already loaded\n",
+        r.runs.len(),
+        if r.runs.len() == 1 { "" } else { "s" },
+        r.runs
+            .iter()
+            .filter(|x| x.status == RunStatus::SkippedDuplicateFile)
+            .count(),
+        r.runs.iter().filter(|x| x.status == RunStatus::Failed).count(),
+        r.builds.len(),
+        if r.builds.len() == 1 { "" } else { "s" },
+        r.builds
+            .iter()
+            .filter(|b| b.record.status == BuildStatus::Failed)
+            .count(),
+        r.already_loaded,
+        if r.already_loaded == 1 { "" } else { "s" },
+    );
+    if !sources.is_empty() {
+        out.push_str(&format!(
+            "\n{:<20} {:>5} {:>9} {:>8} {:>10} {:>12} {:>8} {:>12}\n",
+            "source", "runs", "inserted", "updated", "unchanged", "rows failed", "skipped", "runs failed"
+        ));
+        for (name, s) in &sources {
+            out.push_str(&format!(
+                "{:<20} {:>5} {:>9} {:>8} {:>10} {:>12} {:>8} {:>12}\n",
+                name, s.runs, s.inserted, s.updated, s.unchanged, s.failed_rows, s.skipped, s.failed_runs
+            ));
+        }
+    }
+    if !r.builds.is_empty() {
+        out.push_str(&format!(
+            "\n{:<24} {:<12} {:>5} {:>8} {:>9} {:>9} {:>8} {:>8} {:<9}\n",
+            "table", "mode", "rules", "written", "filtered", "rejected", "flagged", "rows", "status"
+        ));
+        for b in &r.builds {
+            let x = &b.record;
+            out.push_str(&format!(
+                "{:<24} {:<12} {:>5} {:>8} {:>9} {:>9} {:>8} {:>8} {:<9}\n",
+                format!("silver.{}", x.table),
+                x.mode,
+                format!("v{}", x.rules_version),
+                x.rows_written,
+                x.rows_filtered,
+                x.rows_rejected,
+                x.rows_flagged,
+                b.table_rows,
+                if x.status == BuildStatus::Failed {
+                    "FAILED"
+                } else {
+                    "ok"
+                }
+            ));
+        }
+    }
+    for run in r.runs.iter().filter(|x| x.status == RunStatus::Failed) {
+        out.push_str(&format!(
+            "\nFAILED run {} ({}): {}\n",
+            run.run_id,
+            run.file_path,
+            run.error.as_deref().unwrap_or("")
+        ));
+    }
+    for b in r.builds.iter().filter(|b| b.record.status == BuildStatus::Failed) {
+        out.push_str(&format!(
+            "\nFAILED build of silver.{}: {}\n",
+            b.record.table,
+            b.record.error.as_deref().unwrap_or("")
+        ));
+    }
+    out
+}

@@ -1,0 +1,133 @@
+//! `ingot run`, the nightly job: every new landing file once, every affected table built, and a
+//! second run in a row changes nothing.
+
+use std::path::Path;
+
+use crate::util::{TestLake, assert_ok, repo, stdout};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+fn nightly(t: &TestLake) -> std::process::Output {
+    let landing = t.dir.path().join("landing");
+    t.command()
+        .arg("--landing")
+        .arg(&landing)
+        .arg("--rules")
+        .arg(repo().join("rules"))
+        .arg("run")
+        .output()
+        .unwrap()
+}
+
+/// Every table a lake has, whole (ids normalized by the snapshot), plus silver and the build log.
+fn state(
+    t: &TestLake,
+) -> (
+    crate::util::LakeSnapshot,
+    Vec<std::collections::BTreeMap<String, serde_json::Value>>,
+) {
+    let silver = t.query(
+        "SELECT 'bookings' AS t, natural_key_fingerprint, row_hash, silver_build_id FROM silver.bookings \
+         UNION ALL SELECT 'marketing_spend', natural_key_fingerprint, row_hash, silver_build_id FROM silver.marketing_spend \
+         UNION ALL SELECT 'web_sessions', natural_key_fingerprint, row_hash, silver_build_id FROM silver.web_sessions \
+         ORDER BY 1, 2",
+    );
+    (
+        t.snapshot(&["bookings", "hotels", "marketing_spend", "web_sessions"]),
+        silver,
+    )
+}
+
+#[test]
+fn the_nightly_job_loads_every_new_file_once_and_a_second_run_changes_nothing() {
+    let t = TestLake::new();
+    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    let out = nightly(&t);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("nightly job: 11 runs (1 skipped as duplicates, 0 failed), 3 builds (0 failed)"),
+        "{text}"
+    );
+    // the runs are exactly those of ingesting each source's files in order (the oracle's counts)
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("data/expected.json")).unwrap()).unwrap();
+    let runs = t.query("SELECT source, file_path, status, rows_seen, rows_inserted, rows_updated, rows_unchanged, rows_failed FROM audit.ingestion_run_log ORDER BY source, file_path");
+    let want = oracle["landing"].as_array().unwrap();
+    assert_eq!(runs.len(), want.len());
+    for (got, want) in runs.iter().zip(want) {
+        assert!(
+            got["file_path"]
+                .as_str()
+                .unwrap()
+                .ends_with(want["file"].as_str().unwrap()),
+            "{got:?} vs {want:?}"
+        );
+        for k in [
+            "status",
+            "rows_seen",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_failed",
+        ] {
+            assert_eq!(got[k], want[k], "{k} of {}", want["file"]);
+        }
+    }
+    let builds = t.query("SELECT \"table\", mode, status FROM audit.silver_build_log ORDER BY \"table\"");
+    assert_eq!(builds.len(), 3, "{builds:?}");
+
+    let before = state(&t);
+    let again = nightly(&t);
+    assert_ok(&again);
+    assert!(
+        stdout(&again).starts_with("nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 11 landing files already loaded"),
+        "{}",
+        stdout(&again)
+    );
+    let after = state(&t);
+    before.0.assert_same(&after.0, "second nightly run");
+    assert_eq!(before.1, after.1, "silver changed on the second nightly run");
+    assert_eq!(t.query("SELECT * FROM audit.silver_build_log").len(), 3);
+}
+
+#[test]
+fn a_new_file_is_ingested_alone_and_only_affected_tables_are_rebuilt() {
+    let t = TestLake::new();
+    let landing = t.dir.path().join("landing");
+    copy_dir(&repo().join("data/landing"), &landing);
+    assert_ok(&nightly(&t));
+    // a new web-sessions delivery: one more session
+    let line = std::fs::read_to_string(landing.join("web_sessions/2026-11-02_web_sessions.ndjson")).unwrap();
+    let first = line
+        .lines()
+        .next()
+        .unwrap()
+        .replacen("\"session_id\":\"", "\"session_id\":\"new-", 1);
+    std::fs::write(
+        landing.join("web_sessions/2026-11-09_web_sessions.ndjson"),
+        format!("{first}\n"),
+    )
+    .unwrap();
+    let out = nightly(&t);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(text.contains("nightly job: 1 run (0 skipped as duplicates, 0 failed), 1 build (0 failed); 11 landing files already loaded"), "{text}");
+    assert!(text.contains("silver.web_sessions"), "{text}");
+    assert!(!text.contains("silver.bookings"), "{text}");
+    assert_eq!(
+        t.query("SELECT count(*) AS n FROM silver.web_sessions WHERE natural_key_fingerprint IS NOT NULL")[0]["n"],
+        215
+    );
+}
