@@ -63,7 +63,9 @@ else
 fi
 [ -x "$INGOT" ] || die "no ingot binary at $INGOT"
 
-ingot() { "$INGOT" --contracts "$CONTRACTS" "$@"; }
+# bench/rules does not exist: no silver rules, so the repo's rules/ (other sources) stay out.
+INGOT_ARGS=(--contracts "$CONTRACTS" --rules "$ROOT/bench/rules")
+ingot() { "$INGOT" "${INGOT_ARGS[@]}" "$@"; }
 # sql LAKE QUERY: the result rows as CSV, without the header line
 sql() { local lake=$1; shift; ingot --lake "$lake" sql "$1" --format csv | tail -n +2; }
 step "contract check"
@@ -117,8 +119,10 @@ run_id() { sed -n 's/.*\[run \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -
 # warm the page cache so every job reads the files from memory alike
 cat "$CSV" "$REDELIVERED" > /dev/null
 
+# Other work on the machine skews every number: note the load around the timed jobs.
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 step "(a) ingot: first ingest of SF$SF into a fresh lake"
-measure ingot_first "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$CSV" ||
+measure ingot_first "$INGOT" "${INGOT_ARGS[@]}" --lake "$LAKE" ingest lineitem "$CSV" ||
   die "ingot's first ingest failed"
 RUN_A=$(run_id ingot_first)
 GOT=$(sql "$LAKE" "SELECT status, rows_seen, rows_inserted, rows_updated, rows_unchanged, rows_failed FROM audit.ingestion_run_log WHERE run_id = '$RUN_A'")
@@ -126,14 +130,14 @@ GOT=$(sql "$LAKE" "SELECT status, rows_seen, rows_inserted, rows_updated, rows_u
   die "first ingest: run log says '$GOT', expected succeeded,$ROWS,$ROWS,0,0,0 (status,seen,inserted,updated,unchanged,failed)"
 
 step "(b) ingot: the identical file again (must be skipped)"
-measure ingot_again "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$CSV" ||
+measure ingot_again "$INGOT" "${INGOT_ARGS[@]}" --lake "$LAKE" ingest lineitem "$CSV" ||
   die "ingot's second ingest of the same file failed"
 RUN_B=$(run_id ingot_again)
 GOT=$(sql "$LAKE" "SELECT status, rows_seen FROM audit.ingestion_run_log WHERE run_id = '$RUN_B'")
 [ "$GOT" = "skipped_duplicate_file,0" ] || die "same file again: run log says '$GOT', expected skipped_duplicate_file,0"
 
 step "(c) ingot: re-delivery with 3 rows changed"
-measure ingot_redelivery "$INGOT" --lake "$LAKE" --contracts "$CONTRACTS" ingest lineitem "$REDELIVERED" ||
+measure ingot_redelivery "$INGOT" "${INGOT_ARGS[@]}" --lake "$LAKE" ingest lineitem "$REDELIVERED" ||
   die "ingot's ingest of the re-delivery failed"
 RUN_C=$(run_id ingot_redelivery)
 GOT=$(sql "$LAKE" "SELECT rows_updated, rows_inserted, rows_unchanged, rows_failed FROM audit.ingestion_run_log WHERE run_id = '$RUN_C'")
@@ -146,6 +150,8 @@ measure duckdb_hash "$PY" bench/duckdb_job.py hash "$CSV" "$DDB/lineitem_hashed.
 step "(d) DuckDB: plain typed CSV -> zstd Parquet copy (reference)"
 measure duckdb_copy "$PY" bench/duckdb_job.py copy "$CSV" "$DDB/lineitem_plain.parquet" ||
   die "DuckDB's plain copy failed"
+
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------------- 5. same hashes?
 step "(e) checking that ingot and DuckDB computed the same hashes"
@@ -160,7 +166,7 @@ if [ "${SF10:-}" = 1 ]; then
   ROWS10=$(( $(wc -l < "$CSV10") - 1 ))
   step "SF10: ingot first ingest of $ROWS10 rows into a fresh lake (peak memory)"
   rm -rf "$ROOT/bench/work/sf10/lake"
-  measure ingot_first_sf10 "$INGOT" --lake "$ROOT/bench/work/sf10/lake" --contracts "$CONTRACTS" \
+  measure ingot_first_sf10 "$INGOT" "${INGOT_ARGS[@]}" --lake "$ROOT/bench/work/sf10/lake" \
     ingest lineitem "$CSV10" || die "ingot's SF10 ingest failed"
   SF10_ARGS=(--sf10-rows "$ROWS10")
 fi
@@ -177,7 +183,8 @@ BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
   --meta "measured: $(date -u +%Y-%m-%dT%H:%MZ)" \
   --meta "machine: nproc $(nproc), memory $MEM_GIB GiB, ${CPU:-unknown CPU}, $(uname -sr)" \
   --meta "ingot: commit $COMMIT, binary $INGOT built $BIN_DATE, default --memory-limit" \
-  --meta "duckdb $DUCKDB_VERSION (Python, default settings), tpchgen-cli $TPCHGEN_VERSION" \
+  --meta "load average (1, 5, 15 min) before the timed jobs: $LOAD_BEFORE; after: $LOAD_AFTER" \
+  --meta "duckdb $DUCKDB_VERSION (Python, default settings; escaping $( [ "${BENCH_DUCKDB_ESCAPE_ALL:-}" = 1 ] && echo 'every field' || echo 'string fields only')), tpchgen-cli $TPCHGEN_VERSION" \
   --meta "input: $(du -m "$CSV" | cut -f1) MB CSV; re-delivery = same file with l_comment changed in 3 rows" \
   --meta "hash check: $(tail -n 1 "$MEASURE/verify.log" | sed 's/^verify: //'), $ROWS rows joined on (l_orderkey, l_linenumber)"
 echo >&2

@@ -229,7 +229,10 @@ async fn run(
         .filter(|r| r.status.is_loaded())
         .map(|r| r.rows_inserted as u64)
         .sum();
-    let keys = current_keys + estimate_rows(path, record.file_bytes as u64, lines);
+    // Deliveries mostly re-send keys the source already has (corrections, full re-deliveries), so
+    // the index is sized for the larger of the two sets. If the file brings mostly new keys the
+    // map grows past the budget, by at most the budget again (documented in README "Memory").
+    let keys = current_keys.max(estimate_rows(path, record.file_bytes as u64, lines));
     let bits = spill::partition_bits(keys, index_budget(ws));
     let snapshot = record.clone();
     let input = RunInput {
