@@ -10,7 +10,7 @@ use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray, T
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
-use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
 use object_store::buffered::BufWriter;
 
@@ -37,9 +37,12 @@ pub fn writer_properties() -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
         .set_max_row_group_row_count(Some(1 << 20));
-    // Hashes are unique per row: a dictionary attempt only costs time before falling back.
+    // Hashes are unique per row and uniformly random: a dictionary attempt only costs time before
+    // falling back, and min/max statistics cannot prune anything.
     for unique in ["row_hash", "natural_key_fingerprint"] {
-        b = b.set_column_dictionary_enabled(ColumnPath::from(unique), false);
+        b = b
+            .set_column_dictionary_enabled(ColumnPath::from(unique), false)
+            .set_column_statistics_enabled(ColumnPath::from(unique), EnabledStatistics::None);
     }
     b.build()
 }

@@ -270,19 +270,30 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
             continue;
         }
         if !keep.is_empty() {
-            let idx = UInt32Array::from(keep);
-            let cols = batch
-                .columns
-                .iter()
-                .map(|c| take(c.as_ref(), &idx, None))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let out = stamp.stamp(
-                &data_schema,
-                cols,
-                take(&hashed.rh, &idx, None)?,
-                take(&hashed.fp, &idx, None)?,
-                take(batch.row_numbers.as_ref(), &idx, None)?,
-            )?;
+            let out = if keep.len() == batch.num_rows() {
+                // Every row is new (a first load): no copy.
+                stamp.stamp(
+                    &data_schema,
+                    batch.columns.clone(),
+                    Arc::new(hashed.rh.clone()),
+                    Arc::new(hashed.fp.clone()),
+                    batch.row_numbers.clone(),
+                )?
+            } else {
+                let idx = UInt32Array::from(keep);
+                let cols = batch
+                    .columns
+                    .iter()
+                    .map(|c| take(c.as_ref(), &idx, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                stamp.stamp(
+                    &data_schema,
+                    cols,
+                    take(&hashed.rh, &idx, None)?,
+                    take(&hashed.fp, &idx, None)?,
+                    take(batch.row_numbers.as_ref(), &idx, None)?,
+                )?
+            };
             data.write(&out).await?;
             if !midway {
                 midway = true;
