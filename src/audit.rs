@@ -183,62 +183,32 @@ impl RunRecord {
     }
 
     /// Read every record of a batch in the run-log schema.
-    pub fn from_batch(batch: &RecordBatch) -> Result<Vec<RunRecord>> {
-        let col = |name: &str| -> Result<&ArrayRef> {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| Error::RunFailed(format!("run log record lacks column {name}")))
-        };
-        let s = |name: &str| -> Result<&StringArray> {
-            col(name)?
-                .as_string_opt::<i32>()
-                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not utf8")))
-        };
-        let i = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<Int64Type>> {
-            col(name)?
-                .as_primitive_opt::<Int64Type>()
-                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not int64")))
-        };
-        let t = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
-            col(name)?
-                .as_primitive_opt::<TimestampMicrosecondType>()
-                .ok_or_else(|| Error::RunFailed(format!("run log column {name} is not a timestamp")))
-        };
-        let opt = |a: &StringArray, r: usize| {
-            if a.is_null(r) {
-                None
-            } else {
-                Some(a.value(r).to_string())
-            }
-        };
-        let cv = col("contract_version")?
-            .as_primitive_opt::<Int32Type>()
-            .ok_or_else(|| Error::RunFailed("run log column contract_version is not int32".into()))?;
-        let mut out = Vec::with_capacity(batch.num_rows());
-        for r in 0..batch.num_rows() {
-            let status_text = s("status")?.value(r);
+    fn from_columns(c: &LogColumns<'_>) -> Result<Vec<RunRecord>> {
+        let mut out = Vec::with_capacity(c.batch.num_rows());
+        for r in 0..c.batch.num_rows() {
+            let status_text = c.str("status")?.value(r);
             let status = RunStatus::parse(status_text)
                 .ok_or_else(|| Error::RunFailed(format!("run log has unknown status \"{status_text}\"")))?;
             out.push(RunRecord {
-                run_id: s("run_id")?.value(r).to_string(),
-                source: s("source")?.value(r).to_string(),
-                contract_version: cv.value(r),
-                file_path: s("file_path")?.value(r).to_string(),
-                file_hash: opt(s("file_hash")?, r),
-                file_bytes: i("file_bytes")?.value(r),
-                started_at: t("started_at")?.value(r),
-                finished_at: t("finished_at")?.value(r),
+                run_id: c.text("run_id", r)?,
+                source: c.text("source", r)?,
+                contract_version: c.i32("contract_version")?.value(r),
+                file_path: c.text("file_path", r)?,
+                file_hash: c.opt("file_hash", r)?,
+                file_bytes: c.i64("file_bytes")?.value(r),
+                started_at: c.ts("started_at")?.value(r),
+                finished_at: c.ts("finished_at")?.value(r),
                 status,
-                rows_seen: i("rows_seen")?.value(r),
-                rows_inserted: i("rows_inserted")?.value(r),
-                rows_updated: i("rows_updated")?.value(r),
-                rows_unchanged: i("rows_unchanged")?.value(r),
-                rows_failed: i("rows_failed")?.value(r),
-                replay_of: opt(s("replay_of")?, r),
-                error: opt(s("error")?, r),
-                ingot_version: s("ingot_version")?.value(r).to_string(),
-                ignored_columns: match batch.column_by_name("ignored_columns") {
-                    Some(_) => opt(s("ignored_columns")?, r),
+                rows_seen: c.i64("rows_seen")?.value(r),
+                rows_inserted: c.i64("rows_inserted")?.value(r),
+                rows_updated: c.i64("rows_updated")?.value(r),
+                rows_unchanged: c.i64("rows_unchanged")?.value(r),
+                rows_failed: c.i64("rows_failed")?.value(r),
+                replay_of: c.opt("replay_of", r)?,
+                error: c.opt("error", r)?,
+                ingot_version: c.text("ingot_version", r)?,
+                ignored_columns: match c.batch.column_by_name("ignored_columns") {
+                    Some(_) => c.opt("ignored_columns", r)?,
                     None => None,
                 },
                 seq: 0,
@@ -288,8 +258,76 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
 
 /// Every committed run record of the lake, in start order (then run id).
 pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
+    let mut out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
+        r.seq = seq
+    })
+    .await?;
+    out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
+    Ok(out)
+}
+
+/// Typed access to the columns of a log record batch, with errors naming the log and column.
+struct LogColumns<'a> {
+    batch: &'a RecordBatch,
+    log: &'static str,
+}
+
+impl<'a> LogColumns<'a> {
+    fn col(&self, name: &str) -> Result<&'a ArrayRef> {
+        self.batch
+            .column_by_name(name)
+            .ok_or_else(|| Error::RunFailed(format!("{} record lacks column {name}", self.log)))
+    }
+
+    fn bad(&self, name: &str, what: &str) -> Error {
+        Error::RunFailed(format!("{} column {name} is not {what}", self.log))
+    }
+
+    fn str(&self, name: &str) -> Result<&'a StringArray> {
+        self.col(name)?
+            .as_string_opt::<i32>()
+            .ok_or_else(|| self.bad(name, "utf8"))
+    }
+
+    fn i64(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int64Type>> {
+        self.col(name)?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| self.bad(name, "int64"))
+    }
+
+    fn i32(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int32Type>> {
+        self.col(name)?
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| self.bad(name, "int32"))
+    }
+
+    fn ts(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
+        self.col(name)?
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .ok_or_else(|| self.bad(name, "a timestamp"))
+    }
+
+    /// A nullable text value.
+    fn opt(&self, name: &str, row: usize) -> Result<Option<String>> {
+        let a = self.str(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row).to_string()))
+    }
+
+    fn text(&self, name: &str, row: usize) -> Result<String> {
+        Ok(self.str(name)?.value(row).to_string())
+    }
+}
+
+/// Every record of one log (`rel`), each with the sequence number its file name carries.
+async fn read_log<T>(
+    lake: &Lake,
+    rel: &str,
+    log: &'static str,
+    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+    mut set_seq: impl FnMut(&mut T, u64),
+) -> Result<Vec<T>> {
     let mut out = Vec::new();
-    for meta in lake.list(layout::RUN_LOG).await? {
+    for meta in lake.list(rel).await? {
         if meta.location.extension() != Some("parquet") {
             continue;
         }
@@ -298,24 +336,19 @@ pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
             .filename()
             .and_then(|f| f.strip_suffix(".parquet"))
             .and_then(|f| f.parse::<u64>().ok())
-            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the run log: {}", meta.location)))?;
-        let bytes = lake.store.get(&meta.location).await.map_err(Error::from);
-        let bytes = match bytes {
-            Ok(g) => g.bytes().await?,
-            Err(e) => return Err(e),
-        };
+            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the {log}: {}", meta.location)))?;
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())
-            .map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
+            .map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
         for batch in reader {
-            let batch = batch.map_err(|e| Error::RunFailed(format!("run log record {}: {e}", meta.location)))?;
-            out.extend(RunRecord::from_batch(&batch)?.into_iter().map(|mut r| {
-                r.seq = seq;
-                r
-            }));
+            let batch = batch.map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
+            for mut record in parse(&LogColumns { batch: &batch, log })? {
+                set_seq(&mut record, seq);
+                out.push(record);
+            }
         }
     }
-    out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
     Ok(out)
 }
 
@@ -521,52 +554,28 @@ impl BuildRecord {
         Ok(RecordBatch::try_new(build_log_schema(), cols)?)
     }
 
-    pub fn from_batch(batch: &RecordBatch) -> Result<Vec<BuildRecord>> {
-        let col = |name: &str| -> Result<&ArrayRef> {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| Error::RunFailed(format!("build log record lacks column {name}")))
-        };
-        let s = |name: &str| -> Result<&StringArray> {
-            col(name)?
-                .as_string_opt::<i32>()
-                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not utf8")))
-        };
-        let i = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<Int64Type>> {
-            col(name)?
-                .as_primitive_opt::<Int64Type>()
-                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not int64")))
-        };
-        let t = |name: &str| -> Result<&datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
-            col(name)?
-                .as_primitive_opt::<TimestampMicrosecondType>()
-                .ok_or_else(|| Error::RunFailed(format!("build log column {name} is not a timestamp")))
-        };
-        let opt = |a: &StringArray, r: usize| (!a.is_null(r)).then(|| a.value(r).to_string());
-        let rv = col("rules_version")?
-            .as_primitive_opt::<Int32Type>()
-            .ok_or_else(|| Error::RunFailed("build log column rules_version is not int32".into()))?;
-        let mut out = Vec::with_capacity(batch.num_rows());
-        for r in 0..batch.num_rows() {
-            let status_text = s("status")?.value(r);
+    fn from_columns(c: &LogColumns<'_>) -> Result<Vec<BuildRecord>> {
+        let mut out = Vec::with_capacity(c.batch.num_rows());
+        for r in 0..c.batch.num_rows() {
+            let status_text = c.str("status")?.value(r);
             let status = BuildStatus::parse(status_text)
                 .ok_or_else(|| Error::RunFailed(format!("build log has unknown status \"{status_text}\"")))?;
             out.push(BuildRecord {
-                build_id: s("build_id")?.value(r).to_string(),
-                table: s("table")?.value(r).to_string(),
-                rules_version: rv.value(r),
-                rules_sha256: s("rules_sha256")?.value(r).to_string(),
-                mode: s("mode")?.value(r).to_string(),
-                rebuild_filter: opt(s("rebuild_filter")?, r),
-                started_at: t("started_at")?.value(r),
-                finished_at: t("finished_at")?.value(r),
+                build_id: c.text("build_id", r)?,
+                table: c.text("table", r)?,
+                rules_version: c.i32("rules_version")?.value(r),
+                rules_sha256: c.text("rules_sha256", r)?,
+                mode: c.text("mode", r)?,
+                rebuild_filter: c.opt("rebuild_filter", r)?,
+                started_at: c.ts("started_at")?.value(r),
+                finished_at: c.ts("finished_at")?.value(r),
                 status,
-                rows_read: i("rows_read")?.value(r),
-                rows_written: i("rows_written")?.value(r),
-                rows_filtered: i("rows_filtered")?.value(r),
-                rows_rejected: i("rows_rejected")?.value(r),
-                rows_flagged: i("rows_flagged")?.value(r),
-                error: opt(s("error")?, r),
+                rows_read: c.i64("rows_read")?.value(r),
+                rows_written: c.i64("rows_written")?.value(r),
+                rows_filtered: c.i64("rows_filtered")?.value(r),
+                rows_rejected: c.i64("rows_rejected")?.value(r),
+                rows_flagged: c.i64("rows_flagged")?.value(r),
+                error: c.opt("error", r)?,
                 seq: 0,
             });
         }
@@ -595,29 +604,14 @@ pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
 
 /// Every committed build record of the lake, by table then sequence number.
 pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
-    let mut out = Vec::new();
-    for meta in lake.list(layout::BUILD_LOG).await? {
-        if meta.location.extension() != Some("parquet") {
-            continue;
-        }
-        let seq = meta
-            .location
-            .filename()
-            .and_then(|f| f.strip_suffix(".parquet"))
-            .and_then(|f| f.parse::<u64>().ok())
-            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the build log: {}", meta.location)))?;
-        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| Error::RunFailed(format!("build log record {}: {e}", meta.location)))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::RunFailed(format!("build log record {}: {e}", meta.location)))?;
-            out.extend(BuildRecord::from_batch(&batch)?.into_iter().map(|mut r| {
-                r.seq = seq;
-                r
-            }));
-        }
-    }
+    let mut out = read_log(
+        lake,
+        layout::BUILD_LOG,
+        "build log",
+        BuildRecord::from_columns,
+        |r, seq| r.seq = seq,
+    )
+    .await?;
     out.sort_by(|a, b| (&a.table, a.seq).cmp(&(&b.table, b.seq)));
     Ok(out)
 }
