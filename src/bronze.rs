@@ -36,7 +36,10 @@ pub fn meta_fields() -> Vec<Field> {
 pub fn writer_properties() -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
-        .set_max_row_group_row_count(Some(1 << 20));
+        .set_max_row_group_row_count(Some(1 << 20))
+        // A high-cardinality text column gives up on its dictionary sooner (less wasted interning);
+        // low-cardinality columns stay far below this.
+        .set_dictionary_page_size_limit(256 * 1024);
     // Hashes are unique per row and uniformly random: a dictionary attempt only costs time before
     // falling back, and min/max statistics cannot prune anything.
     for unique in ["row_hash", "natural_key_fingerprint"] {
