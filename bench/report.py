@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Print the make bench results table and write it to bench/results-sf<SF>.md.
 
-    report.py --measure DIR --sf SF --rows N --md FILE [--sf10-rows N] [--meta "key: value"]...
+    report.py --measure DIR --sf SF --rows N --md FILE [--sf10-rows N] [--silver-changed N]
+              [--silver-retry-limit LIMIT] [--meta "key: value"]...
 
 DIR holds the measure.py JSON files: ingot_first, ingot_again, ingot_redelivery, duckdb_hash,
-duckdb_copy and, when SF10=1 was set, ingot_first_sf10.
+duckdb_copy, when SF10=1 was set ingot_first_sf10, and with --silver-changed the silver part's
+silver_bronze_first, silver_ingot_full, silver_duckdb, silver_ingest_1pct,
+silver_ingot_incremental and, when that failed and was run again with --memory-limit
+LIMIT (--silver-retry-limit), silver_ingot_incremental_retry.
 """
 import argparse
 import json
@@ -25,11 +29,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, required=True)
     ap.add_argument("--md", required=True)
     ap.add_argument("--sf10-rows", type=int)
+    ap.add_argument("--silver-changed", type=int, help="rows changed by the silver part's re-delivery")
+    ap.add_argument("--silver-retry-limit", help="--memory-limit of the incremental build's second attempt")
     ap.add_argument("--meta", action="append", default=[])
     a = ap.parse_args()
     m = {k: load(a.measure, k) for k in
          ("ingot_first", "ingot_again", "ingot_redelivery", "duckdb_hash", "duckdb_copy", "ingot_first_sf10")}
     fa, fb, fc, dh, dc, f10 = (m[k] for k in m)
+    silver_keys = ("silver_bronze_first", "silver_ingot_full", "silver_duckdb", "silver_ingest_1pct",
+                   "silver_ingot_incremental", "silver_ingot_incremental_retry")
+    if a.silver_changed is not None:
+        m.update({k: load(a.measure, k) for k in silver_keys})
 
     def s(x):
         return f"{x['wall_s']:.2f}" if x else ""
@@ -58,6 +68,28 @@ def main() -> None:
         rows.append([f"first ingest SF10 ({a.sf10_rows} rows)", s(f10), "", "", mb(f10), "",
                      "<=1024 MiB", verdict(f10["peak_rss_mb"] <= GIB_MB)])
 
+    if a.silver_changed is not None:
+        sb, sf, sd, sp, si, sr = (m[k] for k in silver_keys)
+        r = sf["wall_s"] / sd["wall_s"]
+        rows.append([f"silver full build SF{a.sf} (rules: 6 steps, 2 checks, when + spike)", s(sf), s(sd),
+                     f"{r:.2f}x", mb(sf), mb(sd), "<=1.0x duckdb", verdict(r <= 1.0)])
+        rows.append([f"ingest of a re-delivery, 1% changed ({a.silver_changed} rows)", s(sp), "",
+                     f"{sp['wall_s'] / sb['wall_s']:.2f}x first", mb(sp), "", "(reference)", ""])
+        if si["exit"] == 0:
+            r = si["wall_s"] / sf["wall_s"]
+            rows.append(["silver incremental build after it", s(si), "", f"{r:.2f}x full", mb(si), "",
+                         "<=0.2x full", verdict(r <= 0.2)])
+        else:
+            rows.append(["silver incremental build after it", f"failed ({si['wall_s']:.2f})", "", "",
+                         mb(si), "", "<=0.2x full", "NO"])
+        if sr:
+            r = sr["wall_s"] / sf["wall_s"]
+            rows.append([f"  the same again, --memory-limit {a.silver_retry_limit}", s(sr), "", f"{r:.2f}x full",
+                         mb(sr), "", "(not the target)", ""])
+        peak = max(x["peak_rss_mb"] for x in (sf, si))  # default --memory-limit only
+        rows.append(["ingot peak memory, silver builds", "", "", "", f"{peak:.0f}", "", "<=1024 MiB",
+                     verdict(peak <= GIB_MB)])
+
     widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     print(fmt(head))
@@ -75,7 +107,8 @@ def main() -> None:
     md += ["", "CPU time of each job (user + sys seconds):", ""]
     for k, x in m.items():
         if x:
-            md.append(f"- {k}: {x['user_s']:.1f} user + {x['sys_s']:.1f} sys, wall {x['wall_s']:.2f}")
+            md.append(f"- {k}: {x['user_s']:.1f} user + {x['sys_s']:.1f} sys, wall {x['wall_s']:.2f}"
+                      + (f" (failed, exit {x['exit']})" if x["exit"] else ""))
     md.append("")
     with open(a.md, "w") as f:
         f.write("\n".join(md))

@@ -4,6 +4,8 @@
 #
 #   SF=1            scale factor of the timed run (default 1: 6,001,215 rows, ~766 MB of CSV)
 #   SF10=1          also ingest scale factor 10 into a fresh lake and report its peak memory
+#   SILVER=0        skip the silver part (default 1: silver builds of bench/rules/lineitem/v1.yaml
+#                   vs the same rules as DuckDB SQL, full and after a 1% re-delivery)
 #   INGOT_BIN=PATH  use this ingot binary instead of building --release (harness development)
 #   BENCH_TARGET_DIR  cargo target dir of the release build ($HOME/.cache/ingot-target-release)
 #
@@ -63,7 +65,8 @@ else
 fi
 [ -x "$INGOT" ] || die "no ingot binary at $INGOT"
 
-# bench/rules does not exist: no silver rules, so the repo's rules/ (other sources) stay out.
+# bench/rules holds only the lineitem rules of the silver part, so the repo's rules/ (other
+# sources) stay out; the bronze part does not read them.
 INGOT_ARGS=(--contracts "$CONTRACTS" --rules "$ROOT/bench/rules")
 ingot() { "$INGOT" "${INGOT_ARGS[@]}" "$@"; }
 # sql LAKE QUERY: the result rows as CSV, without the header line
@@ -116,6 +119,7 @@ rm -rf "$MEASURE" "$LAKE" "$DDB"
 mkdir -p "$MEASURE" "$DDB"
 measure() { local label=$1; shift; "$PY" bench/measure.py --label "$label" --out "$MEASURE/$label.json" --log "$MEASURE/$label.log" -- "$@"; }
 run_id() { sed -n 's/.*\[run \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -n 1; }
+build_id() { sed -n 's/.*\[build \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -n 1; }
 # warm the page cache so every job reads the files from memory alike
 cat "$CSV" "$REDELIVERED" > /dev/null
 
@@ -158,6 +162,95 @@ step "(e) checking that ingot and DuckDB computed the same hashes"
 "$PY" bench/verify.py "$LAKE" "$RUN_A" "$RUN_C" "$DDB/lineitem_hashed.parquet" "$REDELIVERED" "$CHANGES" "$ROWS" |
   tee "$MEASURE/verify.log" || die "ingot's and DuckDB's hashes differ (see above)"
 
+# ------------------------------------------------------------------------------ 5b. silver
+# silver.lineitem with bench/rules/lineitem/v1.yaml (6 steps, 2 validations, a `when` and a
+# `spike` anomaly) against DuckDB running the same rules as SQL (bench/silver_duckdb.py) over the
+# same bronze Parquet files, in a fresh lake whose bronze holds one ingest of the CSV (so every
+# bronze row is current and DuckDB reads the files as they are). Then a re-delivery with 1% of
+# the rows changed and an incremental build.
+SILVER_ARGS=()
+SILVER_META=()
+if [ "${SILVER:-1}" = 1 ]; then
+  SLAKE=$WORK/lake-silver
+  SDDB=$WORK/duckdb-silver
+  ONEPCT=$WORK/lineitem-1pct.csv
+  EVERY=100
+  NCHANGED=$(( ROWS / EVERY ))
+  if [ ! -s "$ONEPCT" ] || [ "$CSV" -nt "$ONEPCT" ]; then
+    step "silver: making the 1% re-delivery: a copy with l_comment changed in every ${EVERY}th row"
+    "$PY" bench/redeliver_every.py "$CSV" "$ONEPCT" "$EVERY"
+  else
+    echo "ok: $ONEPCT already made" >&2
+  fi
+  [ $(( $(stat -c %s "$ONEPCT") - $(stat -c %s "$CSV") )) = $(( NCHANGED * 10 )) ] ||
+    die "$ONEPCT is not $CSV plus $NCHANGED changed comments: delete it to have it made again"
+  rm -rf "$SLAKE" "$SDDB"
+  mkdir -p "$SDDB"
+  cat "$CSV" "$ONEPCT" > /dev/null
+
+  step "silver: bronze for the silver jobs: first ingest of SF$SF into a fresh lake"
+  measure silver_bronze_first "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" ingest lineitem "$CSV" ||
+    die "ingot's first ingest (silver lake) failed"
+  RUN_S=$(run_id silver_bronze_first)
+  GOT=$(sql "$SLAKE" "SELECT status, rows_inserted FROM audit.ingestion_run_log WHERE run_id = '$RUN_S'")
+  [ "$GOT" = "succeeded,$ROWS" ] || die "silver lake ingest: run log says '$GOT', expected succeeded,$ROWS"
+  BRONZE_FIRST="$SLAKE/bronze/lineitem/run_id=$RUN_S/*.parquet"
+
+  SLOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+  step "(f) ingot: full silver build of lineitem"
+  measure silver_ingot_full "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem --full ||
+    die "ingot's full silver build failed"
+  BUILD_F=$(build_id silver_ingot_full)
+  GOT=$(sql "$SLAKE" "SELECT status, mode, rows_read FROM audit.silver_build_log WHERE build_id = '$BUILD_F'")
+  [ "$GOT" = "succeeded,full,$ROWS" ] || die "full build: build log says '$GOT', expected succeeded,full,$ROWS"
+
+  step "(g) DuckDB: the same rules as SQL over the same bronze Parquet (zstd Parquet out)"
+  measure silver_duckdb "$PY" bench/silver_duckdb.py build "$SLAKE/bronze/lineitem/**/*.parquet" "$SDDB" ||
+    die "DuckDB's silver job failed"
+
+  step "(h) ingot: ingest of the re-delivery with 1% of the rows changed ($NCHANGED)"
+  measure silver_ingest_1pct "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" ingest lineitem "$ONEPCT" ||
+    die "ingot's ingest of the 1% re-delivery failed"
+  RUN_P=$(run_id silver_ingest_1pct)
+  GOT=$(sql "$SLAKE" "SELECT rows_updated, rows_inserted, rows_unchanged, rows_failed FROM audit.ingestion_run_log WHERE run_id = '$RUN_P'")
+  [ "$GOT" = "$NCHANGED,0,$((ROWS - NCHANGED)),0" ] ||
+    die "1% re-delivery: run log says '$GOT', expected $NCHANGED,0,$((ROWS - NCHANGED)),0 (updated,inserted,unchanged,failed)"
+
+  step "(i) ingot: incremental silver build after the 1% re-delivery"
+  INC=silver_ingot_incremental
+  if ! measure "$INC" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem; then
+    # A failed build publishes nothing: it is reported as failed, and measured again with more
+    # memory so that the table still has its time (reported separately, never as met).
+    RETRY_LIMIT=${SILVER_RETRY_MEMORY_LIMIT:-4G}
+    step "(i) the incremental build failed with the default --memory-limit: again with --memory-limit $RETRY_LIMIT"
+    INC=silver_ingot_incremental_retry
+    measure "$INC" "$INGOT" "${INGOT_ARGS[@]}" --memory-limit "$RETRY_LIMIT" --lake "$SLAKE" build lineitem ||
+      die "ingot's incremental silver build failed, also with --memory-limit $RETRY_LIMIT"
+    SILVER_ARGS+=(--silver-retry-limit "$RETRY_LIMIT")
+  fi
+  BUILD_I=$(build_id "$INC")
+  GOT=$(sql "$SLAKE" "SELECT status, mode, rows_read FROM audit.silver_build_log WHERE build_id = '$BUILD_I'")
+  [ "$GOT" = "succeeded,incremental,$NCHANGED" ] ||
+    die "incremental build: build log says '$GOT', expected succeeded,incremental,$NCHANGED"
+  SLOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+  step "(j) checking that ingot's silver.lineitem and DuckDB's agree (rows, flags, values)"
+  echo "full build $BUILD_F:" > "$MEASURE/silver_verify.log"
+  "$PY" bench/silver_duckdb.py check "$SLAKE" "$BUILD_F" "$SDDB" "$BRONZE_FIRST" --lineage |
+    tee -a "$MEASURE/silver_verify.log" || die "ingot's full silver build and DuckDB's differ (see above)"
+  # The 1% changed only l_comment, which silver drops: the same rows, values and flags.
+  echo "incremental build $BUILD_I:" >> "$MEASURE/silver_verify.log"
+  "$PY" bench/silver_duckdb.py check "$SLAKE" "$BUILD_I" "$SDDB" "$BRONZE_FIRST" |
+    tee -a "$MEASURE/silver_verify.log" || die "ingot's incremental silver build and DuckDB's differ (see above)"
+  FLAGGED=$(sql "$SLAKE" "SELECT rows_written, rows_filtered, rows_rejected, rows_flagged FROM audit.silver_build_log WHERE build_id = '$BUILD_F'")
+  SILVER_ARGS+=(--silver-changed "$NCHANGED")
+  SILVER_META=(
+    --meta "silver: bench/rules/lineitem/v1.yaml (6 steps, 2 validations, anomalies when + spike) vs the same rules as DuckDB SQL (bench/silver_duckdb.py) over the bronze Parquet of one ingest (DuckDB writes the silver rows and the rejections; it needs no _current deduplication and writes no build state); full build: written,filtered,rejected,flagged = $FLAGGED"
+    --meta "silver check: $(grep -c '^silver check: ok' "$MEASURE/silver_verify.log") checks ok; both builds agree with DuckDB on rows, fingerprints, anomaly_flags, disc_price, charge, l_shipmode (full build also row_hash, ingestion_run_id)"
+    --meta "silver re-delivery: l_comment changed in every ${EVERY}th row ($NCHANGED rows); load average around the silver jobs: $SLOAD_BEFORE; after: $SLOAD_AFTER"
+  )
+fi
+
 # ------------------------------------------------------------------------ 6. SF10 (opt.)
 SF10_ARGS=()
 if [ "${SF10:-}" = 1 ]; then
@@ -179,13 +272,14 @@ MEM_GIB=$(awk '/^MemTotal:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)
 CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
 "$PY" bench/report.py --measure "$MEASURE" --sf "$SF" --rows "$ROWS" --md "$ROOT/bench/results-sf$SF.md" \
-  "${SF10_ARGS[@]}" \
+  "${SF10_ARGS[@]}" "${SILVER_ARGS[@]}" \
   --meta "measured: $(date -u +%Y-%m-%dT%H:%MZ)" \
   --meta "machine: nproc $(nproc), memory $MEM_GIB GiB, ${CPU:-unknown CPU}, $(uname -sr)" \
   --meta "ingot: commit $COMMIT, binary $INGOT built $BIN_DATE, default --memory-limit" \
   --meta "load average (1, 5, 15 min) before the timed jobs: $LOAD_BEFORE; after: $LOAD_AFTER" \
   --meta "duckdb $DUCKDB_VERSION (Python, default settings; escaping $( [ "${BENCH_DUCKDB_ESCAPE_ALL:-}" = 1 ] && echo 'every field' || echo 'string fields only')), tpchgen-cli $TPCHGEN_VERSION" \
   --meta "input: $(du -m "$CSV" | cut -f1) MB CSV; re-delivery = same file with l_comment changed in 3 rows" \
-  --meta "hash check: $(tail -n 1 "$MEASURE/verify.log" | sed 's/^verify: //'), $ROWS rows joined on (l_orderkey, l_linenumber)"
+  --meta "hash check: $(tail -n 1 "$MEASURE/verify.log" | sed 's/^verify: //'), $ROWS rows joined on (l_orderkey, l_linenumber)" \
+  "${SILVER_META[@]}"
 echo >&2
 echo "written: bench/results-sf$SF.md" >&2
