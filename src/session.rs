@@ -32,10 +32,13 @@ impl Workspace {
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(FairSpillPool::new(self.memory_limit)))
             .build_arc()?;
-        let config = SessionConfig::new()
+        let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("ingot", "public")
             .with_create_default_catalog_and_schema(true);
+        // Joins must stay within the memory pool: a sort-merge join spills, a hash join's build
+        // side does not (silver's incremental anti-joins over whole tables failed at 1G).
+        config.options_mut().optimizer.prefer_hash_join = false;
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         ctx.register_object_store(&self.lake.store_url, self.lake.store.clone());
         crate::hash::register_udfs(&ctx);
