@@ -532,23 +532,7 @@ fn silver_snapshot(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
     for (i, r) in log.iter().enumerate() {
         names.insert(r["build_id"].as_str().unwrap().into(), format!("build#{i}"));
     }
-    let norm = |rows: Vec<Row>| -> Vec<Row> {
-        rows.into_iter()
-            .map(|mut row| {
-                for (k, v) in row.iter_mut() {
-                    if let Value::String(s) = v
-                        && let Some(n) = names.get(s.as_str())
-                    {
-                        *v = Value::String(n.clone());
-                    }
-                    if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
-                        *v = Value::String("<time>".into());
-                    }
-                }
-                row
-            })
-            .collect()
-    };
+    let norm = |rows: Vec<Row>| crate::util::normalize_rows(rows, &names);
     let mut out = BTreeMap::new();
     out.insert("silver.bookings".to_string(), norm(silver(t, "bookings")));
     out.insert("audit.silver_build_log".to_string(), norm(log));

@@ -111,23 +111,7 @@ impl TestLake {
         for (i, r) in runs.iter().enumerate() {
             names.insert(r["run_id"].as_str().unwrap().to_string(), format!("run#{i}"));
         }
-        let norm = |rows: Vec<BTreeMap<String, Value>>| -> Vec<BTreeMap<String, Value>> {
-            rows.into_iter()
-                .map(|mut row| {
-                    for (k, v) in row.iter_mut() {
-                        if let Value::String(s) = v
-                            && let Some(n) = names.get(s.as_str())
-                        {
-                            *v = Value::String(n.clone());
-                        }
-                        if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
-                            *v = Value::String("<time>".into());
-                        }
-                    }
-                    row
-                })
-                .collect()
-        };
+        let norm = |rows| normalize_rows(rows, &names);
         let mut tables = BTreeMap::new();
         tables.insert("audit.ingestion_run_log".to_string(), norm(runs.clone()));
         tables.insert(
@@ -173,6 +157,29 @@ impl LakeSnapshot {
             assert_eq!(rows.len(), theirs.len(), "{context}: table {name} row count");
         }
     }
+}
+
+/// Replace ids named in `names` by their stable names, and clock values by `<time>`, so rows of
+/// two lakes built by the same commands compare equal.
+pub fn normalize_rows(
+    rows: Vec<BTreeMap<String, Value>>,
+    names: &BTreeMap<String, String>,
+) -> Vec<BTreeMap<String, Value>> {
+    rows.into_iter()
+        .map(|mut row| {
+            for (k, v) in row.iter_mut() {
+                if let Value::String(s) = v
+                    && let Some(n) = names.get(s.as_str())
+                {
+                    *v = Value::String(n.clone());
+                }
+                if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
+                    *v = Value::String("<time>".into());
+                }
+            }
+            row
+        })
+        .collect()
 }
 
 pub fn assert_ok(out: &Output) {
