@@ -9,7 +9,9 @@
 //! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
 //!    inserted / updated / unchanged / failed → stream new versions and failures to run-scoped
 //!    Parquet files;
-//! 4. commit the run-log record (create-if-absent), release the lock.
+//! 4. check the input did not change while it was read, commit the run-log record into the
+//!    source's next sequence slot (create-if-absent: a run that lost its lock to another run that
+//!    committed first publishes nothing), release the lock.
 //!
 //! In-file natural-key conflicts are found during the pass; a file that has any is processed a
 //! second time with the conflicting keys known, so that every record of a conflicting key is
