@@ -32,7 +32,18 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<u8> {
         rebuild_where: args.rebuild_where.clone(),
         rules_version: args.rules_version,
     };
-    let built = build(&ws, &args.table, &opts).await?;
+    // A spinner while the build runs, when a person is watching.
+    let spinner = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !args.json).then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.set_message(format!("building silver.{}", args.table));
+        s.enable_steady_tick(std::time::Duration::from_millis(120));
+        s
+    });
+    let built = build(&ws, &args.table, &opts).await;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let built = built?;
     if args.json {
         println!("{}", record_json(&built.record));
     } else {
