@@ -296,13 +296,7 @@ impl Contract {
     }
 
     pub fn from_str(path: &Path, text: &str, problems: &mut Problems) -> Option<Contract> {
-        let doc = match yaml::parse(path, text) {
-            Ok(d) => d,
-            Err(located) => {
-                problems.items.push(located);
-                return None;
-            }
-        };
+        let doc = yaml::parse_or_report(path, text, problems)?;
         let before = problems.items.len();
         let contract = ContractReader {
             doc: &doc,

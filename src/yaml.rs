@@ -118,6 +118,17 @@ pub fn parse(file: &Path, text: &str) -> Result<Doc, Located> {
     })
 }
 
+/// Parse `text`, or record its syntax error in `problems` and return `None`.
+pub fn parse_or_report(file: &Path, text: &str, problems: &mut Problems) -> Option<Doc> {
+    match parse(file, text) {
+        Ok(d) => Some(d),
+        Err(located) => {
+            problems.items.push(located);
+            None
+        }
+    }
+}
+
 enum Frame {
     Seq(Pos, Vec<Node>),
     Map(Pos, Vec<(Node, Node)>, Option<Node>),

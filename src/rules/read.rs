@@ -183,13 +183,7 @@ fn read_text(
     expected_source: Option<(&str, i32)>,
     problems: &mut Problems,
 ) -> Option<RuleSet> {
-    let doc = match yaml::parse(path, text) {
-        Ok(d) => d,
-        Err(located) => {
-            problems.items.push(located);
-            return None;
-        }
-    };
+    let doc = yaml::parse_or_report(path, text, problems)?;
     let before = problems.items.len();
     let rules = Reader {
         ctx,

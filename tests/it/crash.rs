@@ -107,13 +107,7 @@ fn a_stalled_run_whose_lock_was_taken_over_cannot_commit() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    for _ in 0..600 {
-        if marker.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(marker.exists(), "the stalled run never reached its commit");
+    crate::util::wait_for_marker(&marker, "the stalled run");
     // the lock is taken over (as after its TTL), and another run of the source commits
     std::fs::remove_file(t.lake().join("_locks/bookings.lock")).unwrap();
     t.ingest_ok("bookings", &file);

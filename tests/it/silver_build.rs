@@ -618,13 +618,7 @@ fn a_stalled_build_whose_slot_was_taken_cannot_commit() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    for _ in 0..600 {
-        if marker.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(marker.exists(), "the stalled build never reached its commit");
+    crate::util::wait_for_marker(&marker, "the stalled build");
     build_ok(&t, &rules, &["bookings"]);
     let published = silver(&t, "bookings");
     let out = stalled.wait_with_output().unwrap();

@@ -182,6 +182,17 @@ pub fn normalize_rows(
         .collect()
 }
 
+/// Wait (up to 30 s) until a failpoint in `:sleep:` mode created its marker file.
+pub fn wait_for_marker(marker: &Path, what: &str) {
+    for _ in 0..600 {
+        if marker.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{what} never reached its failpoint");
+}
+
 pub fn assert_ok(out: &Output) {
     assert!(
         out.status.success(),
