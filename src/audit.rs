@@ -89,6 +89,8 @@ pub struct RunRecord {
     pub error: Option<String>,
     pub ingot_version: String,
     pub ignored_columns: Option<String>,
+    /// When `ingot undo` rolled the run back (microseconds, UTC); extension column.
+    pub rolled_back_at: Option<i64>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -126,6 +128,7 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("error", DataType::Utf8, true),
         Field::new("ingot_version", DataType::Utf8, false),
         Field::new("ignored_columns", DataType::Utf8, true),
+        Field::new("rolled_back_at", timestamp_type(), true),
     ]))
 }
 
@@ -146,6 +149,10 @@ pub fn failure_log_schema() -> SchemaRef {
 }
 
 fn ts_array(v: i64) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
+}
+
+fn opt_ts_array(v: Option<i64>) -> ArrayRef {
     Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
 }
 
@@ -178,6 +185,7 @@ impl RunRecord {
             str_array(self.error.as_deref()),
             str_array(Some(&self.ingot_version)),
             str_array(self.ignored_columns.as_deref()),
+            opt_ts_array(self.rolled_back_at),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -211,6 +219,7 @@ impl RunRecord {
                     Some(_) => c.opt("ignored_columns", r)?,
                     None => None,
                 },
+                rolled_back_at: c.opt_ts("rolled_back_at", r)?,
                 seq: 0,
             });
         }
@@ -231,15 +240,21 @@ pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
 /// slot is taken, another run of the source committed since this one started: nothing of this
 /// run is published.
 pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
+    commit_run_record(lake, record, "ingest.before_commit").await
+}
+
+/// [`commit_run`] with the name of the failpoint hit just before the put (`ingot undo` commits
+/// run records too).
+pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::failpoint::hit("ingest.before_commit")?;
+    crate::failpoint::hit(failpoint)?;
     if !lake
         .put_create(&layout::run_record(&record.source, record.seq), bytes)
         .await?
     {
         return Err(Error::Locked(format!(
-            "another ingest of \"{}\" committed while run {} was running (its lock had been taken over); \
-             nothing of run {} was published: run the same command again",
+            "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
+             over); nothing of run {} was published: run the same command again",
             record.source, record.run_id, record.run_id
         )));
     }
@@ -258,12 +273,30 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
 
 /// Every committed run record of the lake, in start order (then run id).
 pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
-    let mut out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
+    let out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
         r.seq = seq
     })
     .await?;
+    let mut out = latest_per_id(out, |r| (r.source.clone(), r.run_id.clone()), |r| r.seq);
     out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
     Ok(out)
+}
+
+/// One record per id: the one in the highest slot. A log is append-only; `ingot undo` marks a run
+/// or build `rolled_back` by committing a copy of its record, with the new status, into the next
+/// slot, and that copy supersedes the original everywhere (catalog, audit tables, next slot).
+fn latest_per_id<T, K: Ord>(records: Vec<T>, id: impl Fn(&T) -> K, seq: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut best: std::collections::BTreeMap<K, T> = std::collections::BTreeMap::new();
+    for r in records {
+        let k = id(&r);
+        match best.get(&k) {
+            Some(have) if seq(have) >= seq(&r) => {}
+            _ => {
+                best.insert(k, r);
+            }
+        }
+    }
+    best.into_values().collect()
 }
 
 /// Typed access to the columns of a log record batch, with errors naming the log and column.
@@ -305,6 +338,15 @@ impl<'a> LogColumns<'a> {
         self.col(name)?
             .as_primitive_opt::<TimestampMicrosecondType>()
             .ok_or_else(|| self.bad(name, "a timestamp"))
+    }
+
+    /// A nullable timestamp of a column that older records may lack (`None` then).
+    fn opt_ts(&self, name: &str, row: usize) -> Result<Option<i64>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.ts(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
     }
 
     /// A nullable text value.
@@ -466,6 +508,8 @@ impl FailureWriter {
 pub enum BuildStatus {
     Succeeded,
     Failed,
+    /// Undone by `ingot undo <build_id>`: the table is back at the previous snapshot.
+    RolledBack,
 }
 
 impl BuildStatus {
@@ -473,6 +517,7 @@ impl BuildStatus {
         match self {
             BuildStatus::Succeeded => "succeeded",
             BuildStatus::Failed => "failed",
+            BuildStatus::RolledBack => "rolled_back",
         }
     }
 
@@ -480,6 +525,7 @@ impl BuildStatus {
         Some(match s {
             "succeeded" => BuildStatus::Succeeded,
             "failed" => BuildStatus::Failed,
+            "rolled_back" => BuildStatus::RolledBack,
             _ => return None,
         })
     }
@@ -507,6 +553,8 @@ pub struct BuildRecord {
     pub rows_rejected: i64,
     pub rows_flagged: i64,
     pub error: Option<String>,
+    /// When `ingot undo` rolled the build back (microseconds, UTC); extension column.
+    pub rolled_back_at: Option<i64>,
     /// Position among the table's build records (1-based): its commit slot and file name.
     pub seq: u64,
 }
@@ -529,6 +577,7 @@ pub fn build_log_schema() -> SchemaRef {
         Field::new("rows_rejected", DataType::Int64, false),
         Field::new("rows_flagged", DataType::Int64, false),
         Field::new("error", DataType::Utf8, true),
+        Field::new("rolled_back_at", timestamp_type(), true),
     ]))
 }
 
@@ -550,6 +599,7 @@ impl BuildRecord {
             i64_array(self.rows_rejected),
             i64_array(self.rows_flagged),
             str_array(self.error.as_deref()),
+            opt_ts_array(self.rolled_back_at),
         ];
         Ok(RecordBatch::try_new(build_log_schema(), cols)?)
     }
@@ -576,6 +626,7 @@ impl BuildRecord {
                 rows_rejected: c.i64("rows_rejected")?.value(r),
                 rows_flagged: c.i64("rows_flagged")?.value(r),
                 error: c.opt("error", r)?,
+                rolled_back_at: c.opt_ts("rolled_back_at", r)?,
                 seq: 0,
             });
         }
@@ -587,15 +638,20 @@ impl BuildRecord {
 /// slot is taken, another build of the table committed since this one started: nothing of this
 /// build is published.
 pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
+    commit_build_record(lake, record, "build.before_commit").await
+}
+
+/// [`commit_build`] with the name of the failpoint hit just before the put.
+pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::failpoint::hit("build.before_commit")?;
+    crate::failpoint::hit(failpoint)?;
     if !lake
         .put_create(&layout::build_record(&record.table, record.seq), bytes)
         .await?
     {
         return Err(Error::Locked(format!(
-            "another build of \"{}\" committed while build {} was running; nothing of build {} was \
-             published: run the same command again",
+            "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
+             was published: run the same command again",
             record.table, record.build_id, record.build_id
         )));
     }
@@ -604,7 +660,7 @@ pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
 
 /// Every committed build record of the lake, by table then sequence number.
 pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
-    let mut out = read_log(
+    let out = read_log(
         lake,
         layout::BUILD_LOG,
         "build log",
@@ -612,6 +668,7 @@ pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
         |r, seq| r.seq = seq,
     )
     .await?;
+    let mut out = latest_per_id(out, |r| (r.table.clone(), r.build_id.clone()), |r| r.seq);
     out.sort_by(|a, b| (&a.table, a.seq).cmp(&(&b.table, b.seq)));
     Ok(out)
 }

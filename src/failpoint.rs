@@ -23,8 +23,11 @@ pub const INGEST: &[&str] = &[
 /// Every failpoint of the silver build commit sequence, in the order they are reached.
 pub const BUILD: &[&str] = &["build.after_data", "build.before_commit", "build.after_commit"];
 
+/// Every failpoint of `ingot undo` (runs and builds), in the order they are reached.
+pub const UNDO: &[&str] = &["undo.after_lock", "undo.before_commit", "undo.after_commit"];
+
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

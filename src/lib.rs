@@ -3,7 +3,8 @@
 //! The library is the pipeline; `src/main.rs` only parses arguments. Module map:
 //! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
 //! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
-//! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`cli`].
+//! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`silver`] (rules to silver builds), [`nightly`],
+//! [`undo`], [`cli`].
 
 pub mod audit;
 pub mod bronze;
@@ -21,6 +22,7 @@ pub mod output;
 pub mod rules;
 pub mod session;
 pub mod silver;
+pub mod undo;
 pub mod yaml;
 
 pub use error::{Error, Result};

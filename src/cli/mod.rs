@@ -10,6 +10,7 @@ mod explain;
 mod ingest;
 mod run;
 mod sql;
+mod undo;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +93,14 @@ pub enum Command {
     Runs(audit_views::RunsArgs),
     /// Show rejected rows with their rule, reason and raw payload.
     Failures(audit_views::FailuresArgs),
+    /// Roll back one committed ingestion run or one silver build, exactly.
+    ///
+    /// For a run: its bronze rows and failure rows stop counting; records it inserted disappear,
+    /// records it updated return to their previous version (later versions stay current), and
+    /// the next silver build follows. For a build: silver.<table> is the previous snapshot again
+    /// (only a table's latest build can be undone). The run or build is marked rolled_back in its
+    /// audit log; its files stay until `ingot gc`. Undoing twice is a no-op that says so.
+    Undo(undo::UndoArgs),
 }
 
 /// Output options shared by commands that print rows.
@@ -161,5 +170,6 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Run(args) => run::run(&cli, args).await,
         Command::Runs(args) => audit_views::runs(&cli, args).await,
         Command::Failures(args) => audit_views::failures(&cli, args).await,
+        Command::Undo(args) => undo::run(&cli, args).await,
     }
 }

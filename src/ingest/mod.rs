@@ -159,6 +159,7 @@ pub async fn ingest_file(
         error: None,
         ingot_version: crate::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
+        rolled_back_at: None,
         seq: 0,
     };
     let lock = crate::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;

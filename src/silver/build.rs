@@ -390,6 +390,7 @@ pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<B
         rows_rejected: 0,
         rows_flagged: 0,
         error: None,
+        rolled_back_at: None,
         seq,
     };
     match run(ws, &catalog, &rules, previous.as_ref(), opts, &mut record).await {

@@ -9,4 +9,5 @@ mod nightly;
 mod rules;
 mod silver_build;
 mod silver_compile;
+mod undo;
 mod util;
