@@ -136,6 +136,15 @@ impl Lake {
         }
     }
 
+    /// The path of an object under the root relative to it (`None` for objects elsewhere).
+    pub fn relative(&self, location: &Path) -> Option<String> {
+        let parts: Vec<_> = location
+            .prefix_match(&self.root)?
+            .map(|p| p.as_ref().to_string())
+            .collect();
+        Some(parts.join("/"))
+    }
+
     /// Every object under `rel` (recursively), sorted by path.
     pub async fn list(&self, rel: &str) -> Result<Vec<ObjectMeta>> {
         let prefix = self.path(rel);

@@ -4,15 +4,17 @@
 //! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
 //! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
 //! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`silver`] (rules to silver builds), [`nightly`],
-//! [`undo`], [`cli`].
+//! [`undo`], [`gc`], [`doctor`], [`cli`].
 
 pub mod audit;
 pub mod bronze;
 pub mod catalog;
 pub mod cli;
 pub mod contract;
+pub mod doctor;
 pub mod error;
 pub mod failpoint;
+pub mod gc;
 pub mod hash;
 pub mod ingest;
 pub mod lake;

@@ -7,6 +7,7 @@ mod audit_views;
 mod build;
 mod check;
 mod explain;
+mod gc;
 mod ingest;
 mod run;
 mod sql;
@@ -101,6 +102,19 @@ pub enum Command {
     /// (only a table's latest build can be undone). The run or build is marked rolled_back in its
     /// audit log; its files stay until `ingot gc`. Undoing twice is a no-op that says so.
     Undo(undo::UndoArgs),
+    /// Remove files nothing reads any more: never a committed, current file.
+    ///
+    /// Removes the files of runs and builds that never committed, failed or were rolled back
+    /// (once older than --grace), and snapshots of older builds past --retain (the latest
+    /// snapshot of every table always stays). Logs and locks are never touched. --dry-run lists.
+    Gc(gc::GcArgs),
+    /// Check the lake's invariants; print every violation with its location, exit 1 if any.
+    ///
+    /// Checks that committed runs and builds have their files, that counts reconcile with the
+    /// files, one row per fingerprint in each run and in bronze.<source>_current, that every
+    /// silver fingerprint is current in bronze, and that rules files match the SHA-256 their
+    /// builds recorded. Files that belong to no committed run or build are listed as orphans.
+    Doctor,
 }
 
 /// Output options shared by commands that print rows.
@@ -171,5 +185,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Runs(args) => audit_views::runs(&cli, args).await,
         Command::Failures(args) => audit_views::failures(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
+        Command::Gc(args) => gc::gc(&cli, args).await,
+        Command::Doctor => gc::doctor(&cli).await,
     }
 }

@@ -6,6 +6,7 @@ mod crash;
 mod hashing;
 mod ingest;
 mod nightly;
+mod ops;
 mod rules;
 mod silver_build;
 mod silver_compile;

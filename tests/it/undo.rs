@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::util::{LakeSnapshot, TestLake, assert_ok, landing, normalize_rows, repo, stderr, stdout};
+use crate::util::{LakeSnapshot, TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
 
 type Row = BTreeMap<String, Value>;
 
@@ -195,22 +195,9 @@ fn silver(t: &TestLake) -> Vec<Row> {
     t.query("SELECT * FROM silver.bookings ORDER BY natural_key_fingerprint")
 }
 
-/// Stable names for run ids and build ids (by start order), for comparing two lakes.
-fn names(t: &TestLake) -> BTreeMap<String, String> {
-    let mut names = BTreeMap::new();
-    for (i, id) in run_ids(t).into_iter().enumerate() {
-        names.insert(id, format!("run#{i}"));
-    }
-    let builds = t.query("SELECT build_id FROM audit.silver_build_log ORDER BY started_at, build_id");
-    for (i, b) in builds.iter().enumerate() {
-        names.insert(b["build_id"].as_str().unwrap().to_string(), format!("build#{i}"));
-    }
-    names
-}
-
 /// Silver rows with run ids named and `silver_build_id` left out.
 fn silver_rows(t: &TestLake) -> Vec<Row> {
-    normalize_rows(silver(t), &names(t))
+    normalize_rows(silver(t), &id_names(t))
         .into_iter()
         .map(|mut r| {
             r.remove("silver_build_id");
@@ -302,7 +289,7 @@ fn every_undo_failpoint_crash_then_rerun_equals_one_clean_undo() {
     type Pick = fn(&TestLake) -> String;
     // the whole lake (bronze, _current, both logs, failures, silver), ids named by start order
     let state = |t: &TestLake| {
-        let names = names(t);
+        let names = id_names(t);
         let mut s = BTreeMap::new();
         for (name, sql) in [
             (

@@ -173,13 +173,36 @@ pub fn normalize_rows(
                 {
                     *v = Value::String(n.clone());
                 }
-                if ["started_at", "finished_at", "ingested_at", "failed_at"].contains(&k.as_str()) {
+                if [
+                    "started_at",
+                    "finished_at",
+                    "ingested_at",
+                    "failed_at",
+                    "rolled_back_at",
+                ]
+                .contains(&k.as_str())
+                {
                     *v = Value::String("<time>".into());
                 }
             }
             row
         })
         .collect()
+}
+
+/// Stable names for the run ids and build ids of a lake (`run#i`, `build#i` by start order), for
+/// [`normalize_rows`].
+pub fn id_names(t: &TestLake) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    let runs = t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at, run_id");
+    for (i, r) in runs.iter().enumerate() {
+        names.insert(r["run_id"].as_str().unwrap().to_string(), format!("run#{i}"));
+    }
+    let builds = t.query("SELECT build_id FROM audit.silver_build_log ORDER BY started_at, build_id");
+    for (i, b) in builds.iter().enumerate() {
+        names.insert(b["build_id"].as_str().unwrap().to_string(), format!("build#{i}"));
+    }
+    names
 }
 
 /// Wait (up to 30 s) until a failpoint in `:sleep:` mode created its marker file.

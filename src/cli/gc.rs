@@ -1,0 +1,69 @@
+//! `ingot gc` and `ingot doctor`: see [`crate::gc`] and [`crate::doctor`].
+
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::gc::{GcOptions, parse_duration};
+
+#[derive(Debug, clap::Args)]
+pub struct GcArgs {
+    /// List what would be removed, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Files of uncommitted, failed or rolled-back runs and builds must be older than this
+    /// (keep it longer than your longest ingest or build), e.g. 30m, 24h.
+    #[arg(long, default_value = "24h")]
+    pub grace: String,
+    /// Keep snapshots of older succeeded builds this long after they finished, e.g. 7d; the
+    /// latest snapshot of every table is always kept.
+    #[arg(long, default_value = "7d")]
+    pub retain: String,
+}
+
+pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let opts = GcOptions {
+        dry_run: args.dry_run,
+        grace: parse_duration(&args.grace).map_err(|e| prefix("--grace", e))?,
+        retain: parse_duration(&args.retain).map_err(|e| prefix("--retain", e))?,
+    };
+    let report = crate::gc::gc(&ws.lake, &opts).await?;
+    let verb = if report.dry_run { "would remove" } else { "removed" };
+    for r in &report.removed {
+        println!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
+    }
+    let bytes: u64 = report.removed.iter().map(|r| r.bytes).sum();
+    println!(
+        "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period",
+        report.removed.len(),
+        if report.removed.len() == 1 { "" } else { "s" },
+        report.in_grace
+    );
+    Ok(0)
+}
+
+fn prefix(flag: &str, e: crate::Error) -> crate::Error {
+    crate::Error::Invalid(format!("{flag}: {e}"))
+}
+
+pub async fn doctor(cli: &Cli) -> Result<u8> {
+    let ws = cli.workspace()?;
+    let report = crate::doctor::doctor(&ws).await?;
+    for v in &report.violations {
+        println!("{v}");
+    }
+    for o in &report.orphans {
+        println!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
+    }
+    println!(
+        "doctor: {} run{} and {} build{} checked, {} violation{}, {} orphan file{}",
+        report.runs_checked,
+        if report.runs_checked == 1 { "" } else { "s" },
+        report.builds_checked,
+        if report.builds_checked == 1 { "" } else { "s" },
+        report.violations.len(),
+        if report.violations.len() == 1 { "" } else { "s" },
+        report.orphans.len(),
+        if report.orphans.len() == 1 { "" } else { "s" },
+    );
+    Ok(if report.violations.is_empty() { 0 } else { 1 })
+}

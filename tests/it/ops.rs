@@ -1,0 +1,311 @@
+//! `ingot gc` and `ingot doctor` on real lakes: gc removes exactly the files of crashed, failed,
+//! rolled-back and retired runs and builds and nothing any query reads; a crash during gc is
+//! repaired by running it again; doctor finds each kind of injected damage, with its location.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+
+type Row = std::collections::BTreeMap<String, serde_json::Value>;
+
+fn files(root: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+fn rules() -> PathBuf {
+    repo().join("rules")
+}
+
+fn ingot(t: &TestLake, args: &[&str]) -> std::process::Output {
+    t.command().arg("--rules").arg(rules()).args(args).output().unwrap()
+}
+
+fn ok(t: &TestLake, args: &[&str]) -> String {
+    let out = ingot(t, args);
+    assert_ok(&out);
+    stdout(&out)
+}
+
+fn ids(t: &TestLake, sql: &str) -> Vec<String> {
+    t.query(sql)
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Everything a reader can see: every table, whole.
+fn visible(t: &TestLake) -> Vec<Vec<Row>> {
+    [
+        "SELECT * FROM bronze.bookings ORDER BY ingestion_run_id, source_row_number",
+        "SELECT * FROM bronze.hotels ORDER BY ingestion_run_id, source_row_number",
+        "SELECT * FROM bronze.bookings_current ORDER BY natural_key_fingerprint",
+        "SELECT * FROM audit.ingestion_run_log ORDER BY run_id",
+        "SELECT * FROM audit.silver_build_log ORDER BY build_id",
+        "SELECT * FROM audit.row_failure_log ORDER BY run_id, source_row_number, rule, natural_key_fingerprint",
+        "SELECT * FROM silver.bookings ORDER BY natural_key_fingerprint",
+    ]
+    .iter()
+    .map(|q| t.query(q))
+    .collect()
+}
+
+/// A lake with committed runs and builds, a crashed ingest, a rolled-back run, an older build
+/// and a crashed build.
+fn messy() -> TestLake {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    ok(&t, &["build", "bookings"]);
+    let crashed = t
+        .command()
+        .env("INGOT_FAILPOINT", "ingest.after_failures")
+        .args(["ingest", "bookings"])
+        .arg(landing("bookings/2026-11-03_bookings.csv"))
+        .output()
+        .unwrap();
+    assert!(!crashed.status.success());
+    t.ingest_ok("bookings", &landing("bookings/2026-11-04_bookings_corrected.csv"));
+    ok(&t, &["build", "bookings"]);
+    let last = ids(
+        &t,
+        "SELECT run_id AS id FROM audit.ingestion_run_log ORDER BY started_at DESC LIMIT 1",
+    );
+    ok(&t, &["undo", &last[0]]);
+    ok(&t, &["build", "bookings"]);
+    let crashed = t
+        .command()
+        .env("INGOT_FAILPOINT", "build.after_data")
+        .arg("--rules")
+        .arg(rules())
+        .args(["build", "bookings", "--full"])
+        .output()
+        .unwrap();
+    assert!(!crashed.status.success());
+    t
+}
+
+/// The files gc may remove, derived from the logs and the file listing: everything under a
+/// run directory whose id is not a loaded run, under a snapshot directory whose id is not the
+/// latest succeeded build, and under a build's failure directory whose build did not succeed.
+fn expected_garbage(t: &TestLake) -> BTreeSet<String> {
+    let loaded: BTreeSet<String> = ids(
+        t,
+        "SELECT run_id AS id FROM audit.ingestion_run_log WHERE status IN ('succeeded', 'succeeded_with_failures')",
+    )
+    .into_iter()
+    .collect();
+    let succeeded: BTreeSet<String> = ids(
+        t,
+        "SELECT build_id AS id FROM audit.silver_build_log WHERE status = 'succeeded'",
+    )
+    .into_iter()
+    .collect();
+    let latest: BTreeSet<String> = ids(
+        t,
+        "SELECT build_id AS id FROM audit.silver_build_log WHERE status = 'succeeded' ORDER BY started_at DESC LIMIT 1",
+    )
+    .into_iter()
+    .collect();
+    files(&t.lake())
+        .into_iter()
+        .filter(|f| {
+            let dir = f.split('/').rev().nth(1).unwrap_or("");
+            match (dir.strip_prefix("run_id="), dir.strip_prefix("build_id=")) {
+                (Some(id), _) => !loaded.contains(id),
+                (_, Some(id)) if f.starts_with("audit/") => !succeeded.contains(id),
+                (_, Some(id)) => !latest.contains(id),
+                _ => false,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn gc_removes_exactly_what_nothing_reads_and_doctor_is_clean_after() {
+    let t = messy();
+    let before_files = files(&t.lake());
+    let before = visible(&t);
+    let garbage = expected_garbage(&t);
+    // a crashed run, a rolled-back run, two retired builds and a crashed build
+    assert!(garbage.iter().any(|f| f.starts_with("bronze/bookings/")), "{garbage:?}");
+    assert!(garbage.iter().any(|f| f.starts_with("silver/bookings/")), "{garbage:?}");
+
+    // within the default grace period and retention nothing goes
+    let said = ok(&t, &["gc"]);
+    assert!(said.contains("gc: removed 0 files"), "{said}");
+    assert_eq!(files(&t.lake()), before_files);
+
+    // a dry run lists exactly the garbage and removes nothing
+    let said = ok(&t, &["gc", "--dry-run", "--grace", "0s", "--retain", "0s"]);
+    let listed: BTreeSet<String> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("would remove "))
+        .map(|l| l.split(" (").next().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, garbage);
+    assert_eq!(files(&t.lake()), before_files);
+
+    // doctor sees them as orphans, not violations
+    let out = ingot(&t, &["doctor"]);
+    assert_ok(&out);
+    let orphans: BTreeSet<String> = stdout(&out)
+        .lines()
+        .filter_map(|l| l.strip_prefix("orphan: "))
+        .map(|l| l.split(": ").next().unwrap().to_string())
+        .collect();
+    let retired_build = |f: &String| f.contains("build_id=") && !orphans.contains(f);
+    assert!(orphans.is_subset(&garbage));
+    assert!(garbage.iter().all(|f| orphans.contains(f) || retired_build(f)));
+
+    let said = ok(&t, &["gc", "--grace", "0s", "--retain", "0s"]);
+    assert!(said.contains(&format!("gc: removed {} files", garbage.len())), "{said}");
+    let after: BTreeSet<String> = files(&t.lake());
+    assert_eq!(after, before_files.difference(&garbage).cloned().collect());
+    for (i, (got, want)) in visible(&t).iter().zip(&before).enumerate() {
+        assert!(
+            got == want,
+            "table {i} reads differently after gc: {} rows, {} before",
+            got.len(),
+            want.len()
+        );
+    }
+    let out = ingot(&t, &["doctor"]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("0 violations, 0 orphan files"),
+        "{}",
+        stdout(&out)
+    );
+    // and a build after gc still works incrementally
+    ok(&t, &["build", "bookings"]);
+}
+
+#[test]
+fn a_crash_during_gc_is_repaired_by_running_it_again() {
+    let clean = messy();
+    ok(&clean, &["gc", "--grace", "0s", "--retain", "0s"]);
+    let want_visible = visible(&clean);
+    let t = messy();
+    let garbage = expected_garbage(&t);
+    let before = files(&t.lake());
+    let out = t
+        .command()
+        .env("INGOT_FAILPOINT", "gc.after_first_delete")
+        .args(["gc", "--grace", "0s", "--retain", "0s"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("failpoint gc.after_first_delete reached"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        before.difference(&files(&t.lake())).count(),
+        1,
+        "one file went before the crash"
+    );
+    ok(&t, &["gc", "--grace", "0s", "--retain", "0s"]);
+    assert_eq!(files(&t.lake()), before.difference(&garbage).cloned().collect());
+    let named = |t: &TestLake, tables: Vec<Vec<Row>>| -> Vec<Vec<Row>> {
+        let names = id_names(t);
+        tables.into_iter().map(|rows| normalize_rows(rows, &names)).collect()
+    };
+    assert_eq!(named(&t, visible(&t)), named(&clean, want_visible));
+}
+
+#[test]
+fn doctor_reports_each_kind_of_damage_with_its_location() {
+    let t = TestLake::new();
+    let dir = t.dir.path().join("rules");
+    for table in ["bookings"] {
+        std::fs::create_dir_all(dir.join(table)).unwrap();
+        for f in std::fs::read_dir(rules().join(table)).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.join(table).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let doctor = |t: &TestLake| {
+        let out = t.command().arg("--rules").arg(&dir).arg("doctor").output().unwrap();
+        (out.status.code(), stdout(&out))
+    };
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    t.ingest_ok("bookings", &landing("bookings/2026-11-04_bookings_corrected.csv"));
+    let out = t
+        .command()
+        .arg("--rules")
+        .arg(&dir)
+        .args(["build", "bookings"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let (code, said) = doctor(&t);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("0 violations"), "{said}");
+
+    let runs = ids(
+        &t,
+        "SELECT run_id AS id FROM audit.ingestion_run_log WHERE source = 'bookings' ORDER BY started_at",
+    );
+    let lake = t.lake();
+    // the failure file of one run replaced by the other's: the counts no longer reconcile
+    let f0 = format!("audit/row_failure_log/run_id={}/part-00000.parquet", runs[0]);
+    let f1 = format!("audit/row_failure_log/run_id={}/part-00000.parquet", runs[1]);
+    let saved = std::fs::read(lake.join(&f1)).unwrap();
+    std::fs::copy(lake.join(&f0), lake.join(&f1)).unwrap();
+    let (code, said) = doctor(&t);
+    assert_eq!(code, Some(1));
+    assert!(said.contains(&format!("counts: {f1}: has ")), "{said}");
+    std::fs::write(lake.join(&f1), saved).unwrap();
+
+    // a rules file edited after a build used it
+    let v2 = dir.join("bookings/v2.yaml");
+    let text = std::fs::read_to_string(&v2).unwrap();
+    std::fs::write(&v2, format!("{text}\n# edited\n")).unwrap();
+    let (code, said) = doctor(&t);
+    assert_eq!(code, Some(1));
+    assert!(said.contains(&format!("rules: {}: sha256 ", v2.display())), "{said}");
+    std::fs::write(&v2, text).unwrap();
+
+    // an undo without a rebuild: silver holds records bronze no longer has
+    let out = t.run(&["undo", &runs[1]]);
+    assert_ok(&out);
+    let (code, said) = doctor(&t);
+    assert_eq!(code, Some(1));
+    assert!(
+        said.contains("silver: silver.bookings: 4 fingerprints are not current in bronze.bookings"),
+        "{said}"
+    );
+    let out = t
+        .command()
+        .arg("--rules")
+        .arg(&dir)
+        .args(["build", "bookings"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(doctor(&t).0, Some(0));
+
+    // a committed run's data file lost
+    let data = format!("bronze/bookings/run_id={}/part-00000.parquet", runs[0]);
+    std::fs::remove_file(lake.join(&data)).unwrap();
+    let (code, said) = doctor(&t);
+    assert_eq!(code, Some(1));
+    assert!(
+        said.contains(&format!("files: {data}: missing: run {} of bookings", runs[0])),
+        "{said}"
+    );
+}
