@@ -5,6 +5,7 @@ mod contracts;
 mod crash;
 mod hashing;
 mod ingest;
+mod kill;
 mod nightly;
 mod ops;
 mod rules;
