@@ -8,7 +8,7 @@ CARGO ?= cargo
 PYTHON ?= python3
 INGOT := $(CARGO_TARGET_DIR)/debug/ingot
 
-.PHONY: build demo test bench lint data clean-lake
+.PHONY: build demo test bench lint data clean-lake fuzz
 
 build:
 	$(CARGO) build --bin ingot
@@ -27,6 +27,11 @@ test:
 ## Writes bench/results-sf$(SF).md.
 bench:
 	bash scripts/bench.sh
+
+## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON
+## loader); failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`
+fuzz:
+	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} $(CARGO) test --test it -- fuzz:: --test-threads 2
 
 ## lint: formatting and clippy
 lint:

@@ -89,14 +89,17 @@ impl Problems {
 
 /// Parse `text` (the contents of `file`) into a [`Doc`]. A syntax error is returned located.
 pub fn parse(file: &Path, text: &str) -> Result<Doc, Located> {
-    let mut builder = Builder::default();
+    let mut builder = Builder {
+        end: end_of(text),
+        ..Builder::default()
+    };
     let mut parser = Parser::new_from_str(text);
     if let Err(e) = parser.load(&mut builder, false) {
-        let m = e.marker();
+        let pos = builder.pos_of(*e.marker());
         return Err(Located {
             file: file.to_path_buf(),
-            line: m.line(),
-            column: m.col() + 1,
+            line: pos.line,
+            column: pos.column,
             message: format!("invalid YAML: {}", e.info()),
         });
     }
@@ -139,13 +142,36 @@ struct Builder {
     stack: Vec<Frame>,
     root: Option<Node>,
     error: Option<(Pos, String)>,
+    /// The position just after the last character of the text.
+    end: Pos,
 }
 
-fn pos_of(mark: Marker) -> Pos {
-    // yaml-rust2 markers: line is 1-based, column 0-based.
+/// The position just after the last character of `text` (YAML line breaks: `\n`, `\r\n` and a
+/// lone `\r`).
+fn end_of(text: &str) -> Pos {
+    let b = text.as_bytes();
+    let (mut line, mut start) = (1, 0);
+    for i in 0..b.len() {
+        if b[i] == b'\n' || (b[i] == b'\r' && b.get(i + 1) != Some(&b'\n')) {
+            line += 1;
+            start = i + 1;
+        }
+    }
     Pos {
-        line: mark.line(),
-        column: mark.col() + 1,
+        line,
+        column: text[start..].chars().count() + 1,
+    }
+}
+
+impl Builder {
+    /// A marker as a position inside the text: yaml-rust2 markers are 1-based lines and 0-based
+    /// columns, and its end-of-input marker may point one line past the end.
+    fn pos_of(&self, mark: Marker) -> Pos {
+        let pos = Pos {
+            line: mark.line().max(1),
+            column: mark.col() + 1,
+        };
+        if pos.line > self.end.line { self.end } else { pos }
     }
 }
 
@@ -168,7 +194,7 @@ impl Builder {
 
 impl MarkedEventReceiver for Builder {
     fn on_event(&mut self, ev: Event, mark: Marker) {
-        let pos = pos_of(mark);
+        let pos = self.pos_of(mark);
         match ev {
             Event::Scalar(text, style, _, _) => {
                 let quoted = !matches!(style, TScalarStyle::Plain);

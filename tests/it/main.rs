@@ -3,6 +3,7 @@
 mod bad_input;
 mod contracts;
 mod crash;
+mod fuzz;
 mod hashing;
 mod ingest;
 mod kill;
