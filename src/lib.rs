@@ -24,6 +24,7 @@ pub mod output;
 pub mod rules;
 pub mod session;
 pub mod silver;
+pub mod sql;
 pub mod undo;
 pub mod yaml;
 

@@ -12,5 +12,6 @@ mod ops;
 mod rules;
 mod silver_build;
 mod silver_compile;
+mod slt;
 mod undo;
 mod util;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::util::{TestLake, assert_ok, repo, stdout};
 
-fn copy_dir(from: &Path, to: &Path) {
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let p = e.unwrap().path();
