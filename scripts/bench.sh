@@ -60,7 +60,8 @@ else
   command -v cargo >/dev/null || die "cargo is needed (Rust toolchain)"
   TARGET=${BENCH_TARGET_DIR:-$HOME/.cache/ingot-target-release}
   step "ingot: cargo build --release (target dir $TARGET)"
-  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot
+  # without default features: the interactive shell (rustyline) plays no part in the benchmark
+  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot --no-default-features
   INGOT=$TARGET/release/ingot
 fi
 [ -x "$INGOT" ] || die "no ingot binary at $INGOT"

@@ -23,6 +23,7 @@ pub mod nightly;
 pub mod output;
 pub mod rules;
 pub mod session;
+pub mod shell;
 pub mod silver;
 pub mod sql;
 pub mod undo;

@@ -65,13 +65,15 @@ pub enum Command {
     /// changed records are written. A run becomes visible only when its run-log record commits,
     /// so a crash at any point is undone by simply running the same command again.
     Ingest(ingest::IngestArgs),
-    /// Run one read-only SQL query over bronze.*, bronze.*_current, silver.* and audit.*.
+    /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
+    /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).
     ///
     /// Tables: bronze.<source> (every version), bronze.<source>_current (latest version per
     /// natural key), silver.<table> (the latest succeeded build), audit.ingestion_run_log,
     /// audit.row_failure_log, audit.silver_build_log. The UDFs row_hash,
-    /// natural_key_fingerprint, canonical_text and normalize_text are available. DDL, DML and
-    /// COPY are refused.
+    /// natural_key_fingerprint, canonical_text and normalize_text are available. DDL, DML,
+    /// COPY and SET are refused. In the shell: \d lists tables with descriptions, \d <table>
+    /// its columns, \format csv|json|table, \timing on|off, \q quits; statements end with ';'.
     Sql(sql::SqlArgs),
     /// Build a silver table from bronze with its rules and publish a new snapshot atomically.
     ///

@@ -6,8 +6,10 @@ use crate::output::write_dataframe;
 
 #[derive(Debug, clap::Args)]
 pub struct SqlArgs {
-    /// The SQL query, e.g. "SELECT * FROM bronze.bookings_current LIMIT 10".
-    pub query: String,
+    /// The SQL query, e.g. "SELECT * FROM bronze.bookings_current LIMIT 10". Without it: an
+    /// interactive shell on a terminal (\? for its commands), or statements read from stdin
+    /// (ended by ';') when stdin is a pipe.
+    pub query: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -18,7 +20,20 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
     for p in &catalog.problems.items {
         eprintln!("warning: {p} (its tables are not available)");
     }
-    let df = crate::sql::query(&catalog.ctx, &args.query).await?;
+    let Some(query) = &args.query else {
+        use std::io::IsTerminal;
+        if args.output.output.is_some() || args.output.format == crate::output::OutputFormat::Parquet {
+            return Err(crate::Error::Invalid(
+                "--output and --format parquet need a QUERY; the shell prints to the terminal".into(),
+            ));
+        }
+        return if std::io::stdin().is_terminal() {
+            crate::shell::run_interactive(&catalog, &ws.rules_dir, args.output.format).await
+        } else {
+            crate::shell::run_piped(&catalog, &ws.rules_dir, args.output.format).await
+        };
+    };
+    let df = crate::sql::query(&catalog.ctx, query).await?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)
 }

@@ -11,6 +11,7 @@ mod nightly;
 mod ops;
 mod rules;
 mod silver_build;
+mod shell;
 mod silver_compile;
 mod slt;
 mod undo;
