@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Column, DFSchema};
@@ -25,7 +25,7 @@ use crate::bronze::{RunFileWriter, RunStamp};
 use crate::contract::Contract;
 use crate::error::{Error, Result};
 use crate::failpoint;
-use crate::ingest::keys::{Classifier, Fate, Fp, fp_key, hex_u64};
+use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{IngestOptions, open_loader};
 use crate::lake::layout;
@@ -90,21 +90,49 @@ pub struct HashedBatch {
     pub batch: ParsedBatch,
     pub fp: StringArray,
     pub rh: StringArray,
+    /// Key and row-hash prefix of every row, read from the digests once.
+    keys: Vec<(Fp, u64)>,
 }
 
 impl HashedBatch {
-    /// The key and row-hash prefix of valid row `i`.
-    pub fn key(&self, i: usize) -> Result<(Fp, u64)> {
-        match (fp_key(self.fp.value(i)), hex_u64(self.rh.value(i).as_bytes())) {
-            (Some(k), Some(r)) => Ok((k, r)),
-            _ => Err(Error::RunFailed("hash UDFs returned a malformed digest".into())),
+    pub fn new(batch: ParsedBatch, fp: StringArray, rh: StringArray) -> Result<HashedBatch> {
+        let malformed = || Error::RunFailed("hash UDFs returned a malformed digest".into());
+        let n = batch.num_rows();
+        if fp.len() != n || rh.len() != n || fp.null_count() > 0 || rh.null_count() > 0 {
+            return Err(malformed());
         }
+        let parse = |f: &[u8], r: &[u8]| match (hex_u64(f), f.get(16..).and_then(hex_u64), hex_u64(r)) {
+            (Some(a), Some(b), Some(r)) => Ok((Fp(a, b), r)),
+            _ => Err(malformed()),
+        };
+        // The kernels write 64 bytes a row into one buffer: read it straight, without offsets.
+        let packed = |a: &StringArray| a.value_offsets().first() == Some(&0) && a.values().len() == 64 * n;
+        let keys = if packed(&fp) && packed(&rh) {
+            fp.values()
+                .chunks_exact(64)
+                .zip(rh.values().chunks_exact(64))
+                .map(|(f, r)| parse(f, r))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..n)
+                .map(|i| parse(fp.value(i).as_bytes(), rh.value(i).as_bytes()))
+                .collect::<Result<Vec<_>>>()?
+        };
+        Ok(HashedBatch { batch, fp, rh, keys })
+    }
+
+    /// The key and row-hash prefix of row `i`.
+    pub fn key(&self, i: usize) -> (Fp, u64) {
+        self.keys[i]
     }
 
     pub fn is_valid(&self, i: usize) -> bool {
         self.batch.valid.as_ref().is_none_or(|v| v.value(i))
     }
 }
+
+/// How many rows ahead of the classified one the index slot is prefetched.
+const PREFETCH_AHEAD: usize = 16;
 
 /// The producer side: a blocking thread that parses and hashes the file.
 pub struct Producer {
@@ -137,7 +165,9 @@ pub fn spawn_producer(
         loop {
             match loader.next_batch() {
                 Ok(Some(batch)) => {
-                    let hashed = hashers.eval(&batch).map(|(fp, rh)| HashedBatch { batch, fp, rh });
+                    let hashed = hashers
+                        .eval(&batch)
+                        .and_then(|(fp, rh)| HashedBatch::new(batch, fp, rh));
                     if tx.blocking_send(hashed).is_err() {
                         return;
                     }
@@ -238,7 +268,11 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         }
         let mut keep: Vec<u32> = Vec::new();
         for i in (0..batch.num_rows()).filter(|&i| hashed.is_valid(i)) {
-            let (key, row) = hashed.key(i)?;
+            // The index is far larger than the caches: ask for a later row's slot now.
+            if let Some(&(ahead, _)) = hashed.keys.get(i + PREFETCH_AHEAD) {
+                classifier.prefetch(ahead);
+            }
+            let (key, row) = hashed.key(i);
             let row_number = batch.row_numbers.value(i) as u64;
             match classifier.classify(key, row, row_number) {
                 Fate::Inserted => {
