@@ -148,40 +148,113 @@ pub fn spawn_producer(
     hashers: &Arc<Hashers>,
     keep_raw: bool,
 ) -> Producer {
+    let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<ParsedBatch>>(2);
     let (tx, rx) = mpsc::channel::<Result<HashedBatch>>(2);
     let (ignored_tx, ignored) = oneshot::channel::<Vec<String>>();
     let contract = contract.clone();
     let path = path.to_path_buf();
     let batch_size = opts.batch_size;
     let hashers = hashers.clone();
-    let thread = tokio::task::spawn_blocking(move || {
+    // Stage 1: parse and type (a thread of its own, so that hashing overlaps it).
+    let parse = move || {
         let mut loader = match open_loader(contract, &path, batch_size, keep_raw) {
             Ok(l) => l,
             Err(e) => {
-                let _ = tx.blocking_send(Err(e));
+                let _ = parsed_tx.blocking_send(Err(e));
                 return;
             }
         };
         loop {
             match loader.next_batch() {
                 Ok(Some(batch)) => {
-                    let hashed = hashers
-                        .eval(&batch)
-                        .and_then(|(fp, rh)| HashedBatch::new(batch, fp, rh));
-                    if tx.blocking_send(hashed).is_err() {
+                    if parsed_tx.blocking_send(Ok(batch)).is_err() {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
+                    let _ = parsed_tx.blocking_send(Err(e));
                     return;
                 }
             }
         }
         let _ = ignored_tx.send(loader.ignored_columns());
+    };
+    // Stage 2: hash, on the blocking task the caller joins.
+    let thread = tokio::task::spawn_blocking(move || {
+        let parser = match std::thread::Builder::new().name("ingot-parse".into()).spawn(parse) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(Error::RunFailed(format!("cannot start the parser thread: {e}"))));
+                return;
+            }
+        };
+        while let Some(parsed) = parsed_rx.blocking_recv() {
+            let hashed = parsed.and_then(|batch| {
+                let (fp, rh) = hashers.eval(&batch)?;
+                HashedBatch::new(batch, fp, rh)
+            });
+            let failed = hashed.is_err();
+            if tx.blocking_send(hashed).is_err() || failed {
+                break;
+            }
+        }
+        // Unblocks the parser if it is still sending, then waits for it.
+        drop(parsed_rx);
+        if parser.join().is_err() {
+            let _ = tx.blocking_send(Err(Error::RunFailed("the parser thread panicked".into())));
+        }
     });
     Producer { rx, ignored, thread }
+}
+
+/// The run's data file, encoded (Parquet, zstd) on a blocking thread of its own so that encoding
+/// overlaps classification and parsing; batches travel through a short bounded channel.
+struct DataWriter {
+    tx: Option<mpsc::Sender<RecordBatch>>,
+    thread: JoinHandle<Result<u64>>,
+}
+
+impl DataWriter {
+    fn spawn(mut writer: RunFileWriter) -> DataWriter {
+        let (tx, mut rx) = mpsc::channel::<RecordBatch>(2);
+        let handle = tokio::runtime::Handle::current();
+        let thread = tokio::task::spawn_blocking(move || {
+            let mut midway = false;
+            while let Some(batch) = rx.blocking_recv() {
+                handle.block_on(writer.write(&batch))?;
+                if !midway {
+                    midway = true;
+                    failpoint::hit("ingest.mid_data")?;
+                }
+            }
+            handle.block_on(writer.finish())
+        });
+        DataWriter { tx: Some(tx), thread }
+    }
+
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if let Some(tx) = &self.tx
+            && tx.send(batch).await.is_ok()
+        {
+            return Ok(());
+        }
+        // The writer stopped early: report why.
+        self.tx = None;
+        match (&mut self.thread).await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) => Err(Error::RunFailed("the data writer stopped early".into())),
+            Err(e) => Err(Error::RunFailed(format!("data writer task failed: {e}"))),
+        }
+    }
+
+    /// Close the file; the number of rows written.
+    async fn finish(mut self) -> Result<u64> {
+        self.tx = None;
+        self.thread
+            .await
+            .map_err(|e| Error::RunFailed(format!("data writer task failed: {e}")))?
+    }
 }
 
 #[derive(Debug, Default)]
@@ -233,11 +306,11 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
     let data_schema = contract.bronze_schema();
-    let mut data = RunFileWriter::new(
+    let mut data = DataWriter::spawn(RunFileWriter::new(
         &ws.lake,
         layout::bronze_data(&contract.source, &record.run_id),
         data_schema.clone(),
-    );
+    ));
     let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
     let stamp = RunStamp {
         run_id: record.run_id.clone(),
@@ -248,7 +321,6 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     };
     let mut stats = Stats::default();
     let mut held: Vec<ConflictRow> = Vec::new();
-    let mut midway = false;
 
     while let Some(hashed) = producer.rx.recv().await {
         let hashed = hashed?;
@@ -328,11 +400,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
                     take(batch.row_numbers.as_ref(), &idx, None)?,
                 )?
             };
-            data.write(&out).await?;
-            if !midway {
-                midway = true;
-                failpoint::hit("ingest.mid_data")?;
-            }
+            data.write(out).await?;
         }
     }
     producer
