@@ -233,6 +233,20 @@ fn write_display<T: std::fmt::Display>(value: T, buf: &mut Vec<u8>) {
 
 /// Unscaled `value` with `scale` applied, in plain notation.
 fn write_decimal(value: i128, scale: i8, buf: &mut Vec<u8>) {
+    // Fast path (almost every value): integer part and fraction written apart, no shifting.
+    if (1..=18).contains(&scale)
+        && let Ok(small) = i64::try_from(value)
+    {
+        let pow = 10u64.pow(scale as u32);
+        let abs = small.unsigned_abs();
+        if small < 0 {
+            buf.push(b'-');
+        }
+        write_int(abs / pow, buf);
+        buf.push(b'.');
+        write_padded(abs % pow, scale as usize, buf);
+        return;
+    }
     let start = buf.len();
     write_int(value, buf);
     apply_scale(buf, start, scale);
@@ -288,11 +302,25 @@ fn civil_from_days(days: i64) -> (i64, u8, u8) {
 fn write_date(days: i64, buf: &mut Vec<u8>) {
     let (year, month, day) = civil_from_days(days);
     if (0..=9999).contains(&year) {
-        write_padded(year as u64, 4, buf);
-    } else {
-        buf.push(if year < 0 { b'-' } else { b'+' });
-        write_padded(year.unsigned_abs(), 4, buf);
+        // The common case in one append.
+        let (y, m, d) = (year as u32, u32::from(month), u32::from(day));
+        let digit = |v: u32| b'0' + (v % 10) as u8;
+        buf.extend_from_slice(&[
+            digit(y / 1000),
+            digit(y / 100),
+            digit(y / 10),
+            digit(y),
+            b'-',
+            digit(m / 10),
+            digit(m),
+            b'-',
+            digit(d / 10),
+            digit(d),
+        ]);
+        return;
     }
+    buf.push(if year < 0 { b'-' } else { b'+' });
+    write_padded(year.unsigned_abs(), 4, buf);
     buf.push(b'-');
     write_padded(u64::from(month), 2, buf);
     buf.push(b'-');

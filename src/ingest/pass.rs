@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
-use crate::ingest::{IngestOptions, open_loader};
+use crate::ingest::{FileDigest, IngestOptions, open_loader};
 use crate::lake::layout;
 use crate::session::Workspace;
 
@@ -208,23 +208,50 @@ pub fn spawn_producer(
     Producer { rx, ignored, thread }
 }
 
-/// The run's data file, encoded (Parquet, zstd) on a blocking thread of its own so that encoding
-/// overlaps classification and parsing; batches travel through a short bounded channel.
+/// The rows of a batch to write, before the run's constant columns are added.
+struct NewRows {
+    columns: Vec<ArrayRef>,
+    row_hash: ArrayRef,
+    fingerprint: ArrayRef,
+    row_numbers: ArrayRef,
+}
+
+/// The run's data file, stamped and encoded (Parquet, zstd) on a blocking thread of its own so
+/// that encoding overlaps classification and parsing. The stamp needs the file hash, which may
+/// still be computing when the first rows arrive: they wait in the channel (a few batches, then
+/// the pass waits too), so memory stays bounded.
 struct DataWriter {
-    tx: Option<mpsc::Sender<RecordBatch>>,
+    tx: Option<mpsc::Sender<NewRows>>,
     thread: JoinHandle<Result<u64>>,
 }
 
+/// Batches that may wait for the stamp (the file hash) before the pass stalls.
+const WRITE_QUEUE: usize = 6;
+
 impl DataWriter {
-    fn spawn(mut writer: RunFileWriter) -> DataWriter {
-        let (tx, mut rx) = mpsc::channel::<RecordBatch>(2);
+    fn spawn(mut writer: RunFileWriter, schema: SchemaRef, stamp: StampParts) -> DataWriter {
+        let (tx, mut rx) = mpsc::channel::<NewRows>(WRITE_QUEUE);
         let handle = tokio::runtime::Handle::current();
         let thread = tokio::task::spawn_blocking(move || {
-            let mut midway = false;
-            while let Some(batch) = rx.blocking_recv() {
+            let mut pending = Some(stamp);
+            let mut ready: Option<RunStamp> = None;
+            while let Some(rows) = rx.blocking_recv() {
+                let first = ready.is_none();
+                if let Some(parts) = pending.take() {
+                    ready = Some(parts.resolve()?);
+                }
+                let Some(stamp) = ready.as_ref() else {
+                    return Err(Error::RunFailed("internal error: the run stamp is missing".into()));
+                };
+                let batch = stamp.stamp(
+                    &schema,
+                    rows.columns,
+                    rows.row_hash,
+                    rows.fingerprint,
+                    rows.row_numbers,
+                )?;
                 handle.block_on(writer.write(&batch))?;
-                if !midway {
-                    midway = true;
+                if first {
                     failpoint::hit("ingest.mid_data")?;
                 }
             }
@@ -233,9 +260,9 @@ impl DataWriter {
         DataWriter { tx: Some(tx), thread }
     }
 
-    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+    async fn write(&mut self, rows: NewRows) -> Result<()> {
         if let Some(tx) = &self.tx
-            && tx.send(batch).await.is_ok()
+            && tx.send(rows).await.is_ok()
         {
             return Ok(());
         }
@@ -254,6 +281,27 @@ impl DataWriter {
         self.thread
             .await
             .map_err(|e| Error::RunFailed(format!("data writer task failed: {e}")))?
+    }
+}
+
+/// A [`RunStamp`] whose file hash may still be computing.
+struct StampParts {
+    run_id: String,
+    digest: FileDigest,
+    natural_key_version: i32,
+    contract_version: i32,
+    ingested_at: i64,
+}
+
+impl StampParts {
+    fn resolve(self) -> Result<RunStamp> {
+        Ok(RunStamp {
+            run_id: self.run_id,
+            file_hash: self.digest.wait()?,
+            natural_key_version: self.natural_key_version,
+            contract_version: self.contract_version,
+            ingested_at: self.ingested_at,
+        })
     }
 }
 
@@ -290,6 +338,8 @@ pub struct RunInput<'a> {
     pub opts: &'a IngestOptions,
     pub record: &'a RunRecord,
     pub hashers: &'a Arc<Hashers>,
+    /// The input's hash (stamped on every bronze row), possibly still computing.
+    pub digest: &'a FileDigest,
 }
 
 /// Parse the file and write the run's data and failure files, asking `classifier` the fate of
@@ -302,23 +352,28 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         opts,
         record,
         hashers,
+        digest,
     } = *input;
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
     let data_schema = contract.bronze_schema();
-    let mut data = DataWriter::spawn(RunFileWriter::new(
-        &ws.lake,
-        layout::bronze_data(&contract.source, &record.run_id),
-        data_schema.clone(),
-    ));
-    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
-    let stamp = RunStamp {
+    let stamp = StampParts {
         run_id: record.run_id.clone(),
-        file_hash: record.file_hash.clone().unwrap_or_default(),
+        digest: digest.clone(),
         natural_key_version: contract.natural_key.version as i32,
         contract_version: contract.version as i32,
         ingested_at: record.started_at,
     };
+    let mut data = DataWriter::spawn(
+        RunFileWriter::new(
+            &ws.lake,
+            layout::bronze_data(&contract.source, &record.run_id),
+            data_schema.clone(),
+        ),
+        data_schema,
+        stamp,
+    );
+    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
     let mut stats = Stats::default();
     let mut held: Vec<ConflictRow> = Vec::new();
 
@@ -376,31 +431,29 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
             continue;
         }
         if !keep.is_empty() {
-            let out = if keep.len() == batch.num_rows() {
+            let rows = if keep.len() == batch.num_rows() {
                 // Every row is new (a first load): no copy.
-                stamp.stamp(
-                    &data_schema,
-                    batch.columns.clone(),
-                    Arc::new(hashed.rh.clone()),
-                    Arc::new(hashed.fp.clone()),
-                    batch.row_numbers.clone(),
-                )?
+                NewRows {
+                    columns: batch.columns.clone(),
+                    row_hash: Arc::new(hashed.rh.clone()),
+                    fingerprint: Arc::new(hashed.fp.clone()),
+                    row_numbers: batch.row_numbers.clone(),
+                }
             } else {
                 let idx = UInt32Array::from(keep);
-                let cols = batch
+                let columns = batch
                     .columns
                     .iter()
                     .map(|c| take(c.as_ref(), &idx, None))
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                stamp.stamp(
-                    &data_schema,
-                    cols,
-                    take(&hashed.rh, &idx, None)?,
-                    take(&hashed.fp, &idx, None)?,
-                    take(batch.row_numbers.as_ref(), &idx, None)?,
-                )?
+                NewRows {
+                    columns,
+                    row_hash: take(&hashed.rh, &idx, None)?,
+                    fingerprint: take(&hashed.fp, &idx, None)?,
+                    row_numbers: take(batch.row_numbers.as_ref(), &idx, None)?,
+                }
             };
-            data.write(out).await?;
+            data.write(rows).await?;
         }
     }
     producer
