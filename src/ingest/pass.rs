@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::audit::{FailureRow, FailureWriter, RunRecord};
-use crate::bronze::{RunFileWriter, RunStamp};
+use crate::bronze::{ParallelFileWriter, RunStamp};
 use crate::contract::Contract;
 use crate::error::{Error, Result};
 use crate::failpoint;
@@ -229,9 +229,10 @@ struct DataWriter {
 const WRITE_QUEUE: usize = 6;
 
 impl DataWriter {
-    fn spawn(mut writer: RunFileWriter, schema: SchemaRef, stamp: StampParts) -> DataWriter {
+    fn spawn(ws: &Workspace, rel: String, schema: SchemaRef, stamp: StampParts) -> DataWriter {
         let (tx, mut rx) = mpsc::channel::<NewRows>(WRITE_QUEUE);
         let handle = tokio::runtime::Handle::current();
+        let mut writer = ParallelFileWriter::new(&ws.lake, rel, schema.clone(), handle);
         let thread = tokio::task::spawn_blocking(move || {
             let mut pending = Some(stamp);
             let mut ready: Option<RunStamp> = None;
@@ -250,12 +251,12 @@ impl DataWriter {
                     rows.fingerprint,
                     rows.row_numbers,
                 )?;
-                handle.block_on(writer.write(&batch))?;
+                writer.write(&batch)?;
                 if first {
                     failpoint::hit("ingest.mid_data")?;
                 }
             }
-            handle.block_on(writer.finish())
+            writer.finish()
         });
         DataWriter { tx: Some(tx), thread }
     }
@@ -365,11 +366,8 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         ingested_at: record.started_at,
     };
     let mut data = DataWriter::spawn(
-        RunFileWriter::new(
-            &ws.lake,
-            layout::bronze_data(&contract.source, &record.run_id),
-            data_schema.clone(),
-        ),
+        ws,
+        layout::bronze_data(&contract.source, &record.run_id),
         data_schema,
         stamp,
     );
