@@ -62,12 +62,40 @@ pub struct RunStamp {
     pub natural_key_version: i32,
     pub contract_version: i32,
     pub ingested_at: i64,
+    /// The constant columns built once for the longest batch so far; shorter batches slice them.
+    built: Option<[ArrayRef; 5]>,
 }
 
 impl RunStamp {
+    pub fn new(run_id: String, file_hash: String, natural_key_version: i32, contract_version: i32, ingested_at: i64) -> Self {
+        RunStamp {
+            run_id,
+            file_hash,
+            natural_key_version,
+            contract_version,
+            ingested_at,
+            built: None,
+        }
+    }
+
+    /// The run id, file hash, key version, contract version and ingestion time columns of `n` rows.
+    fn constants(&mut self, n: usize) -> [ArrayRef; 5] {
+        let built = match &mut self.built {
+            Some(b) if b[0].len() >= n => b,
+            slot => slot.insert([
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.run_id.as_str(), n))),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.file_hash.as_str(), n))),
+                Arc::new(Int32Array::from_value(self.natural_key_version, n)),
+                Arc::new(Int32Array::from_value(self.contract_version, n)),
+                Arc::new(TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC")),
+            ]),
+        };
+        built.clone().map(|a| a.slice(0, n))
+    }
+
     /// Append the bronze columns to `fields` (contract columns, already filtered to the rows kept).
     pub fn stamp(
-        &self,
+        &mut self,
         schema: &SchemaRef,
         mut columns: Vec<ArrayRef>,
         row_hash: ArrayRef,
@@ -75,22 +103,15 @@ impl RunStamp {
         row_numbers: ArrayRef,
     ) -> Result<RecordBatch> {
         let n = row_hash.len();
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            self.run_id.as_str(),
-            n,
-        ))));
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            self.file_hash.as_str(),
-            n,
-        ))));
+        let [run_id, file_hash, key_version, contract_version, ingested_at] = self.constants(n);
+        columns.push(run_id);
+        columns.push(file_hash);
         columns.push(row_hash);
         columns.push(fingerprint);
-        columns.push(Arc::new(Int32Array::from_value(self.natural_key_version, n)));
-        columns.push(Arc::new(Int32Array::from_value(self.contract_version, n)));
+        columns.push(key_version);
+        columns.push(contract_version);
         columns.push(row_numbers);
-        columns.push(Arc::new(
-            TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC"),
-        ));
+        columns.push(ingested_at);
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
 }

@@ -298,12 +298,27 @@ fn civil_from_days(days: i64) -> (i64, u8, u8) {
     (year, month, day)
 }
 
+/// [`civil_from_days`] in unsigned 32-bit arithmetic (cheaper divisions), for the days from
+/// 0000-03-01 on, which is every date that needs no expanded year; `None` before.
+fn civil_from_days_u32(days: i64) -> Option<(u32, u32, u32)> {
+    let z = u32::try_from(days.checked_add(719_468)?).ok()?;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u32::from(month <= 2);
+    Some((year, month, day))
+}
+
 /// `YYYY-MM-DD` of a day count since the epoch (expanded years as documented above).
 fn write_date(days: i64, buf: &mut Vec<u8>) {
-    let (year, month, day) = civil_from_days(days);
-    if (0..=9999).contains(&year) {
+    if let Some((y, m, d)) = civil_from_days_u32(days)
+        && y <= 9999
+    {
         // The common case in one append.
-        let (y, m, d) = (year as u32, u32::from(month), u32::from(day));
         let digit = |v: u32| b'0' + (v % 10) as u8;
         buf.extend_from_slice(&[
             digit(y / 1000),
@@ -319,8 +334,13 @@ fn write_date(days: i64, buf: &mut Vec<u8>) {
         ]);
         return;
     }
-    buf.push(if year < 0 { b'-' } else { b'+' });
-    write_padded(year.unsigned_abs(), 4, buf);
+    let (year, month, day) = civil_from_days(days);
+    if (0..=9999).contains(&year) {
+        write_padded(year as u64, 4, buf);
+    } else {
+        buf.push(if year < 0 { b'-' } else { b'+' });
+        write_padded(year.unsigned_abs(), 4, buf);
+    }
     buf.push(b'-');
     write_padded(u64::from(month), 2, buf);
     buf.push(b'-');

@@ -54,10 +54,19 @@ pub fn fingerprint_array(version: i64, columns: &[ArrayRef]) -> Result<ArrayRef>
 
 /// Write the 64 lowercase hex characters of `digest` into `out`.
 pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Both digits of every byte value, so one lookup per byte.
+    const PAIRS: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut b = 0;
+        while b < 256 {
+            t[b] = [HEX[b >> 4], HEX[b & 0x0f]];
+            b += 1;
+        }
+        t
+    };
     for (byte, pair) in digest.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0x0f)];
+        pair.copy_from_slice(&PAIRS[usize::from(*byte)]);
     }
 }
 

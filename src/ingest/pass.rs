@@ -241,7 +241,7 @@ impl DataWriter {
                 if let Some(parts) = pending.take() {
                     ready = Some(parts.resolve()?);
                 }
-                let Some(stamp) = ready.as_ref() else {
+                let Some(stamp) = ready.as_mut() else {
                     return Err(Error::RunFailed("internal error: the run stamp is missing".into()));
                 };
                 let batch = stamp.stamp(
@@ -296,13 +296,13 @@ struct StampParts {
 
 impl StampParts {
     fn resolve(self) -> Result<RunStamp> {
-        Ok(RunStamp {
-            run_id: self.run_id,
-            file_hash: self.digest.wait()?,
-            natural_key_version: self.natural_key_version,
-            contract_version: self.contract_version,
-            ingested_at: self.ingested_at,
-        })
+        Ok(RunStamp::new(
+            self.run_id,
+            self.digest.wait()?,
+            self.natural_key_version,
+            self.contract_version,
+            self.ingested_at,
+        ))
     }
 }
 
