@@ -12,9 +12,9 @@ use datafusion::parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, ArrowRowGroupWriterFactory, compute_leaves,
 };
 use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
-use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
@@ -67,7 +67,13 @@ pub struct RunStamp {
 }
 
 impl RunStamp {
-    pub fn new(run_id: String, file_hash: String, natural_key_version: i32, contract_version: i32, ingested_at: i64) -> Self {
+    pub fn new(
+        run_id: String,
+        file_hash: String,
+        natural_key_version: i32,
+        contract_version: i32,
+        ingested_at: i64,
+    ) -> Self {
         RunStamp {
             run_id,
             file_hash,
@@ -83,8 +89,14 @@ impl RunStamp {
         let built = match &mut self.built {
             Some(b) if b[0].len() >= n => b,
             slot => slot.insert([
-                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.run_id.as_str(), n))),
-                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(self.file_hash.as_str(), n))),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.run_id.as_str(),
+                    n,
+                ))),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.file_hash.as_str(),
+                    n,
+                ))),
                 Arc::new(Int32Array::from_value(self.natural_key_version, n)),
                 Arc::new(Int32Array::from_value(self.contract_version, n)),
                 Arc::new(TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC")),
@@ -202,10 +214,7 @@ impl Encoder {
                         EncodeJob::Close(reply) => {
                             let chunks = match failed.take() {
                                 Some(e) => Err(e),
-                                None => writers
-                                    .drain(..)
-                                    .map(|w| w.close().map_err(Error::from))
-                                    .collect(),
+                                None => writers.drain(..).map(|w| w.close().map_err(Error::from)).collect(),
                             };
                             let _ = reply.send(chunks);
                         }
@@ -303,7 +312,9 @@ impl ParallelFileWriter {
             self.open = Some(self.open(batch)?);
         }
         let Some(open) = self.open.as_mut() else {
-            return Err(Error::RunFailed("internal error: the Parquet writer is not open".into()));
+            return Err(Error::RunFailed(
+                "internal error: the Parquet writer is not open".into(),
+            ));
         };
         let room = self.max_rows - open.group_rows;
         if batch.num_rows() > room {
@@ -381,11 +392,12 @@ impl ParallelFileWriter {
         open.file.finish()?;
         let bytes = std::mem::take(open.file.inner_mut());
         let OpenFile { mut out, encoders, .. } = open;
-        self.handle.block_on(async {
-            out.write_all(&bytes).await?;
-            out.shutdown().await
-        })
-        .map_err(|e| Error::io(&self.rel, e))?;
+        self.handle
+            .block_on(async {
+                out.write_all(&bytes).await?;
+                out.shutdown().await
+            })
+            .map_err(|e| Error::io(&self.rel, e))?;
         for e in encoders {
             drop(e.jobs);
             let _ = e.thread.join();

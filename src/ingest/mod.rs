@@ -461,7 +461,9 @@ impl FileDigest {
                     return Ok(hash);
                 }
                 Some(Err(e)) => {
-                    *guard = Some(Err(Error::RunFailed("hashing the input failed (reported above)".into())));
+                    *guard = Some(Err(Error::RunFailed(
+                        "hashing the input failed (reported above)".into(),
+                    )));
                     return Err(e);
                 }
                 None => guard = ready.wait(guard).unwrap_or_else(|e| e.into_inner()),

@@ -244,13 +244,7 @@ impl DataWriter {
                 let Some(stamp) = ready.as_mut() else {
                     return Err(Error::RunFailed("internal error: the run stamp is missing".into()));
                 };
-                let batch = stamp.stamp(
-                    &schema,
-                    rows.columns,
-                    rows.row_hash,
-                    rows.fingerprint,
-                    rows.row_numbers,
-                )?;
+                let batch = stamp.stamp(&schema, rows.columns, rows.row_hash, rows.fingerprint, rows.row_numbers)?;
                 writer.write(&batch)?;
                 if first {
                     failpoint::hit("ingest.mid_data")?;
