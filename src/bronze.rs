@@ -345,13 +345,13 @@ impl ParallelFileWriter {
         open.group_rows += batch.num_rows();
         self.rows += batch.num_rows() as u64;
         if open.group_rows == self.max_rows {
-            Self::flush_group(open, &self.handle, &self.rel)?;
+            Self::flush_group(open, &self.handle)?;
         }
         Ok(())
     }
 
     /// Close the row group: collect every column's chunk, append them in column order, upload.
-    fn flush_group(open: &mut OpenFile, handle: &tokio::runtime::Handle, rel: &str) -> Result<()> {
+    fn flush_group(open: &mut OpenFile, handle: &tokio::runtime::Handle) -> Result<()> {
         let mut replies = Vec::with_capacity(ENCODERS);
         for e in &open.encoders {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -375,9 +375,8 @@ impl ParallelFileWriter {
         group.close()?;
         open.group_rows = 0;
         let bytes = std::mem::take(open.file.inner_mut());
-        handle
-            .block_on(open.out.write_all(&bytes))
-            .map_err(|e| Error::io(rel, e))?;
+        // `put` hands the buffer to the upload without copying it.
+        handle.block_on(open.out.put(bytes.into()))?;
         Ok(())
     }
 
@@ -387,17 +386,15 @@ impl ParallelFileWriter {
             return Ok(0);
         };
         if open.group_rows > 0 {
-            Self::flush_group(&mut open, &self.handle, &self.rel)?;
+            Self::flush_group(&mut open, &self.handle)?;
         }
         open.file.finish()?;
         let bytes = std::mem::take(open.file.inner_mut());
         let OpenFile { mut out, encoders, .. } = open;
-        self.handle
-            .block_on(async {
-                out.write_all(&bytes).await?;
-                out.shutdown().await
-            })
-            .map_err(|e| Error::io(&self.rel, e))?;
+        self.handle.block_on(async {
+            out.put(bytes.into()).await?;
+            out.shutdown().await.map_err(|e| Error::io(&self.rel, e))
+        })?;
         for e in encoders {
             drop(e.jobs);
             let _ = e.thread.join();

@@ -148,6 +148,16 @@ impl<'a> CanonicalColumn<'a> {
         })
     }
 
+    /// Whether the canonical text can contain `\` or `|` at all: only strings can. Numbers,
+    /// decimals, booleans, dates and timestamps never do, so their row-hash escaping is a no-op.
+    pub fn may_need_escape(&self) -> bool {
+        match &self.values {
+            Values::Utf8(_) | Values::LargeUtf8(_) | Values::Utf8View(_) => true,
+            Values::Dict(_, values) => values.may_need_escape(),
+            _ => false,
+        }
+    }
+
     /// Append the canonical text of row `row` to `buf`; `false` (nothing written) if null.
     ///
     /// `row` must be less than the array's length.

@@ -117,14 +117,17 @@ pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize)
     let mut out = HexOutput::with_capacity(num_rows);
     let mut message = Vec::with_capacity(256);
     let mut scratch = Vec::new();
+    let escape: Vec<bool> = columns.iter().map(|c| c.may_need_escape()).collect();
     for row in 0..num_rows {
         message.clear();
         message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
-        for column in columns {
+        for (column, &escape) in columns.iter().zip(&escape) {
             message.push(b'|');
             let start = message.len();
             if column.write(row, &mut message) {
-                escape_from(&mut message, start, &mut scratch);
+                if escape {
+                    escape_from(&mut message, start, &mut scratch);
+                }
             } else {
                 message.extend_from_slice(b"\\N");
             }
