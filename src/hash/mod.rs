@@ -137,6 +137,90 @@ pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize)
     out.finish()
 }
 
+/// The canonical texts of a batch's fields, row by row, as a loader saw them in its input (the
+/// text of a value that is already in canonical form, e.g. `12.50` for a decimal(10,2)).
+/// Field `f` of row `r` is `bytes[ends[r * n + f - 1] .. ends[r * n + f]]` (from 0 for the very
+/// first), with [`TEXT_NULL`] set in its end for a null.
+pub struct FieldTexts<'a> {
+    pub bytes: &'a [u8],
+    pub ends: &'a [u32],
+    /// Fields per row.
+    pub fields: usize,
+}
+
+/// Marks a null field in [`FieldTexts::ends`].
+pub const TEXT_NULL: u32 = 1 << 31;
+
+impl FieldTexts<'_> {
+    fn rows(&self) -> usize {
+        self.ends.len().checked_div(self.fields).unwrap_or(0)
+    }
+
+    /// The text of field `f` of row `r`; `None` for null.
+    fn get(&self, r: usize, f: usize) -> Option<&[u8]> {
+        let i = r * self.fields + f;
+        let end = self.ends[i];
+        if end & TEXT_NULL != 0 {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] & !TEXT_NULL };
+        self.bytes.get(start as usize..end as usize)
+    }
+}
+
+/// `row_hash` over `fields` (in order) of canonical texts; `escape[k]` is false for a field
+/// whose text cannot contain `\` or `|`. The same bytes as [`row_hash_columns`] over the
+/// typed values.
+pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool]) -> Result<ArrayRef> {
+    let rows = texts.rows();
+    let mut out = HexOutput::with_capacity(rows);
+    let mut message = Vec::with_capacity(256);
+    let mut scratch = Vec::new();
+    for row in 0..rows {
+        message.clear();
+        message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+        for (&f, &escape) in fields.iter().zip(escape) {
+            message.push(b'|');
+            match texts.get(row, f) {
+                Some(text) => {
+                    let start = message.len();
+                    message.extend_from_slice(text);
+                    if escape {
+                        escape_from(&mut message, start, &mut scratch);
+                    }
+                }
+                None => message.extend_from_slice(b"\\N"),
+            }
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
+/// `natural_key_fingerprint` with `version` over `fields` of canonical texts (null: empty).
+pub fn fingerprint_texts(version: i64, texts: &FieldTexts<'_>, fields: &[usize]) -> Result<ArrayRef> {
+    let rows = texts.rows();
+    let mut out = HexOutput::with_capacity(rows);
+    let mut message = Vec::with_capacity(64);
+    let mut digits = itoa::Buffer::new();
+    let version = digits.format(version).as_bytes();
+    for row in 0..rows {
+        message.clear();
+        message.extend_from_slice(version);
+        message.push(b'|');
+        for (i, &f) in fields.iter().enumerate() {
+            if i > 0 {
+                message.push(b'|');
+            }
+            if let Some(text) = texts.get(row, f) {
+                message.extend_from_slice(text);
+            }
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
 /// Escape `\` as `\\` and `|` as `\|` in `buf[start..]`, in place. Common case (nothing
 /// to escape) is one scan and no copy.
 fn escape_from(buf: &mut Vec<u8>, start: usize, scratch: &mut Vec<u8>) {

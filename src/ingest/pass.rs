@@ -22,9 +22,10 @@ use tokio::task::JoinHandle;
 
 use crate::audit::{FailureRow, FailureWriter, RunRecord};
 use crate::bronze::{ParallelFileWriter, RunStamp};
-use crate::contract::Contract;
+use crate::contract::{Contract, FieldType};
 use crate::error::{Error, Result};
 use crate::failpoint;
+use crate::hash::{FieldTexts, fingerprint_texts, row_hash_texts};
 use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{FileDigest, IngestOptions, open_loader};
@@ -36,6 +37,12 @@ pub struct Hashers {
     fingerprint: Arc<dyn PhysicalExpr>,
     row_hash: Arc<dyn PhysicalExpr>,
     schema: SchemaRef,
+    /// For batches that carry their canonical texts: the row-hash fields (non-volatile, in
+    /// contract order), whether each may need escaping (strings), the key fields and version.
+    text_row_fields: Vec<usize>,
+    text_escape: Vec<bool>,
+    text_key_fields: Vec<usize>,
+    key_version: i64,
 }
 
 impl Hashers {
@@ -60,7 +67,18 @@ impl Hashers {
             .map(field_expr)
             .collect();
         let rh = ctx.udf("row_hash")?.call(rh_args);
+        let text_row_fields: Vec<usize> = (0..contract.fields.len())
+            .filter(|&i| !contract.fields[i].volatile)
+            .collect();
+        let text_escape = text_row_fields
+            .iter()
+            .map(|&i| contract.fields[i].ty == FieldType::String)
+            .collect();
         Ok(Hashers {
+            text_row_fields,
+            text_escape,
+            text_key_fields: contract.natural_key.fields.clone(),
+            key_version: contract.natural_key.version,
             schema: contract.fields_schema(),
             fingerprint: ctx.create_physical_expr(fp, &schema)?,
             row_hash: ctx.create_physical_expr(rh, &schema)?,
@@ -69,13 +87,27 @@ impl Hashers {
 
     /// Fingerprints and row hashes of every row of the batch (rejected rows included).
     pub fn eval(&self, batch: &ParsedBatch) -> Result<(StringArray, StringArray)> {
-        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
-        let n = rb.num_rows();
         let utf8 = |a: ArrayRef, what: &str| -> Result<StringArray> {
             a.as_string_opt::<i32>()
                 .cloned()
                 .ok_or_else(|| Error::RunFailed(format!("{what} UDF returned a non-utf8 array")))
         };
+        let fields = self.schema.fields().len();
+        if let Some(t) = &batch.texts
+            && t.ends.len() == batch.num_rows() * fields
+        {
+            // The input spelled every value canonically: hash its bytes, no re-formatting.
+            let texts = FieldTexts {
+                bytes: &t.bytes,
+                ends: &t.ends,
+                fields,
+            };
+            let fp = fingerprint_texts(self.key_version, &texts, &self.text_key_fields)?;
+            let rh = row_hash_texts(&texts, &self.text_row_fields, &self.text_escape)?;
+            return Ok((utf8(fp, "natural_key_fingerprint")?, utf8(rh, "row_hash")?));
+        }
+        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
+        let n = rb.num_rows();
         let fp = utf8(
             self.fingerprint.evaluate(&rb)?.into_array(n)?,
             "natural_key_fingerprint",
