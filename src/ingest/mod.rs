@@ -69,7 +69,7 @@ pub struct IngestOptions {
 impl Default for IngestOptions {
     fn default() -> Self {
         IngestOptions {
-            batch_size: 32 * 1024,
+            batch_size: 8 * 1024,
             lock_ttl: crate::lock::default_ttl(),
             progress: false,
             replay_of: None,

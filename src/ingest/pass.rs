@@ -258,7 +258,7 @@ struct DataWriter {
 }
 
 /// Batches that may wait for the stamp (the file hash) before the pass stalls.
-const WRITE_QUEUE: usize = 6;
+const WRITE_QUEUE: usize = 24;
 
 impl DataWriter {
     fn spawn(ws: &Workspace, rel: String, schema: SchemaRef, stamp: StampParts) -> DataWriter {
