@@ -3,7 +3,9 @@
 //! The sequence of a run, and where a crash can hit it:
 //!
 //! 1. take the source lock; hash the file's bytes; a file already loaded by a committed run is
-//!    recorded as `skipped_duplicate_file` and nothing is read;
+//!    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
+//!    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
+//!    2-3 run (the bronze writer waits for the hash before its first rows);
 //! 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
 //!    bronze runs of the source, oldest first, so the newest version wins;
 //! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as

@@ -1,9 +1,11 @@
 //! One pass over an input file: parse, type, hash, classify, write.
 //!
-//! A blocking thread parses, types and hashes (the SQL UDFs, evaluated as physical expressions
-//! on each batch); the async task classifies rows and streams new versions and failures to the
-//! run-scoped Parquet files. Two stages for two cores, joined by a bounded channel, so memory
-//! stays a few batches whatever the file size.
+//! Five stages joined by short bounded channels, so both cores stay busy and memory stays a few
+//! batches whatever the file size: a parser thread (parse and type), a hashing thread (the SQL
+//! UDF kernels, or the canonical input texts when a batch has them), the async task (classify
+//! each row against the key index), a writer thread (stamp the run's constant columns, which
+//! waits for the file hash when it is still computing) and two Parquet encoder threads
+//! ([`crate::bronze::ParallelFileWriter`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
