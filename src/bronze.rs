@@ -8,14 +8,19 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
-use datafusion::parquet::arrow::AsyncArrowWriter;
+use datafusion::parquet::arrow::arrow_writer::{
+    ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, ArrowRowGroupWriterFactory, compute_leaves,
+};
+use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
 use object_store::buffered::BufWriter;
+use tokio::io::AsyncWriteExt;
 
 use crate::contract::timestamp_type;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lake::Lake;
 
 /// The bronze columns after the contract fields (DESIGN.md §5), in order.
@@ -57,12 +62,52 @@ pub struct RunStamp {
     pub natural_key_version: i32,
     pub contract_version: i32,
     pub ingested_at: i64,
+    /// The constant columns built once for the longest batch so far; shorter batches slice them.
+    built: Option<[ArrayRef; 5]>,
 }
 
 impl RunStamp {
+    pub fn new(
+        run_id: String,
+        file_hash: String,
+        natural_key_version: i32,
+        contract_version: i32,
+        ingested_at: i64,
+    ) -> Self {
+        RunStamp {
+            run_id,
+            file_hash,
+            natural_key_version,
+            contract_version,
+            ingested_at,
+            built: None,
+        }
+    }
+
+    /// The run id, file hash, key version, contract version and ingestion time columns of `n` rows.
+    fn constants(&mut self, n: usize) -> [ArrayRef; 5] {
+        let built = match &mut self.built {
+            Some(b) if b[0].len() >= n => b,
+            slot => slot.insert([
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.run_id.as_str(),
+                    n,
+                ))),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.file_hash.as_str(),
+                    n,
+                ))),
+                Arc::new(Int32Array::from_value(self.natural_key_version, n)),
+                Arc::new(Int32Array::from_value(self.contract_version, n)),
+                Arc::new(TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC")),
+            ]),
+        };
+        built.clone().map(|a| a.slice(0, n))
+    }
+
     /// Append the bronze columns to `fields` (contract columns, already filtered to the rows kept).
     pub fn stamp(
-        &self,
+        &mut self,
         schema: &SchemaRef,
         mut columns: Vec<ArrayRef>,
         row_hash: ArrayRef,
@@ -70,22 +115,15 @@ impl RunStamp {
         row_numbers: ArrayRef,
     ) -> Result<RecordBatch> {
         let n = row_hash.len();
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            self.run_id.as_str(),
-            n,
-        ))));
-        columns.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            self.file_hash.as_str(),
-            n,
-        ))));
+        let [run_id, file_hash, key_version, contract_version, ingested_at] = self.constants(n);
+        columns.push(run_id);
+        columns.push(file_hash);
         columns.push(row_hash);
         columns.push(fingerprint);
-        columns.push(Arc::new(Int32Array::from_value(self.natural_key_version, n)));
-        columns.push(Arc::new(Int32Array::from_value(self.contract_version, n)));
+        columns.push(key_version);
+        columns.push(contract_version);
         columns.push(row_numbers);
-        columns.push(Arc::new(
-            TimestampMicrosecondArray::from_value(self.ingested_at, n).with_timezone("UTC"),
-        ));
+        columns.push(ingested_at);
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
 }
@@ -134,6 +172,232 @@ impl RunFileWriter {
     pub async fn finish(mut self) -> Result<u64> {
         if let Some(w) = self.writer.take() {
             w.close().await?;
+        }
+        Ok(self.rows)
+    }
+}
+
+/// Encoder threads of a [`ParallelFileWriter`].
+const ENCODERS: usize = 2;
+
+/// Work for one encoder thread: its column writers of a new row group, the leaf arrays of a batch
+/// for those writers (same order), or closing the row group's chunks.
+enum EncodeJob {
+    Start(Vec<ArrowColumnWriter>),
+    Write(Vec<ArrowLeafColumn>),
+    Close(std::sync::mpsc::Sender<Result<Vec<ArrowColumnChunk>>>),
+}
+
+struct Encoder {
+    jobs: std::sync::mpsc::SyncSender<EncodeJob>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Encoder {
+    fn spawn(n: usize) -> Result<Encoder> {
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<EncodeJob>(4);
+        let thread = std::thread::Builder::new()
+            .name(format!("ingot-encode-{n}"))
+            .spawn(move || {
+                let mut writers: Vec<ArrowColumnWriter> = Vec::new();
+                let mut failed: Option<Error> = None;
+                for job in rx {
+                    match job {
+                        EncodeJob::Start(w) => writers = w,
+                        EncodeJob::Write(leaves) => {
+                            if failed.is_none()
+                                && let Err(e) = writers.iter_mut().zip(&leaves).try_for_each(|(w, l)| w.write(l))
+                            {
+                                failed = Some(e.into());
+                            }
+                        }
+                        EncodeJob::Close(reply) => {
+                            let chunks = match failed.take() {
+                                Some(e) => Err(e),
+                                None => writers.drain(..).map(|w| w.close().map_err(Error::from)).collect(),
+                            };
+                            let _ = reply.send(chunks);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::RunFailed(format!("cannot start a Parquet encoder thread: {e}")))?;
+        Ok(Encoder { jobs, thread })
+    }
+
+    fn send(&self, job: EncodeJob) -> Result<()> {
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::RunFailed("a Parquet encoder thread stopped".into()))
+    }
+}
+
+/// An open [`ParallelFileWriter`].
+struct OpenFile {
+    file: SerializedFileWriter<Vec<u8>>,
+    factory: ArrowRowGroupWriterFactory,
+    out: BufWriter,
+    encoders: Vec<Encoder>,
+    /// For each leaf column, the encoder that owns it.
+    owner: Vec<usize>,
+    group_rows: usize,
+}
+
+/// Streams batches to one run-scoped Parquet object like [`RunFileWriter`] (same schema, properties
+/// and row groups), but encodes and compresses the columns on [`ENCODERS`] threads. It is
+/// synchronous, for a blocking thread; `handle` runs the uploads. Memory is one row group of
+/// encoded pages, as with the plain writer.
+pub struct ParallelFileWriter {
+    lake: Lake,
+    rel: String,
+    schema: SchemaRef,
+    handle: tokio::runtime::Handle,
+    open: Option<OpenFile>,
+    max_rows: usize,
+    pub rows: u64,
+}
+
+impl ParallelFileWriter {
+    pub fn new(lake: &Lake, rel: String, schema: SchemaRef, handle: tokio::runtime::Handle) -> ParallelFileWriter {
+        let max_rows = writer_properties().max_row_group_row_count().unwrap_or(1 << 20).max(1);
+        ParallelFileWriter {
+            lake: lake.clone(),
+            rel,
+            schema,
+            handle,
+            open: None,
+            max_rows,
+            rows: 0,
+        }
+    }
+
+    fn open(&self, batch: &RecordBatch) -> Result<OpenFile> {
+        let writer = ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(writer_properties()))?;
+        let (file, factory) = writer.into_serialized_writer()?;
+        // Columns go to the encoders largest first (by their in-memory size in the first batch),
+        // each to the least loaded one.
+        let mut sizes = Vec::new();
+        for (field, column) in self.schema.fields().iter().zip(batch.columns()) {
+            let leaves = compute_leaves(field, column)?.len();
+            for _ in 0..leaves {
+                sizes.push(column.get_array_memory_size() / leaves.max(1));
+            }
+        }
+        let mut order: Vec<usize> = (0..sizes.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+        let mut load = [0usize; ENCODERS];
+        let mut owner = vec![0; sizes.len()];
+        for i in order {
+            let k = (0..ENCODERS).min_by_key(|&k| load[k]).unwrap_or(0);
+            owner[i] = k;
+            load[k] += sizes[i];
+        }
+        let encoders = (0..ENCODERS).map(Encoder::spawn).collect::<Result<Vec<_>>>()?;
+        let out = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
+        Ok(OpenFile {
+            file,
+            factory,
+            out,
+            encoders,
+            owner,
+            group_rows: 0,
+        })
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.open.is_none() {
+            self.open = Some(self.open(batch)?);
+        }
+        let Some(open) = self.open.as_mut() else {
+            return Err(Error::RunFailed(
+                "internal error: the Parquet writer is not open".into(),
+            ));
+        };
+        let room = self.max_rows - open.group_rows;
+        if batch.num_rows() > room {
+            self.write(&batch.slice(0, room))?;
+            return self.write(&batch.slice(room, batch.num_rows() - room));
+        }
+        if open.group_rows == 0 {
+            let index = open.file.flushed_row_groups().len();
+            let mut mine: Vec<Vec<ArrowColumnWriter>> = (0..ENCODERS).map(|_| Vec::new()).collect();
+            for (leaf, w) in open.factory.create_column_writers(index)?.into_iter().enumerate() {
+                mine[open.owner.get(leaf).copied().unwrap_or(0)].push(w);
+            }
+            for (e, w) in open.encoders.iter().zip(mine) {
+                e.send(EncodeJob::Start(w))?;
+            }
+        }
+        let mut mine: Vec<Vec<ArrowLeafColumn>> = (0..ENCODERS).map(|_| Vec::new()).collect();
+        let mut leaf = 0;
+        for (field, column) in self.schema.fields().iter().zip(batch.columns()) {
+            for l in compute_leaves(field, column)? {
+                mine[open.owner.get(leaf).copied().unwrap_or(0)].push(l);
+                leaf += 1;
+            }
+        }
+        for (e, l) in open.encoders.iter().zip(mine) {
+            e.send(EncodeJob::Write(l))?;
+        }
+        open.group_rows += batch.num_rows();
+        self.rows += batch.num_rows() as u64;
+        if open.group_rows == self.max_rows {
+            Self::flush_group(open, &self.handle)?;
+        }
+        Ok(())
+    }
+
+    /// Close the row group: collect every column's chunk, append them in column order, upload.
+    fn flush_group(open: &mut OpenFile, handle: &tokio::runtime::Handle) -> Result<()> {
+        let mut replies = Vec::with_capacity(ENCODERS);
+        for e in &open.encoders {
+            let (tx, rx) = std::sync::mpsc::channel();
+            e.send(EncodeJob::Close(tx))?;
+            replies.push(rx);
+        }
+        let mut chunks = Vec::with_capacity(ENCODERS);
+        for rx in replies {
+            let c = rx
+                .recv()
+                .map_err(|_| Error::RunFailed("a Parquet encoder thread stopped".into()))??;
+            chunks.push(c.into_iter());
+        }
+        let mut group = open.file.next_row_group()?;
+        for &k in &open.owner {
+            let Some(chunk) = chunks.get_mut(k).and_then(|c| c.next()) else {
+                return Err(Error::RunFailed("internal error: a column chunk is missing".into()));
+            };
+            chunk.append_to_row_group(&mut group)?;
+        }
+        group.close()?;
+        open.group_rows = 0;
+        let bytes = std::mem::take(open.file.inner_mut());
+        // `put` hands the buffer to the upload without copying it.
+        handle.block_on(open.out.put(bytes.into()))?;
+        Ok(())
+    }
+
+    /// Close the file; returns the number of rows written (0: no file was created).
+    pub fn finish(mut self) -> Result<u64> {
+        let Some(mut open) = self.open.take() else {
+            return Ok(0);
+        };
+        if open.group_rows > 0 {
+            Self::flush_group(&mut open, &self.handle)?;
+        }
+        open.file.finish()?;
+        let bytes = std::mem::take(open.file.inner_mut());
+        let OpenFile { mut out, encoders, .. } = open;
+        self.handle.block_on(async {
+            out.put(bytes.into()).await?;
+            out.shutdown().await.map_err(|e| Error::io(&self.rel, e))
+        })?;
+        for e in encoders {
+            drop(e.jobs);
+            let _ = e.thread.join();
         }
         Ok(self.rows)
     }

@@ -148,6 +148,16 @@ impl<'a> CanonicalColumn<'a> {
         })
     }
 
+    /// Whether the canonical text can contain `\` or `|` at all: only strings can. Numbers,
+    /// decimals, booleans, dates and timestamps never do, so their row-hash escaping is a no-op.
+    pub fn may_need_escape(&self) -> bool {
+        match &self.values {
+            Values::Utf8(_) | Values::LargeUtf8(_) | Values::Utf8View(_) => true,
+            Values::Dict(_, values) => values.may_need_escape(),
+            _ => false,
+        }
+    }
+
     /// Append the canonical text of row `row` to `buf`; `false` (nothing written) if null.
     ///
     /// `row` must be less than the array's length.
@@ -233,6 +243,20 @@ fn write_display<T: std::fmt::Display>(value: T, buf: &mut Vec<u8>) {
 
 /// Unscaled `value` with `scale` applied, in plain notation.
 fn write_decimal(value: i128, scale: i8, buf: &mut Vec<u8>) {
+    // Fast path (almost every value): integer part and fraction written apart, no shifting.
+    if (1..=18).contains(&scale)
+        && let Ok(small) = i64::try_from(value)
+    {
+        let pow = 10u64.pow(scale as u32);
+        let abs = small.unsigned_abs();
+        if small < 0 {
+            buf.push(b'-');
+        }
+        write_int(abs / pow, buf);
+        buf.push(b'.');
+        write_padded(abs % pow, scale as usize, buf);
+        return;
+    }
     let start = buf.len();
     write_int(value, buf);
     apply_scale(buf, start, scale);
@@ -284,8 +308,42 @@ fn civil_from_days(days: i64) -> (i64, u8, u8) {
     (year, month, day)
 }
 
+/// [`civil_from_days`] in unsigned 32-bit arithmetic (cheaper divisions), for the days from
+/// 0000-03-01 on, which is every date that needs no expanded year; `None` before.
+fn civil_from_days_u32(days: i64) -> Option<(u32, u32, u32)> {
+    let z = u32::try_from(days.checked_add(719_468)?).ok()?;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u32::from(month <= 2);
+    Some((year, month, day))
+}
+
 /// `YYYY-MM-DD` of a day count since the epoch (expanded years as documented above).
 fn write_date(days: i64, buf: &mut Vec<u8>) {
+    if let Some((y, m, d)) = civil_from_days_u32(days)
+        && y <= 9999
+    {
+        // The common case in one append.
+        let digit = |v: u32| b'0' + (v % 10) as u8;
+        buf.extend_from_slice(&[
+            digit(y / 1000),
+            digit(y / 100),
+            digit(y / 10),
+            digit(y),
+            b'-',
+            digit(m / 10),
+            digit(m),
+            b'-',
+            digit(d / 10),
+            digit(d),
+        ]);
+        return;
+    }
     let (year, month, day) = civil_from_days(days);
     if (0..=9999).contains(&year) {
         write_padded(year as u64, 4, buf);

@@ -54,10 +54,19 @@ pub fn fingerprint_array(version: i64, columns: &[ArrayRef]) -> Result<ArrayRef>
 
 /// Write the 64 lowercase hex characters of `digest` into `out`.
 pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Both digits of every byte value, so one lookup per byte.
+    const PAIRS: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut b = 0;
+        while b < 256 {
+            t[b] = [HEX[b >> 4], HEX[b & 0x0f]];
+            b += 1;
+        }
+        t
+    };
     for (byte, pair) in digest.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0x0f)];
+        pair.copy_from_slice(&PAIRS[usize::from(*byte)]);
     }
 }
 
@@ -108,16 +117,103 @@ pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize)
     let mut out = HexOutput::with_capacity(num_rows);
     let mut message = Vec::with_capacity(256);
     let mut scratch = Vec::new();
+    let escape: Vec<bool> = columns.iter().map(|c| c.may_need_escape()).collect();
     for row in 0..num_rows {
         message.clear();
         message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
-        for column in columns {
+        for (column, &escape) in columns.iter().zip(&escape) {
             message.push(b'|');
             let start = message.len();
             if column.write(row, &mut message) {
-                escape_from(&mut message, start, &mut scratch);
+                if escape {
+                    escape_from(&mut message, start, &mut scratch);
+                }
             } else {
                 message.extend_from_slice(b"\\N");
+            }
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
+/// The canonical texts of a batch's fields, row by row, as a loader saw them in its input (the
+/// text of a value that is already in canonical form, e.g. `12.50` for a decimal(10,2)).
+/// Field `f` of row `r` is `bytes[ends[r * n + f - 1] .. ends[r * n + f]]` (from 0 for the very
+/// first), with [`TEXT_NULL`] set in its end for a null.
+pub struct FieldTexts<'a> {
+    pub bytes: &'a [u8],
+    pub ends: &'a [u32],
+    /// Fields per row.
+    pub fields: usize,
+}
+
+/// Marks a null field in [`FieldTexts::ends`].
+pub const TEXT_NULL: u32 = 1 << 31;
+
+impl FieldTexts<'_> {
+    fn rows(&self) -> usize {
+        self.ends.len().checked_div(self.fields).unwrap_or(0)
+    }
+
+    /// The text of field `f` of row `r`; `None` for null.
+    fn get(&self, r: usize, f: usize) -> Option<&[u8]> {
+        let i = r * self.fields + f;
+        let end = self.ends[i];
+        if end & TEXT_NULL != 0 {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] & !TEXT_NULL };
+        self.bytes.get(start as usize..end as usize)
+    }
+}
+
+/// `row_hash` over `fields` (in order) of canonical texts; `escape[k]` is false for a field
+/// whose text cannot contain `\` or `|`. The same bytes as [`row_hash_columns`] over the
+/// typed values.
+pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool]) -> Result<ArrayRef> {
+    let rows = texts.rows();
+    let mut out = HexOutput::with_capacity(rows);
+    let mut message = Vec::with_capacity(256);
+    let mut scratch = Vec::new();
+    for row in 0..rows {
+        message.clear();
+        message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+        for (&f, &escape) in fields.iter().zip(escape) {
+            message.push(b'|');
+            match texts.get(row, f) {
+                Some(text) => {
+                    let start = message.len();
+                    message.extend_from_slice(text);
+                    if escape {
+                        escape_from(&mut message, start, &mut scratch);
+                    }
+                }
+                None => message.extend_from_slice(b"\\N"),
+            }
+        }
+        out.push_digest(&message)?;
+    }
+    out.finish()
+}
+
+/// `natural_key_fingerprint` with `version` over `fields` of canonical texts (null: empty).
+pub fn fingerprint_texts(version: i64, texts: &FieldTexts<'_>, fields: &[usize]) -> Result<ArrayRef> {
+    let rows = texts.rows();
+    let mut out = HexOutput::with_capacity(rows);
+    let mut message = Vec::with_capacity(64);
+    let mut digits = itoa::Buffer::new();
+    let version = digits.format(version).as_bytes();
+    for row in 0..rows {
+        message.clear();
+        message.extend_from_slice(version);
+        message.push(b'|');
+        for (i, &f) in fields.iter().enumerate() {
+            if i > 0 {
+                message.push(b'|');
+            }
+            if let Some(text) = texts.get(row, f) {
+                message.extend_from_slice(text);
             }
         }
         out.push_digest(&message)?;

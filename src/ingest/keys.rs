@@ -6,11 +6,9 @@
 //! a member of a conflicting key (`Conflict`), a repeat of its key in this file (`Unchanged`), a
 //! new key (`Inserted`), a new version (`Updated`) or the current version again (`Unchanged`).
 //!
-//! Two classifiers implement that: [`InMemory`] holds every key of the source and the file (40
-//! bytes each) and learns conflicts as it goes; [`Planned`] answers from row sets computed
+//! Two classifiers implement that: [`InMemory`] holds every key of the source and the file (32
+//! bytes each, in an open-addressing table) and learns conflicts as it goes; [`Planned`] answers from row sets computed
 //! beforehand by the bounded-memory planner in [`super::spill`].
-
-use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use datafusion::arrow::array::{ArrayRef, AsArray};
 use datafusion::prelude::SessionContext;
@@ -19,47 +17,36 @@ use futures::StreamExt;
 use crate::error::{Error, Result};
 
 /// 128-bit prefix of a fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fp(pub u64, pub u64);
 
-impl Hash for Fp {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0 ^ self.1.rotate_left(17));
+/// Hex digit values; 0x10 marks a byte that is not a lowercase hex digit.
+const HEX_VALUE: [u8; 256] = {
+    let mut t = [0x10u8; 256];
+    let mut c = 0;
+    while c < 10 {
+        t[b'0' as usize + c] = c as u8;
+        c += 1;
     }
-}
-
-/// Passes the (already uniform) key bits through as the hash.
-#[derive(Default)]
-pub struct WordHasher(u64);
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
+    let mut c = 0;
+    while c < 6 {
+        t[b'a' as usize + c] = 10 + c as u8;
+        c += 1;
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
+    t
+};
 
-pub type KeyMap<V> = hashbrown::HashMap<Fp, V, BuildHasherDefault<WordHasher>>;
-
-/// The first 16 hex digits of `s` as a number.
+/// The first 16 hex digits of `s` as a number (branch-free: the digits are random).
 pub fn hex_u64(s: &[u8]) -> Option<u64> {
+    let digits: &[u8; 16] = s.get(..16)?.try_into().ok()?;
     let mut v = 0u64;
-    for &c in s.get(..16)? {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            _ => return None,
-        };
-        v = (v << 4) | d as u64;
+    let mut bad = 0u8;
+    for &c in digits {
+        let d = HEX_VALUE[c as usize];
+        bad |= d;
+        v = (v << 4) | (d & 0x0f) as u64;
     }
-    Some(v)
+    (bad & 0x10 == 0).then_some(v)
 }
 
 pub fn fp_key(hex: &str) -> Option<Fp> {
@@ -116,16 +103,6 @@ pub async fn scan_versions(ctx: &SessionContext, url: &str, mut f: impl FnMut(Fp
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KeyState {
-    /// Row-hash prefix of the current committed version, when `has_current`.
-    pub current: u64,
-    /// Row-hash prefix of this file's first version of the key, when `in_file`.
-    pub file: u64,
-    pub has_current: bool,
-    pub in_file: bool,
-}
-
 /// What happens to a valid row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fate {
@@ -136,35 +113,125 @@ pub enum Fate {
     Conflict,
 }
 
-impl KeyState {
-    /// Classify one more row of this key in the file (conflicts are decided by the caller).
-    pub fn classify(&mut self, row_hash: u64) -> (Fate, bool) {
-        if self.in_file {
-            return (Fate::Unchanged, self.file != row_hash);
-        }
-        self.in_file = true;
-        self.file = row_hash;
-        let fate = if !self.has_current {
-            Fate::Inserted
-        } else if self.current != row_hash {
-            Fate::Updated
-        } else {
-            Fate::Unchanged
-        };
-        (fate, false)
-    }
-}
-
 pub trait Classifier: Send {
     fn classify(&mut self, key: Fp, row_hash: u64, row_number: u64) -> Fate;
+    /// A hint that `key` will be classified soon (lets the index fetch its memory early).
+    fn prefetch(&self, _key: Fp) {}
     /// Conflicts found during the pass that the pass did not know about: the pass must be
     /// redone with them known (in-memory mode only).
     fn discovered(&self) -> bool;
 }
 
-/// Every key of the source and of the file in one hash map.
+/// Slot flags, kept in the two low bits of the second key word (keys are compared without them:
+/// 126 bits still need about 2^63 keys for a collision). A slot without flags is empty.
+const HAS_CURRENT: u64 = 1;
+const IN_FILE: u64 = 2;
+const FLAGS: u64 = HAS_CURRENT | IN_FILE;
+
+/// One slot: `[key.0, key.1 & !FLAGS | flags, current row hash, first row hash in the file]`.
+type Slot = [u64; 4];
+
+/// Open addressing with linear probing over 32-byte slots (two a cache line), at most 7/8 full.
+/// The slot array asks for transparent huge pages: lookups are random over hundreds of MiB, and
+/// with 4 KiB pages nearly every one would also miss the TLB.
+struct KeyTable {
+    slots: Vec<Slot>,
+    mask: usize,
+    len: usize,
+}
+
+impl KeyTable {
+    fn with_capacity(keys: usize) -> KeyTable {
+        let n = (keys.max(8) * 8 / 7 + 1).next_power_of_two();
+        let slots = vec![[0u64; 4]; n];
+        advise_huge_pages(&slots);
+        KeyTable {
+            slots,
+            mask: n - 1,
+            len: 0,
+        }
+    }
+
+    fn home(&self, key: Fp) -> usize {
+        // Fingerprint bits are uniform; the spill partitions use the leading bits of key.0.
+        (key.0 as usize) & self.mask
+    }
+
+    fn prefetch(&self, key: Fp) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = self.slots.as_ptr().wrapping_add(self.home(key)) as *const i8;
+            // SAFETY: prefetching is a hint and never faults, whatever the address.
+            unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = key;
+    }
+
+    /// The slot of `key`, created (with no flags) when absent; callers set a flag at once.
+    fn slot(&mut self, key: Fp) -> &mut Slot {
+        if (self.len + 1) * 8 > self.slots.len() * 7 {
+            self.grow();
+        }
+        let k1 = key.1 & !FLAGS;
+        let mut i = self.home(key);
+        loop {
+            let s = self.slots[i];
+            if s[1] & FLAGS == 0 {
+                self.len += 1;
+                self.slots[i] = [key.0, k1, 0, 0];
+                return &mut self.slots[i];
+            }
+            if s[0] == key.0 && s[1] & !FLAGS == k1 {
+                return &mut self.slots[i];
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.slots);
+        *self = KeyTable::with_capacity(old.len());
+        for s in old.into_iter().filter(|s| s[1] & FLAGS != 0) {
+            *self.slot(Fp(s[0], s[1])) = s;
+        }
+    }
+
+    /// Keep only the slots `keep` returns true for (after it may have changed them).
+    fn retain(&mut self, mut keep: impl FnMut(&mut Slot) -> bool) {
+        let old = std::mem::take(&mut self.slots);
+        *self = KeyTable::with_capacity(self.len);
+        for mut s in old.into_iter().filter(|s| s[1] & FLAGS != 0) {
+            if keep(&mut s) {
+                *self.slot(Fp(s[0], s[1])) = s;
+            }
+        }
+    }
+}
+
+/// Ask the kernel for transparent huge pages under `v` (a hint; ignored where unsupported).
+fn advise_huge_pages<T>(v: &[T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(v);
+        let first = start.next_multiple_of(HUGE);
+        let last = end - end % HUGE;
+        if last > first {
+            // SAFETY: the range lies inside `v`'s allocation; MADV_HUGEPAGE changes no contents.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}
+
+/// Every key of the source and of the file in one hash table.
 pub struct InMemory {
-    pub map: KeyMap<KeyState>,
+    table: KeyTable,
     /// Conflicting keys known before the pass.
     pub known: hashbrown::HashSet<Fp>,
     /// Conflicting keys found during the pass.
@@ -174,7 +241,7 @@ pub struct InMemory {
 impl InMemory {
     pub fn new(capacity: usize) -> InMemory {
         InMemory {
-            map: KeyMap::with_capacity_and_hasher(capacity, Default::default()),
+            table: KeyTable::with_capacity(capacity),
             known: Default::default(),
             found: Default::default(),
         }
@@ -182,31 +249,48 @@ impl InMemory {
 
     /// Fold a committed version into the index (later calls win).
     pub fn add_current(&mut self, key: Fp, row_hash: u64) {
-        let e = self.map.entry(key).or_default();
-        e.current = row_hash;
-        e.has_current = true;
+        let s = self.table.slot(key);
+        s[1] |= HAS_CURRENT;
+        s[2] = row_hash;
     }
 
     /// Prepare a second pass that knows the conflicting keys found by the first.
     pub fn rerun_with_found(&mut self) {
         self.known.extend(self.found.drain());
-        self.map.retain(|_, s| {
-            s.in_file = false;
-            s.has_current
+        self.table.retain(|s| {
+            s[1] &= !IN_FILE;
+            s[1] & HAS_CURRENT != 0
         });
     }
 }
 
 impl Classifier for InMemory {
+    /// A repeat of a key in this file is `Unchanged` (a conflict when its row hash differs from
+    /// the key's first version in the file); otherwise new key, new version or same version.
     fn classify(&mut self, key: Fp, row_hash: u64, _row_number: u64) -> Fate {
         if !self.known.is_empty() && self.known.contains(&key) {
             return Fate::Conflict;
         }
-        let (fate, conflict) = self.map.entry(key).or_default().classify(row_hash);
-        if conflict {
-            self.found.insert(key);
+        let s = self.table.slot(key);
+        if s[1] & IN_FILE != 0 {
+            if s[3] != row_hash {
+                self.found.insert(key);
+            }
+            return Fate::Unchanged;
         }
-        fate
+        s[1] |= IN_FILE;
+        s[3] = row_hash;
+        if s[1] & HAS_CURRENT == 0 {
+            Fate::Inserted
+        } else if s[2] != row_hash {
+            Fate::Updated
+        } else {
+            Fate::Unchanged
+        }
+    }
+
+    fn prefetch(&self, key: Fp) {
+        self.table.prefetch(key);
     }
 
     fn discovered(&self) -> bool {

@@ -3,7 +3,9 @@
 //! The sequence of a run, and where a crash can hit it:
 //!
 //! 1. take the source lock; hash the file's bytes; a file already loaded by a committed run is
-//!    recorded as `skipped_duplicate_file` and nothing is read;
+//!    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
+//!    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
+//!    2-3 run (the bronze writer waits for the hash before its first rows);
 //! 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
 //!    bronze runs of the source, oldest first, so the newest version wins;
 //! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
@@ -34,7 +36,7 @@ pub mod typing;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -69,7 +71,7 @@ pub struct IngestOptions {
 impl Default for IngestOptions {
     fn default() -> Self {
         IngestOptions {
-            batch_size: 32 * 1024,
+            batch_size: 8 * 1024,
             lock_ttl: crate::lock::default_ttl(),
             progress: false,
             replay_of: None,
@@ -203,23 +205,67 @@ async fn run(
 ) -> Result<()> {
     failpoint::hit("ingest.after_lock")?;
     let before = FileStamp::of(path)?;
-    let (file_hash, lines) = file_digest(path).await?;
-    record.file_hash = Some(file_hash.clone());
-    failpoint::hit("ingest.after_hash")?;
-
     let runs: Vec<&RunRecord> = all_runs.iter().filter(|r| r.source == contract.source).collect();
-    if runs
+    // Only a file of the same size can repeat a loaded one. Otherwise the file is hashed on a
+    // thread of its own while it is loaded (the hash is needed first by the bronze writer, and
+    // the row count comes from a sample instead of a counting pass).
+    let maybe_duplicate = runs
         .iter()
-        .any(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash))
-    {
-        record.status = RunStatus::SkippedDuplicateFile;
-        record.error = None;
-        record.finished_at = now_micros();
-        record.ignored_columns = None;
-        commit_run(&ws.lake, record).await?;
-        return Ok(());
+        .any(|r| r.status.is_loaded() && r.file_bytes == record.file_bytes);
+    let (digest, lines) = if maybe_duplicate {
+        let (file_hash, lines) = file_digest(path).await?;
+        record.file_hash = Some(file_hash.clone());
+        failpoint::hit("ingest.after_hash")?;
+        if runs
+            .iter()
+            .any(|r| r.status.is_loaded() && r.file_hash.as_deref() == Some(&file_hash))
+        {
+            record.status = RunStatus::SkippedDuplicateFile;
+            record.error = None;
+            record.finished_at = now_micros();
+            record.ignored_columns = None;
+            commit_run(&ws.lake, record).await?;
+            return Ok(());
+        }
+        (FileDigest::ready(file_hash), lines)
+    } else {
+        (FileDigest::spawn(path)?, sample_lines(path, record.file_bytes as u64)?)
+    };
+    let result = load(ws, contract, path, opts, record, &runs, &digest, lines).await;
+    if record.file_hash.is_none() {
+        // Failed runs record the hash too; a hashing error matters only when the load worked.
+        let waiting = digest.clone();
+        let hashed = tokio::task::spawn_blocking(move || waiting.wait())
+            .await
+            .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))
+            .and_then(|r| r);
+        match hashed {
+            Ok(h) => record.file_hash = Some(h),
+            Err(e) if result.is_ok() => return Err(e),
+            Err(_) => {}
+        }
+        if result.is_ok() {
+            failpoint::hit("ingest.after_hash")?;
+        }
     }
+    result?;
+    before.check(path)?;
+    commit_run(&ws.lake, record).await
+}
 
+/// Load the file (after the duplicate check): build the index, run the pass(es), fill the
+/// record's counts and status.
+#[allow(clippy::too_many_arguments)]
+async fn load(
+    ws: &Workspace,
+    contract: &Arc<Contract>,
+    path: &Path,
+    opts: &IngestOptions,
+    record: &mut RunRecord,
+    runs: &[&RunRecord],
+    digest: &FileDigest,
+    lines: u64,
+) -> Result<()> {
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
     let committed: Vec<String> = runs
@@ -245,6 +291,7 @@ async fn run(
         opts,
         record: &snapshot,
         hashers: &hashers,
+        digest,
     };
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
@@ -308,8 +355,7 @@ async fn run(
             stats.seen, stats.inserted, stats.updated, stats.unchanged, stats.failed
         )));
     }
-    before.check(path)?;
-    commit_run(&ws.lake, record).await
+    Ok(())
 }
 
 /// Memory for the change-detection index: `INGOT_INDEX_MEMORY` (e.g. `64M`), else half of
@@ -353,30 +399,106 @@ impl FileStamp {
 /// SHA-256 of the file's bytes as stored, and its number of `\n` bytes (a row estimate).
 pub async fn file_digest(path: &Path) -> Result<(String, u64)> {
     let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || -> Result<(String, u64)> {
-        let mut f = std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut lines = 0u64;
-        loop {
-            let n = match f.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io(path.display(), e)),
-            };
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-            lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+    tokio::task::spawn_blocking(move || digest_file(&path))
+        .await
+        .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))?
+}
+
+fn digest_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path.display(), e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut lines = 0u64;
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(path.display(), e)),
+        };
+        if n == 0 {
+            break;
         }
-        let digest: [u8; 32] = h.finalize().into();
-        let mut hex = [0u8; 64];
-        crate::hash::hex_lower(&digest, &mut hex);
-        Ok((String::from_utf8_lossy(&hex).into_owned(), lines))
-    })
-    .await
-    .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))?
+        h.update(&buf[..n]);
+        lines += count_newlines(&buf[..n]);
+    }
+    let digest: [u8; 32] = h.finalize().into();
+    let mut hex = [0u8; 64];
+    crate::hash::hex_lower(&digest, &mut hex);
+    Ok((String::from_utf8_lossy(&hex).into_owned(), lines))
+}
+
+/// The input's hash, computed on a thread of its own while the file is loaded; whoever needs it
+/// first waits for it.
+#[derive(Clone)]
+pub struct FileDigest(Arc<(Mutex<Option<Result<String>>>, Condvar)>);
+
+impl FileDigest {
+    fn ready(hash: String) -> FileDigest {
+        FileDigest(Arc::new((Mutex::new(Some(Ok(hash))), Condvar::new())))
+    }
+
+    fn spawn(path: &Path) -> Result<FileDigest> {
+        let digest = FileDigest(Arc::new((Mutex::new(None), Condvar::new())));
+        let done = digest.clone();
+        let path = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("ingot-file-hash".into())
+            .spawn(move || {
+                let result = digest_file(&path).map(|(hash, _)| hash);
+                let (cell, ready) = &*done.0;
+                *cell.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                ready.notify_all();
+            })
+            .map_err(|e| Error::RunFailed(format!("cannot start the file-hash thread: {e}")))?;
+        Ok(digest)
+    }
+
+    /// Block until the hash is known. A hashing error is returned to the first caller only.
+    pub fn wait(&self) -> Result<String> {
+        let (cell, ready) = &*self.0;
+        let mut guard = cell.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match guard.take() {
+                Some(Ok(hash)) => {
+                    *guard = Some(Ok(hash.clone()));
+                    return Ok(hash);
+                }
+                Some(Err(e)) => {
+                    *guard = Some(Err(Error::RunFailed(
+                        "hashing the input failed (reported above)".into(),
+                    )));
+                    return Err(e);
+                }
+                None => guard = ready.wait(guard).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+}
+
+/// Bytes sampled from the start of a file to estimate its records.
+const LINE_SAMPLE: usize = 4 << 20;
+
+/// The `\n` count of a file: exact when it fits the sample, else extrapolated from its start.
+fn sample_lines(path: &Path, bytes: u64) -> Result<u64> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path.display(), e))?;
+    let mut buf = Vec::with_capacity(LINE_SAMPLE);
+    f.take(LINE_SAMPLE as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(path.display(), e))?;
+    let n = count_newlines(&buf);
+    if buf.len() < LINE_SAMPLE || buf.is_empty() {
+        return Ok(n);
+    }
+    Ok((n as u128 * bytes as u128 / buf.len() as u128) as u64)
+}
+
+/// Number of `\n` bytes, counted in byte-wide lanes (the plain filter-count widens every byte to a
+/// 64-bit lane and runs several times slower).
+fn count_newlines(bytes: &[u8]) -> u64 {
+    bytes
+        .chunks(255)
+        .map(|c| c.iter().fold(0u8, |n, &b| n + u8::from(b == b'\n')) as u64)
+        .sum()
 }
 
 /// Open the right loader for the contract's format; `.gz` input is decompressed transparently.

@@ -218,6 +218,7 @@ impl ParquetLoader {
             valid,
             rejections,
             raw,
+            texts: None,
             bytes_read: 0,
         })
     }

@@ -1,15 +1,17 @@
 //! One pass over an input file: parse, type, hash, classify, write.
 //!
-//! A blocking thread parses, types and hashes (the SQL UDFs, evaluated as physical expressions
-//! on each batch); the async task classifies rows and streams new versions and failures to the
-//! run-scoped Parquet files. Two stages for two cores, joined by a bounded channel, so memory
-//! stays a few batches whatever the file size.
+//! Five stages joined by short bounded channels, so both cores stay busy and memory stays a few
+//! batches whatever the file size: a parser thread (parse and type), a hashing thread (the SQL
+//! UDF kernels, or the canonical input texts when a batch has them), the async task (classify
+//! each row against the key index), a writer thread (stamp the run's constant columns, which
+//! waits for the file hash when it is still computing) and two Parquet encoder threads
+//! ([`crate::bronze::ParallelFileWriter`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Column, DFSchema};
@@ -21,13 +23,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::audit::{FailureRow, FailureWriter, RunRecord};
-use crate::bronze::{RunFileWriter, RunStamp};
-use crate::contract::Contract;
+use crate::bronze::{ParallelFileWriter, RunStamp};
+use crate::contract::{Contract, FieldType};
 use crate::error::{Error, Result};
 use crate::failpoint;
-use crate::ingest::keys::{Classifier, Fate, Fp, fp_key, hex_u64};
+use crate::hash::{FieldTexts, fingerprint_texts, row_hash_texts};
+use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
-use crate::ingest::{IngestOptions, open_loader};
+use crate::ingest::{FileDigest, IngestOptions, open_loader};
 use crate::lake::layout;
 use crate::session::Workspace;
 
@@ -36,6 +39,12 @@ pub struct Hashers {
     fingerprint: Arc<dyn PhysicalExpr>,
     row_hash: Arc<dyn PhysicalExpr>,
     schema: SchemaRef,
+    /// For batches that carry their canonical texts: the row-hash fields (non-volatile, in
+    /// contract order), whether each may need escaping (strings), the key fields and version.
+    text_row_fields: Vec<usize>,
+    text_escape: Vec<bool>,
+    text_key_fields: Vec<usize>,
+    key_version: i64,
 }
 
 impl Hashers {
@@ -60,7 +69,18 @@ impl Hashers {
             .map(field_expr)
             .collect();
         let rh = ctx.udf("row_hash")?.call(rh_args);
+        let text_row_fields: Vec<usize> = (0..contract.fields.len())
+            .filter(|&i| !contract.fields[i].volatile)
+            .collect();
+        let text_escape = text_row_fields
+            .iter()
+            .map(|&i| contract.fields[i].ty == FieldType::String)
+            .collect();
         Ok(Hashers {
+            text_row_fields,
+            text_escape,
+            text_key_fields: contract.natural_key.fields.clone(),
+            key_version: contract.natural_key.version,
             schema: contract.fields_schema(),
             fingerprint: ctx.create_physical_expr(fp, &schema)?,
             row_hash: ctx.create_physical_expr(rh, &schema)?,
@@ -69,13 +89,27 @@ impl Hashers {
 
     /// Fingerprints and row hashes of every row of the batch (rejected rows included).
     pub fn eval(&self, batch: &ParsedBatch) -> Result<(StringArray, StringArray)> {
-        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
-        let n = rb.num_rows();
         let utf8 = |a: ArrayRef, what: &str| -> Result<StringArray> {
             a.as_string_opt::<i32>()
                 .cloned()
                 .ok_or_else(|| Error::RunFailed(format!("{what} UDF returned a non-utf8 array")))
         };
+        let fields = self.schema.fields().len();
+        if let Some(t) = &batch.texts
+            && t.ends.len() == batch.num_rows() * fields
+        {
+            // The input spelled every value canonically: hash its bytes, no re-formatting.
+            let texts = FieldTexts {
+                bytes: &t.bytes,
+                ends: &t.ends,
+                fields,
+            };
+            let fp = fingerprint_texts(self.key_version, &texts, &self.text_key_fields)?;
+            let rh = row_hash_texts(&texts, &self.text_row_fields, &self.text_escape)?;
+            return Ok((utf8(fp, "natural_key_fingerprint")?, utf8(rh, "row_hash")?));
+        }
+        let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
+        let n = rb.num_rows();
         let fp = utf8(
             self.fingerprint.evaluate(&rb)?.into_array(n)?,
             "natural_key_fingerprint",
@@ -90,21 +124,49 @@ pub struct HashedBatch {
     pub batch: ParsedBatch,
     pub fp: StringArray,
     pub rh: StringArray,
+    /// Key and row-hash prefix of every row, read from the digests once.
+    keys: Vec<(Fp, u64)>,
 }
 
 impl HashedBatch {
-    /// The key and row-hash prefix of valid row `i`.
-    pub fn key(&self, i: usize) -> Result<(Fp, u64)> {
-        match (fp_key(self.fp.value(i)), hex_u64(self.rh.value(i).as_bytes())) {
-            (Some(k), Some(r)) => Ok((k, r)),
-            _ => Err(Error::RunFailed("hash UDFs returned a malformed digest".into())),
+    pub fn new(batch: ParsedBatch, fp: StringArray, rh: StringArray) -> Result<HashedBatch> {
+        let malformed = || Error::RunFailed("hash UDFs returned a malformed digest".into());
+        let n = batch.num_rows();
+        if fp.len() != n || rh.len() != n || fp.null_count() > 0 || rh.null_count() > 0 {
+            return Err(malformed());
         }
+        let parse = |f: &[u8], r: &[u8]| match (hex_u64(f), f.get(16..).and_then(hex_u64), hex_u64(r)) {
+            (Some(a), Some(b), Some(r)) => Ok((Fp(a, b), r)),
+            _ => Err(malformed()),
+        };
+        // The kernels write 64 bytes a row into one buffer: read it straight, without offsets.
+        let packed = |a: &StringArray| a.value_offsets().first() == Some(&0) && a.values().len() == 64 * n;
+        let keys = if packed(&fp) && packed(&rh) {
+            fp.values()
+                .chunks_exact(64)
+                .zip(rh.values().chunks_exact(64))
+                .map(|(f, r)| parse(f, r))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..n)
+                .map(|i| parse(fp.value(i).as_bytes(), rh.value(i).as_bytes()))
+                .collect::<Result<Vec<_>>>()?
+        };
+        Ok(HashedBatch { batch, fp, rh, keys })
+    }
+
+    /// The key and row-hash prefix of row `i`.
+    pub fn key(&self, i: usize) -> (Fp, u64) {
+        self.keys[i]
     }
 
     pub fn is_valid(&self, i: usize) -> bool {
         self.batch.valid.as_ref().is_none_or(|v| v.value(i))
     }
 }
+
+/// How many rows ahead of the classified one the index slot is prefetched.
+const PREFETCH_AHEAD: usize = 16;
 
 /// The producer side: a blocking thread that parses and hashes the file.
 pub struct Producer {
@@ -120,38 +182,156 @@ pub fn spawn_producer(
     hashers: &Arc<Hashers>,
     keep_raw: bool,
 ) -> Producer {
+    let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<ParsedBatch>>(2);
     let (tx, rx) = mpsc::channel::<Result<HashedBatch>>(2);
     let (ignored_tx, ignored) = oneshot::channel::<Vec<String>>();
     let contract = contract.clone();
     let path = path.to_path_buf();
     let batch_size = opts.batch_size;
     let hashers = hashers.clone();
-    let thread = tokio::task::spawn_blocking(move || {
+    // Stage 1: parse and type (a thread of its own, so that hashing overlaps it).
+    let parse = move || {
         let mut loader = match open_loader(contract, &path, batch_size, keep_raw) {
             Ok(l) => l,
             Err(e) => {
-                let _ = tx.blocking_send(Err(e));
+                let _ = parsed_tx.blocking_send(Err(e));
                 return;
             }
         };
         loop {
             match loader.next_batch() {
                 Ok(Some(batch)) => {
-                    let hashed = hashers.eval(&batch).map(|(fp, rh)| HashedBatch { batch, fp, rh });
-                    if tx.blocking_send(hashed).is_err() {
+                    if parsed_tx.blocking_send(Ok(batch)).is_err() {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
+                    let _ = parsed_tx.blocking_send(Err(e));
                     return;
                 }
             }
         }
         let _ = ignored_tx.send(loader.ignored_columns());
+    };
+    // Stage 2: hash, on the blocking task the caller joins.
+    let thread = tokio::task::spawn_blocking(move || {
+        let parser = match std::thread::Builder::new().name("ingot-parse".into()).spawn(parse) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(Error::RunFailed(format!("cannot start the parser thread: {e}"))));
+                return;
+            }
+        };
+        while let Some(parsed) = parsed_rx.blocking_recv() {
+            let hashed = parsed.and_then(|batch| {
+                let (fp, rh) = hashers.eval(&batch)?;
+                HashedBatch::new(batch, fp, rh)
+            });
+            let failed = hashed.is_err();
+            if tx.blocking_send(hashed).is_err() || failed {
+                break;
+            }
+        }
+        // Unblocks the parser if it is still sending, then waits for it.
+        drop(parsed_rx);
+        if parser.join().is_err() {
+            let _ = tx.blocking_send(Err(Error::RunFailed("the parser thread panicked".into())));
+        }
     });
     Producer { rx, ignored, thread }
+}
+
+/// The rows of a batch to write, before the run's constant columns are added.
+struct NewRows {
+    columns: Vec<ArrayRef>,
+    row_hash: ArrayRef,
+    fingerprint: ArrayRef,
+    row_numbers: ArrayRef,
+}
+
+/// The run's data file, stamped and encoded (Parquet, zstd) on a blocking thread of its own so
+/// that encoding overlaps classification and parsing. The stamp needs the file hash, which may
+/// still be computing when the first rows arrive: they wait in the channel (a few batches, then
+/// the pass waits too), so memory stays bounded.
+struct DataWriter {
+    tx: Option<mpsc::Sender<NewRows>>,
+    thread: JoinHandle<Result<u64>>,
+}
+
+/// Batches that may wait for the stamp (the file hash) before the pass stalls.
+const WRITE_QUEUE: usize = 24;
+
+impl DataWriter {
+    fn spawn(ws: &Workspace, rel: String, schema: SchemaRef, stamp: StampParts) -> DataWriter {
+        let (tx, mut rx) = mpsc::channel::<NewRows>(WRITE_QUEUE);
+        let handle = tokio::runtime::Handle::current();
+        let mut writer = ParallelFileWriter::new(&ws.lake, rel, schema.clone(), handle);
+        let thread = tokio::task::spawn_blocking(move || {
+            let mut pending = Some(stamp);
+            let mut ready: Option<RunStamp> = None;
+            while let Some(rows) = rx.blocking_recv() {
+                let first = ready.is_none();
+                if let Some(parts) = pending.take() {
+                    ready = Some(parts.resolve()?);
+                }
+                let Some(stamp) = ready.as_mut() else {
+                    return Err(Error::RunFailed("internal error: the run stamp is missing".into()));
+                };
+                let batch = stamp.stamp(&schema, rows.columns, rows.row_hash, rows.fingerprint, rows.row_numbers)?;
+                writer.write(&batch)?;
+                if first {
+                    failpoint::hit("ingest.mid_data")?;
+                }
+            }
+            writer.finish()
+        });
+        DataWriter { tx: Some(tx), thread }
+    }
+
+    async fn write(&mut self, rows: NewRows) -> Result<()> {
+        if let Some(tx) = &self.tx
+            && tx.send(rows).await.is_ok()
+        {
+            return Ok(());
+        }
+        // The writer stopped early: report why.
+        self.tx = None;
+        match (&mut self.thread).await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) => Err(Error::RunFailed("the data writer stopped early".into())),
+            Err(e) => Err(Error::RunFailed(format!("data writer task failed: {e}"))),
+        }
+    }
+
+    /// Close the file; the number of rows written.
+    async fn finish(mut self) -> Result<u64> {
+        self.tx = None;
+        self.thread
+            .await
+            .map_err(|e| Error::RunFailed(format!("data writer task failed: {e}")))?
+    }
+}
+
+/// A [`RunStamp`] whose file hash may still be computing.
+struct StampParts {
+    run_id: String,
+    digest: FileDigest,
+    natural_key_version: i32,
+    contract_version: i32,
+    ingested_at: i64,
+}
+
+impl StampParts {
+    fn resolve(self) -> Result<RunStamp> {
+        Ok(RunStamp::new(
+            self.run_id,
+            self.digest.wait()?,
+            self.natural_key_version,
+            self.contract_version,
+            self.ingested_at,
+        ))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -187,6 +367,8 @@ pub struct RunInput<'a> {
     pub opts: &'a IngestOptions,
     pub record: &'a RunRecord,
     pub hashers: &'a Arc<Hashers>,
+    /// The input's hash (stamped on every bronze row), possibly still computing.
+    pub digest: &'a FileDigest,
 }
 
 /// Parse the file and write the run's data and failure files, asking `classifier` the fate of
@@ -199,26 +381,27 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         opts,
         record,
         hashers,
+        digest,
     } = *input;
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
     let data_schema = contract.bronze_schema();
-    let mut data = RunFileWriter::new(
-        &ws.lake,
-        layout::bronze_data(&contract.source, &record.run_id),
-        data_schema.clone(),
-    );
-    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
-    let stamp = RunStamp {
+    let stamp = StampParts {
         run_id: record.run_id.clone(),
-        file_hash: record.file_hash.clone().unwrap_or_default(),
+        digest: digest.clone(),
         natural_key_version: contract.natural_key.version as i32,
         contract_version: contract.version as i32,
         ingested_at: record.started_at,
     };
+    let mut data = DataWriter::spawn(
+        ws,
+        layout::bronze_data(&contract.source, &record.run_id),
+        data_schema,
+        stamp,
+    );
+    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
     let mut stats = Stats::default();
     let mut held: Vec<ConflictRow> = Vec::new();
-    let mut midway = false;
 
     while let Some(hashed) = producer.rx.recv().await {
         let hashed = hashed?;
@@ -238,7 +421,11 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         }
         let mut keep: Vec<u32> = Vec::new();
         for i in (0..batch.num_rows()).filter(|&i| hashed.is_valid(i)) {
-            let (key, row) = hashed.key(i)?;
+            // The index is far larger than the caches: ask for a later row's slot now.
+            if let Some(&(ahead, _)) = hashed.keys.get(i + PREFETCH_AHEAD) {
+                classifier.prefetch(ahead);
+            }
+            let (key, row) = hashed.key(i);
             let row_number = batch.row_numbers.value(i) as u64;
             match classifier.classify(key, row, row_number) {
                 Fate::Inserted => {
@@ -270,35 +457,29 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
             continue;
         }
         if !keep.is_empty() {
-            let out = if keep.len() == batch.num_rows() {
+            let rows = if keep.len() == batch.num_rows() {
                 // Every row is new (a first load): no copy.
-                stamp.stamp(
-                    &data_schema,
-                    batch.columns.clone(),
-                    Arc::new(hashed.rh.clone()),
-                    Arc::new(hashed.fp.clone()),
-                    batch.row_numbers.clone(),
-                )?
+                NewRows {
+                    columns: batch.columns.clone(),
+                    row_hash: Arc::new(hashed.rh.clone()),
+                    fingerprint: Arc::new(hashed.fp.clone()),
+                    row_numbers: batch.row_numbers.clone(),
+                }
             } else {
                 let idx = UInt32Array::from(keep);
-                let cols = batch
+                let columns = batch
                     .columns
                     .iter()
                     .map(|c| take(c.as_ref(), &idx, None))
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                stamp.stamp(
-                    &data_schema,
-                    cols,
-                    take(&hashed.rh, &idx, None)?,
-                    take(&hashed.fp, &idx, None)?,
-                    take(batch.row_numbers.as_ref(), &idx, None)?,
-                )?
+                NewRows {
+                    columns,
+                    row_hash: take(&hashed.rh, &idx, None)?,
+                    fingerprint: take(&hashed.fp, &idx, None)?,
+                    row_numbers: take(batch.row_numbers.as_ref(), &idx, None)?,
+                }
             };
-            data.write(&out).await?;
-            if !midway {
-                midway = true;
-                failpoint::hit("ingest.mid_data")?;
-            }
+            data.write(rows).await?;
         }
     }
     producer

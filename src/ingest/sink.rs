@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, StringBuilder};
 
-use crate::contract::Contract;
+use crate::contract::{Contract, Field, FieldType};
+use crate::hash::TEXT_NULL;
 use crate::ingest::typing::{ColumnBuilder, Rejection, check_value, parse_value};
 
 /// A required string whose normalized value is empty (`"  "` with `trim`) counts as missing.
@@ -44,6 +45,9 @@ pub struct ParsedBatch {
     pub rejections: Vec<RowRejection>,
     /// The raw payload of every row, when the loader was asked to keep it.
     pub raw: Option<StringArray>,
+    /// The canonical text of every field of every row, when the input gave every value of the
+    /// batch in canonical form (see [`CanonicalTexts`]); hashing then needs no re-formatting.
+    pub texts: Option<CanonicalTexts>,
     /// Bytes of (decompressed) input consumed so far, for progress.
     pub bytes_read: u64,
 }
@@ -51,6 +55,125 @@ pub struct ParsedBatch {
 impl ParsedBatch {
     pub fn num_rows(&self) -> usize {
         self.row_numbers.len()
+    }
+}
+
+/// Field texts of a batch in the layout of [`crate::hash::FieldTexts`].
+#[derive(Debug, Default)]
+pub struct CanonicalTexts {
+    pub bytes: Vec<u8>,
+    pub ends: Vec<u32>,
+}
+
+/// Collects [`CanonicalTexts`] while rows are typed. Only for contracts whose every field has a
+/// canonical text that the input can spell exactly (no `normalize`, no floats or timestamps, no
+/// custom date format); a batch with any other value (or a rejected row) falls back to hashing
+/// the typed values.
+struct TextCapture {
+    texts: CanonicalTexts,
+    ok: bool,
+}
+
+impl TextCapture {
+    fn eligible(contract: &Contract) -> bool {
+        contract.fields.iter().all(|f| {
+            f.normalize.is_empty()
+                && match f.ty {
+                    FieldType::String | FieldType::Int32 | FieldType::Int64 | FieldType::Boolean => true,
+                    FieldType::Decimal { scale, .. } => scale >= 0,
+                    FieldType::Date => f.format.is_none(),
+                    FieldType::Float64 | FieldType::Timestamp => false,
+                }
+        })
+    }
+
+    fn push_null(&mut self) {
+        if self.ok {
+            self.end_value(false);
+        }
+    }
+
+    /// Close the value appended since the last one (`present`) or record a null.
+    fn end_value(&mut self, present: bool) {
+        match u32::try_from(self.texts.bytes.len()) {
+            Ok(e) if e < TEXT_NULL => self.texts.ends.push(if present { e } else { e | TEXT_NULL }),
+            _ => self.ok = false,
+        }
+    }
+}
+
+impl TextCapture {
+    /// Append the canonical text of `text`, which typed fine as `field`, when it can be spelled
+    /// from the input's bytes (DESIGN.md §2); otherwise the batch falls back to the typed values.
+    fn push_value(&mut self, field: &Field, text: &str) {
+        if !self.ok {
+            return;
+        }
+        let b = text.as_bytes();
+        let as_is = match field.ty {
+            FieldType::String => true,
+            FieldType::Int32 | FieldType::Int64 => canonical_integer(b),
+            FieldType::Decimal { scale: 0, .. } => canonical_integer(b),
+            FieldType::Decimal { scale, .. } => {
+                let start = self.texts.bytes.len();
+                if !decimal_into(b, scale.unsigned_abs() as usize, &mut self.texts.bytes) {
+                    self.texts.bytes.truncate(start);
+                    self.ok = false;
+                    return;
+                }
+                self.end_value(true);
+                return;
+            }
+            FieldType::Boolean => b == b"true" || b == b"false",
+            // The default date parser takes exactly YYYY-MM-DD (after trimming): canonical.
+            FieldType::Date => field.format.is_none() && b.len() == 10,
+            FieldType::Float64 | FieldType::Timestamp => false,
+        };
+        if as_is {
+            self.texts.bytes.extend_from_slice(b);
+            self.end_value(true);
+        } else {
+            self.ok = false;
+        }
+    }
+}
+
+/// The canonical text of a decimal of `scale > 0` from its input text (`17` → `17.00`,
+/// `-0.5` → `-0.50`); false (with partial output) when the text is not a plain decimal whose
+/// fraction fits the scale, or is a negative zero.
+fn decimal_into(b: &[u8], scale: usize, out: &mut Vec<u8>) -> bool {
+    let negative = b.first() == Some(&b'-');
+    let unsigned = if negative { &b[1..] } else { b };
+    let (int, frac) = match unsigned.iter().position(|&c| c == b'.') {
+        Some(p) => (&unsigned[..p], &unsigned[p + 1..]),
+        None => (unsigned, &[][..]),
+    };
+    if int.first() == Some(&b'-')
+        || !canonical_integer(int)
+        || frac.len() > scale
+        || !frac.iter().all(u8::is_ascii_digit)
+        || (negative && int == b"0" && frac.iter().all(|&d| d == b'0'))
+    {
+        return false;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    out.extend_from_slice(int);
+    out.push(b'.');
+    out.extend_from_slice(frac);
+    out.extend(std::iter::repeat_n(b'0', scale - frac.len()));
+    true
+}
+
+/// Plain decimal digits with an optional `-`, no leading zero, and not `-0`.
+fn canonical_integer(b: &[u8]) -> bool {
+    let digits = b.strip_prefix(b"-").unwrap_or(b);
+    match digits {
+        [] => false,
+        [b'0'] => digits.len() == b.len(),
+        [b'0', ..] => false,
+        _ => digits.iter().all(u8::is_ascii_digit),
     }
 }
 
@@ -75,11 +198,13 @@ pub struct RowSink {
     scratch: String,
     /// Keep the raw payload of every row (second pass of a file with key conflicts).
     raw: Option<StringBuilder>,
+    texts: Option<TextCapture>,
     pub batch_size: usize,
 }
 
 impl RowSink {
     pub fn new(contract: Arc<Contract>, batch_size: usize, keep_raw: bool) -> RowSink {
+        let eligible = TextCapture::eligible(&contract);
         let builders = contract
             .fields
             .iter()
@@ -100,6 +225,10 @@ impl RowSink {
             norm: String::new(),
             scratch: String::new(),
             raw: keep_raw.then(StringBuilder::new),
+            texts: eligible.then(|| TextCapture {
+                texts: CanonicalTexts::default(),
+                ok: true,
+            }),
             batch_size,
         }
     }
@@ -121,9 +250,13 @@ impl RowSink {
         let mut key_ok = true;
         for (i, f) in self.contract.fields.iter().enumerate() {
             let builder = &mut self.builders[i];
+            let texts = &mut self.texts;
             let outcome = match field(i) {
                 FieldText::Null => {
                     builder.append_null();
+                    if let Some(c) = texts {
+                        c.push_null();
+                    }
                     if f.required {
                         Some(Rejection::new(
                             format!("required:{}", f.name),
@@ -140,6 +273,9 @@ impl RowSink {
                 FieldText::Text(t) => match parse_value(f, t) {
                     Ok(v) => {
                         builder.append(&v);
+                        if let Some(c) = texts {
+                            c.push_value(f, t);
+                        }
                         if f.required
                             && !f.normalize.is_empty()
                             && normalizes_to_empty(f, t, &mut self.norm, &mut self.scratch)
@@ -159,6 +295,10 @@ impl RowSink {
                 },
             };
             if let Some(r) = outcome {
+                // Rejected rows are hashed from their typed values (with nulls where typing failed).
+                if let Some(c) = &mut self.texts {
+                    c.ok = false;
+                }
                 if self.is_key[i] && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
                     key_ok = false;
                 }
@@ -175,6 +315,9 @@ impl RowSink {
 
     /// Reject a whole record before its fields are read (wrong field count, invalid JSON).
     pub fn reject_row(&mut self, row_number: u64, rule: &str, reason: String, raw: String) {
+        if let Some(c) = &mut self.texts {
+            c.ok = false;
+        }
         for b in &mut self.builders {
             b.append_null();
         }
@@ -230,12 +373,24 @@ impl RowSink {
         self.valid.clear();
         self.any_invalid = false;
         let raw = self.raw.as_mut().map(|b| b.finish());
+        let texts = self.texts.as_mut().and_then(|c| {
+            let capacity = (c.texts.bytes.capacity(), c.texts.ends.capacity());
+            let texts = std::mem::replace(
+                &mut c.texts,
+                CanonicalTexts {
+                    bytes: Vec::with_capacity(capacity.0),
+                    ends: Vec::with_capacity(capacity.1),
+                },
+            );
+            std::mem::replace(&mut c.ok, true).then_some(texts)
+        });
         Ok(Some(ParsedBatch {
             columns,
             row_numbers,
             valid,
             rejections: std::mem::take(&mut self.rejections),
             raw,
+            texts,
             bytes_read,
         }))
     }

@@ -127,7 +127,7 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
     while let Some(hashed) = producer.rx.recv().await {
         let hashed = hashed?;
         for i in (0..hashed.batch.num_rows()).filter(|&i| hashed.is_valid(i)) {
-            let (key, rh) = hashed.key(i)?;
+            let (key, rh) = hashed.key(i);
             let row = hashed.batch.row_numbers.value(i) as u64;
             rows.push(partition_of(key, bits), &[key.0, key.1, rh, row])?;
         }

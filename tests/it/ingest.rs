@@ -481,3 +481,50 @@ fn parquet_values_are_never_rounded_and_text_columns_use_the_contract_formats() 
     );
     assert!(f[2]["reason"].as_str().unwrap().contains("%d/%m/%Y"), "{f:?}");
 }
+
+/// CSV values in canonical form are hashed from their input bytes (decimals padded to their
+/// scale); any other spelling makes the batch hash its typed values. Both must store exactly the
+/// hashes the SQL UDFs compute from the stored typed columns.
+#[test]
+fn hashes_from_input_text_equal_the_udfs_over_typed_values() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("canon.yaml"),
+        "source: canon\nversion: 1\nformat: csv\ncsv: {delimiter: \",\", header: true, quote: '\"', null_values: [\"\"]}\nfields:\n  - {name: id, type: int64, required: true}\n  - {name: n, type: int32}\n  - {name: d, type: \"decimal(15,2)\"}\n  - {name: z, type: \"decimal(9,0)\"}\n  - {name: dt, type: date}\n  - {name: b, type: boolean}\n  - {name: s, type: string}\n  - {name: v, type: string, volatile: true}\nnatural_key: {version: 3, fields: [id, s]}\n",
+    )
+    .unwrap();
+    let canonical = t.dir.path().join("canonical.csv");
+    std::fs::write(
+        &canonical,
+        "id,n,d,z,dt,b,s,v\n\
+         1,17,17,5,1996-03-13,true,plain,x\n\
+         2,-5,-0.05,-7,0000-03-01,false,\"pipe|and\\\\back\",y\n\
+         3,0,0.04,0,9999-12-31,,\"quoted, \"\"comma\"\"\",\n\
+         4,,21168.23,,,true,,z\n\
+         5,2147483647,17.5,123456789,2026-02-28,false,\\N,w\n\
+         6,-2147483648,-1234567890123.00,-1,1970-01-01,true,é ü,v\n",
+    )
+    .unwrap();
+    let other = t.dir.path().join("other.csv");
+    std::fs::write(
+        &other,
+        "id,n,d,z,dt,b,s,v\n\
+         7,+5,1.500,007,1996-03-13,TRUE,a,x\n\
+         8, 5 ,-0.00,-0,1996-03-13,yes,b,x\n\
+         9,-0,.25,0,1996-03-13,0,c,x\n",
+    )
+    .unwrap();
+    t.ingest_ok("canon", &canonical);
+    t.ingest_ok("canon", &other);
+    let rows = t.query(
+        "SELECT count(*) AS n, \
+         sum(CASE WHEN row_hash = row_hash(id, n, d, z, dt, b, s) THEN 1 ELSE 0 END) AS rh, \
+         sum(CASE WHEN natural_key_fingerprint = natural_key_fingerprint(3, id, s) THEN 1 ELSE 0 END) AS fp \
+         FROM bronze.canon",
+    );
+    assert_eq!(rows[0]["n"], 9, "{rows:?}");
+    assert_eq!(rows[0]["rh"], 9, "{rows:?}");
+    assert_eq!(rows[0]["fp"], 9, "{rows:?}");
+    let f = t.query("SELECT count(*) AS n FROM audit.row_failure_log");
+    assert_eq!(f[0]["n"], 0);
+}
