@@ -94,9 +94,8 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let files: Vec<String> = runs
-        .iter()
-        .filter(|r| r.source == contract.source && r.has_data())
+    let files: Vec<String> = bronze_runs(runs, &contract.source)
+        .into_iter()
         .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
         .collect();
     let name = format!("bronze.{}", contract.source);
@@ -120,6 +119,11 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
         current.into_view(),
     )?;
     Ok(())
+}
+
+/// The runs whose bronze data file is part of `bronze.<source>` (silver builds read the same).
+pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
+    runs.iter().filter(|r| r.source == source && r.has_data()).collect()
 }
 
 /// The latest succeeded build of `table`, if any.

@@ -47,37 +47,41 @@
 //! the new snapshot) + `rows_filtered` + `rows_rejected`; `rows_flagged` counts flagged rows of
 //! the whole new table.
 //!
-//! Performance: `bronze.<source>_current` (a window over every bronze version) is computed once
-//! per build: one pass writes the records to process, and for an incremental build every current
-//! record's keys, to build-scoped scratch files (`_scratch_*.parquet`, deleted after the commit)
-//! that the snapshot, failure, `fail`-check and state plans read. The transform still runs once
-//! per output (snapshot, failures, and the `fail` check when the rules have a `fail`
-//! validation); the state's outcomes are read back from the files just written. An incremental
-//! build rewrites the whole snapshot and recomputes the flags over all of it, so it costs about
-//! as much as a full build on a large table: only the transform work shrinks.
-
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast as arrow_cast;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryBuilder, Int32Array, Int32Builder, RecordBatch,
+    StringArray, StringBuilder, TimestampMicrosecondArray,
+};
+use datafusion::arrow::compute::kernels::boolean::{is_null, not};
+use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit, when};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::logical_expr::{Expr, ExprSchemable, lit};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use sha2::Digest;
 
-use super::compile::{ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, flag, read_inputs, transform};
-use crate::audit::{BuildRecord, BuildStatus, commit_build, failure_log_schema, parquet_bytes};
+use super::compile::{
+    ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, SPLIT_RULE, flag, flag_projection, is_window, read_inputs, transform,
+    transform_split, window_fired_column, window_fires,
+};
+use super::keys::{
+    FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, keep_udf, outcome_name,
+    outcome_of, pick_udf,
+};
+use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
 use crate::bronze::RunFileWriter;
-use crate::catalog::{Catalog, latest_build, table_over_file};
+use crate::catalog::{Catalog, latest_build, table_over, table_over_file};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
 use crate::lake::{Lake, layout};
-use crate::rules::{RuleSet, RulesSet};
+use crate::rules::{Action, AnomalyKind, RuleSet, RulesSet};
 use crate::session::Workspace;
 use crate::yaml::Problems;
 
@@ -85,7 +89,6 @@ use crate::yaml::Problems;
 pub const SILVER_BUILD_ID: &str = "silver_build_id";
 
 const FP: &str = "natural_key_fingerprint";
-const ROW_HASH: &str = "row_hash";
 const RUN_ID: &str = "ingestion_run_id";
 const OUTCOME: &str = "outcome";
 
@@ -115,14 +118,15 @@ fn now_micros() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
 
-/// Schema of the state file.
+/// Schema of the state file: the 16-byte key of every record the table's current state accounts
+/// for, the run of the version that was decided, the outcome (`passed`, `rejected`, `filtered`)
+/// and the rules version that decided it.
 pub fn state_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new(FP, DataType::Utf8, true),
-        Field::new(ROW_HASH, DataType::Utf8, true),
-        Field::new(RUN_ID, DataType::Utf8, true),
-        Field::new(OUTCOME, DataType::Utf8, true),
-        Field::new(RULES_VERSION, DataType::Int32, true),
+        Field::new(FP, DataType::FixedSizeBinary(16), false),
+        Field::new(RUN_ID, DataType::Utf8, false),
+        Field::new(OUTCOME, DataType::Utf8, false),
+        Field::new(RULES_VERSION, DataType::Int32, false),
     ]))
 }
 
@@ -170,22 +174,6 @@ fn inputs_digest(catalog: &Catalog, contract: &Contract) -> Result<String> {
         }
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// `(fp, row_hash, run)` of `df` under private names, for joins.
-fn keys(df: DataFrame, prefix: &str, with_versions: bool) -> Result<DataFrame> {
-    let mut cols = vec![c(FP).alias(format!("{prefix}_fp"))];
-    if with_versions {
-        cols.push(c(ROW_HASH).alias(format!("{prefix}_rh")));
-        cols.push(c(RUN_ID).alias(format!("{prefix}_run")));
-    }
-    Ok(df.select(cols)?)
-}
-
-/// Rows of `left` whose fingerprint is (`JoinType::LeftSemi`) or is not (`LeftAnti`) in `right`.
-fn by_fingerprint(left: DataFrame, right: DataFrame, how: JoinType, prefix: &str) -> Result<DataFrame> {
-    let right = keys(right, prefix, false)?;
-    Ok(left.join_on(right, how, [c(FP).eq(c(&format!("{prefix}_fp")))])?)
 }
 
 /// Parse `--rebuild-where` against the silver table's columns; only `rules_version` may appear.
@@ -236,114 +224,6 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         }
     }
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
-}
-
-/// Stream the rows of `parts`, one after the other, into one file `rel`; when `always` an empty
-/// file with the schema is written for no rows. `each` sees every batch with the index of its
-/// part. Returns the number of rows.
-async fn write_df(
-    lake: &Lake,
-    rel: String,
-    parts: Vec<DataFrame>,
-    schema: Option<SchemaRef>,
-    always: bool,
-    mut each: impl FnMut(usize, &RecordBatch),
-) -> Result<u64> {
-    let mut w: Option<(RunFileWriter, SchemaRef)> = None;
-    let mut last_schema = schema.clone();
-    for (i, df) in parts.into_iter().enumerate() {
-        let mut stream = df.execute_stream().await?;
-        let schema = schema.clone().unwrap_or_else(|| stream.schema());
-        last_schema = Some(schema.clone());
-        while let Some(b) = stream.next().await {
-            let (writer, schema) =
-                w.get_or_insert_with(|| (RunFileWriter::new(lake, rel.clone(), schema.clone()), schema.clone()));
-            let b = conform(&b?, schema)?;
-            each(i, &b);
-            writer.write(&b).await?;
-        }
-    }
-    let n = match w {
-        Some((writer, _)) => writer.finish().await?,
-        None => 0,
-    };
-    if n == 0
-        && always
-        && let Some(schema) = last_schema
-    {
-        lake.put(&rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
-    }
-    Ok(n)
-}
-
-/// Stream `df` (the current records, with extra columns when `process` is given) once: the rows
-/// for which `process` is true — all rows when it is `None` — go to `input_rel` with the current
-/// records' columns, and when `keys_rel` is given every row's (fingerprint, row_hash, run) goes
-/// there. Returns the rows to process as a DataFrame over the file written.
-async fn split_current(
-    ctx: &SessionContext,
-    lake: &Lake,
-    current: DataFrame,
-    process: Option<Expr>,
-    input_rel: &str,
-    keys_rel: Option<&str>,
-) -> Result<DataFrame> {
-    const PROCESS: &str = "__ingot_process";
-    let width = current.schema().fields().len();
-    let df = match process {
-        Some(p) => {
-            let mut cols: Vec<Expr> = current
-                .schema()
-                .iter()
-                .filter(|(_, f)| !f.name().starts_with("__ingot_"))
-                .map(|(q, f)| Expr::Column(Column::from((q, f))))
-                .collect();
-            cols.push(when(p, lit(true)).otherwise(lit(false))?.alias(PROCESS));
-            current.select(cols)?
-        }
-        None => current,
-    };
-    let has_mark = df.schema().has_column_with_unqualified_name(PROCESS);
-    let mut stream = df.execute_stream().await?;
-    let full = stream.schema();
-    let data_width = if has_mark { full.fields().len() - 1 } else { width };
-    let data_schema = Arc::new(full.project(&(0..data_width).collect::<Vec<_>>())?);
-    let key_idx: Vec<usize> = [FP, ROW_HASH, RUN_ID]
-        .iter()
-        .map(|n| data_schema.index_of(n))
-        .collect::<std::result::Result<_, _>>()?;
-    let keys_schema = Arc::new(data_schema.project(&key_idx)?);
-    let mut input_w = RunFileWriter::new(lake, input_rel.to_string(), data_schema.clone());
-    let mut keys_w = keys_rel.map(|rel| RunFileWriter::new(lake, rel.to_string(), keys_schema.clone()));
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let data = b.project(&(0..data_width).collect::<Vec<_>>())?;
-        let data = RecordBatch::try_new(data_schema.clone(), data.columns().to_vec())?;
-        if let Some(w) = keys_w.as_mut() {
-            w.write(&data.project(&key_idx)?).await?;
-        }
-        let chosen = if has_mark {
-            let mask = b
-                .column(data_width)
-                .as_boolean_opt()
-                .ok_or_else(|| Error::RunFailed("build: the input mark is not boolean".into()))?;
-            datafusion::arrow::compute::filter_record_batch(&data, mask)?
-        } else {
-            data
-        };
-        input_w.write(&chosen).await?;
-    }
-    for (w, rel, schema) in [
-        (Some(input_w), Some(input_rel), data_schema),
-        (keys_w, keys_rel, keys_schema),
-    ] {
-        if let (Some(w), Some(rel)) = (w, rel)
-            && w.finish().await? == 0
-        {
-            lake.put(rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
-        }
-    }
-    Ok(ctx.read_table(table_over_file(ctx, lake, input_rel).await?)?)
 }
 
 /// Build `table`; see the module documentation. A build that fails a `fail` validation returns
@@ -415,6 +295,275 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
     rules.latest(table).map(|r| r.version).unwrap_or(version).max(version) + 1
 }
 
+
+/// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
+fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
+    let mut runs = crate::catalog::bronze_runs(&catalog.runs, source);
+    runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
+    runs
+}
+
+/// One pass over the fingerprints of every bronze run of the source, newest first: the current
+/// run of every record.
+async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
+    let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
+    let mut keys = Keys::new(
+        runs.iter().map(|r| r.run_id.clone()).collect(),
+        usize::try_from(capacity).unwrap_or(0),
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let table = table_over(
+            vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
+            contract.bronze_schema(),
+        )?;
+        let mut stream = ctx.read_table(table)?.select(vec![c(FP)])?.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let mut missing = false;
+            for_each_fp(b.column(0), |_, fp| match fp {
+                Some(fp) => keys.see_current(fp, i as u32),
+                None => missing = true,
+            })?;
+            if missing {
+                return Err(Error::RunFailed(format!(
+                    "bronze run {} of \"{}\" has a row without {FP}",
+                    run.run_id, run.source
+                )));
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// Add the previous build's state to `keys`.
+async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, rel: &str) -> Result<()> {
+    let mut index: HashMap<String, u32> = keys
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.clone(), i as u32))
+        .collect();
+    let df = ctx.read_table(table_over_file(ctx, lake, rel).await?)?.select(vec![
+        c(FP),
+        c(RUN_ID),
+        c(OUTCOME),
+        c(RULES_VERSION),
+    ])?;
+    let mut stream = df.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let runs = arrow_cast(b.column(1), &DataType::Utf8)?;
+        let runs = runs.as_string::<i32>();
+        let outcomes = arrow_cast(b.column(2), &DataType::Utf8)?;
+        let outcomes = outcomes.as_string::<i32>();
+        let versions = arrow_cast(b.column(3), &DataType::Int32)?;
+        let versions = versions.as_primitive::<Int32Type>();
+        let mut rows = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |i, fp| {
+            if let Some(fp) = fp {
+                rows.push((i, fp));
+            }
+        })?;
+        for (i, fp) in rows {
+            let run = keys.run_index(runs.value(i), &mut index);
+            keys.see_previous(fp, run, versions.value(i), outcome_of(outcomes.value(i)));
+        }
+    }
+    Ok(())
+}
+
+/// The rules versions of the previous state that `pred` (a predicate on `rules_version`) matches.
+async fn matching_versions(ctx: &SessionContext, keys: &Keys, pred: &Expr) -> Result<HashSet<i32>> {
+    let versions: BTreeSet<i32> = keys.map.values().filter(|e| e.prev != NONE).map(|e| e.version).collect();
+    let schema = Arc::new(Schema::new(vec![Field::new(RULES_VERSION, DataType::Int32, true)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int32Array::from(versions.into_iter().collect::<Vec<_>>()))],
+    )?;
+    // A handful of distinct versions: the result is tiny.
+    let matched = ctx.read_batch(batch)?.filter(pred.clone().is_true())?.collect().await?;
+    let mut out = HashSet::new();
+    for b in matched {
+        out.extend(b.column(0).as_primitive::<Int32Type>().iter().flatten());
+    }
+    Ok(out)
+}
+
+/// Evaluates the flag projection on batches with the columns of `base`.
+struct Flagger {
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    schema: SchemaRef,
+    base: SchemaRef,
+    is_anomaly: usize,
+}
+
+impl Flagger {
+    fn new(ctx: &SessionContext, rules: &RuleSet, base: SchemaRef, sets: &[Option<Arc<FpSet>>]) -> Result<Flagger> {
+        let df_schema = DFSchema::try_from(base.as_ref().clone())?;
+        let window = |i: usize| -> Expr {
+            match sets.get(i).cloned().flatten() {
+                Some(set) => Arc::new(in_set_udf(set)).call(vec![c(FP)]),
+                None => lit(false),
+            }
+        };
+        let projection = flag_projection(&df_schema, rules, window)?;
+        let state = ctx.state();
+        let mut exprs = Vec::new();
+        let mut fields = Vec::new();
+        for e in projection {
+            let (_, field) = e.to_field(&df_schema)?;
+            fields.push(field.as_ref().clone().with_nullable(true));
+            exprs.push(state.create_physical_expr(e, &df_schema)?);
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let is_anomaly = schema.index_of(IS_ANOMALY)?;
+        Ok(Flagger {
+            exprs,
+            schema,
+            base,
+            is_anomaly,
+        })
+    }
+
+    /// `batch` (the base columns, in order) flagged; also returns how many rows are anomalies.
+    fn apply(&self, batch: &RecordBatch) -> Result<(RecordBatch, u64)> {
+        let batch = conform(batch, &self.base)?;
+        let n = batch.num_rows();
+        let mut cols = Vec::with_capacity(self.exprs.len());
+        for (e, f) in self.exprs.iter().zip(self.schema.fields()) {
+            let a = e.evaluate(&batch)?.into_array(n)?;
+            cols.push(if a.data_type() == f.data_type() {
+                a
+            } else {
+                arrow_cast(&a, f.data_type())?
+            });
+        }
+        let out = RecordBatch::try_new(self.schema.clone(), cols)?;
+        let flagged = out.column(self.is_anomaly).as_boolean().true_count() as u64;
+        Ok((out, flagged))
+    }
+}
+
+/// Failure-log rows of this build from `(fingerprint, row number, rule, reason, payload)` columns.
+struct Failures<'a> {
+    build_id: &'a str,
+    source: &'a str,
+    table: &'a str,
+    version: i32,
+    failed_at: i64,
+}
+
+impl Failures<'_> {
+    fn batch(&self, fp: &ArrayRef, row: &ArrayRef, rule: &ArrayRef, reason: &ArrayRef, payload: &ArrayRef) -> Result<RecordBatch> {
+        let n = fp.len();
+        let text = |a: &ArrayRef| -> Result<ArrayRef> {
+            let a = arrow_cast(a, &DataType::Utf8)?;
+            let s = a.as_string::<i32>();
+            Ok(Arc::new(StringArray::from_iter_values(
+                (0..n).map(|i| if s.is_null(i) { "" } else { s.value(i) }).collect::<Vec<_>>(),
+            )))
+        };
+        let repeat = |v: &str| -> ArrayRef { Arc::new(StringArray::from_iter_values(std::iter::repeat_n(v, n))) };
+        let cols: Vec<ArrayRef> = vec![
+            repeat(self.build_id),
+            repeat("silver"),
+            repeat(self.source),
+            repeat(self.table),
+            arrow_cast(row, &DataType::Int64)?,
+            arrow_cast(fp, &DataType::Utf8)?,
+            text(payload)?,
+            text(rule)?,
+            text(reason)?,
+            Arc::new(Int32Array::from_value(self.version, n)),
+            Arc::new(TimestampMicrosecondArray::from_value(self.failed_at, n).with_timezone("UTC")),
+        ];
+        Ok(RecordBatch::try_new(failure_log_schema(), cols)?)
+    }
+}
+
+/// The new state: the processed records with this build's outcome, and the records carried over.
+/// Returns the number of processed records no output had (removed by a `filter` step).
+async fn write_state(lake: &Lake, rel: &str, keys: &Keys, version: i32) -> Result<u64> {
+    const CHUNK: usize = 1 << 16;
+    let schema = state_schema();
+    let mut w = RunFileWriter::new(lake, rel.to_string(), schema.clone());
+    let mut filtered = 0u64;
+    let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
+    let mut runs = StringBuilder::with_capacity(CHUNK, CHUNK * 36);
+    let mut outcomes = StringBuilder::with_capacity(CHUNK, CHUNK * 8);
+    let mut versions = Int32Builder::with_capacity(CHUNK);
+    let mut n = 0usize;
+    for (fp, e) in &keys.map {
+        let (run, outcome, v) = if keys.process(e) {
+            let o = e.new.load(std::sync::atomic::Ordering::Relaxed);
+            let o = if o == 0 {
+                filtered += 1;
+                FILTERED
+            } else {
+                o
+            };
+            (e.cur, o, version)
+        } else if keys.carry(e) {
+            (e.prev, e.outcome, e.version)
+        } else {
+            continue;
+        };
+        fps.append_value(fp.to_be_bytes())?;
+        runs.append_value(keys.runs.get(run as usize).map(String::as_str).unwrap_or(""));
+        outcomes.append_value(outcome_name(outcome));
+        versions.append_value(v);
+        n += 1;
+        if n == CHUNK {
+            w.write(&state_batch(&schema, &mut fps, &mut runs, &mut outcomes, &mut versions)?)
+                .await?;
+            n = 0;
+        }
+    }
+    if n > 0 {
+        w.write(&state_batch(&schema, &mut fps, &mut runs, &mut outcomes, &mut versions)?)
+            .await?;
+    }
+    if w.finish().await? == 0 {
+        lake.put(rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
+    }
+    Ok(filtered)
+}
+
+fn state_batch(
+    schema: &SchemaRef,
+    fps: &mut FixedSizeBinaryBuilder,
+    runs: &mut StringBuilder,
+    outcomes: &mut StringBuilder,
+    versions: &mut Int32Builder,
+) -> Result<RecordBatch> {
+    Ok(RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(fps.finish()),
+            Arc::new(runs.finish()),
+            Arc::new(outcomes.finish()),
+            Arc::new(versions.finish()),
+        ],
+    )?)
+}
+
+/// Stream `df` into `writer`, each batch through `each` (which may drop rows by returning `None`).
+async fn pump(
+    df: DataFrame,
+    writer: &mut RunFileWriter,
+    mut each: impl FnMut(RecordBatch) -> Result<Option<RecordBatch>>,
+) -> Result<()> {
+    let mut stream = df.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        if let Some(out) = each(b?)?
+            && out.num_rows() > 0
+        {
+            writer.write(&out).await?;
+        }
+    }
+    Ok(())
+}
+
 async fn run(
     ws: &Workspace,
     catalog: &Catalog,
@@ -428,153 +577,108 @@ async fn run(
     let table = record.table.clone();
     let build_id = record.build_id.clone();
     let inputs = read_inputs(ctx, &catalog.contracts, rules).await?;
-    let current = inputs.input.clone();
-    let digest = inputs_digest(catalog, &inputs.contract)?;
+    let contract = inputs.contract.clone();
+    let digest = inputs_digest(catalog, &contract)?;
+    let runs = runs_newest_first(catalog, &rules.source);
 
-    // Which current records to process (P), which previous snapshot rows to keep (K) and which
-    // previous state rows to keep (S). `bronze.<source>_current` is computed once: one pass
-    // writes the records to process (and, for an incremental build, every current record's
-    // keys) to build-scoped scratch files that every later plan reads.
-    let input_rel = layout::silver_scratch(&table, &build_id, "input");
-    let keys_rel = layout::silver_scratch(&table, &build_id, "current_keys");
-    let (input, kept, kept_state) = match (previous, &opts.rebuild_where, opts.full) {
+    // Which records to process, which snapshot rows to keep, which state rows to carry: one pass
+    // over the fingerprints of bronze and one over the previous state, into compact keys.
+    let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+    let mut snapshot: Option<DataFrame> = None;
+    match (previous, &opts.rebuild_where, opts.full) {
         (None, Some(_), _) => {
             return Err(Error::Invalid(format!(
                 "--rebuild-where: \"{table}\" has no succeeded build to rebuild rows of; run `ingot build {table}` first"
             )));
         }
-        (None, None, _) | (Some(_), None, true) => {
-            let input = split_current(ctx, lake, current.clone(), None, &input_rel, None).await?;
-            (input, None, None)
-        }
+        (None, None, _) | (Some(_), None, true) => {}
         (Some(prev), rebuild, _) => {
             let snapshot_rel = layout::silver_data(&table, &prev.build_id);
-            let snapshot = ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?;
-            let state =
-                ctx.read_table(table_over_file(ctx, lake, &layout::silver_state(&table, &prev.build_id)).await?)?;
+            let previous_digest = lake
+                .get(&layout::silver_inputs(&table, &prev.build_id))
+                .await?
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["inputs_digest"].as_str().map(str::to_string));
             if let Some(pred) = rebuild {
                 record.mode = "rebuild".into();
-                let expr = parse_rebuild_filter(ctx, snapshot.schema().as_arrow(), pred)?;
-                // The state has every processed record's rules_version: rows a matching
-                // version rejected or filtered are rebuilt too.
-                let matching = keys(state.clone().filter(expr.clone().is_true())?, "__ingot_m", false)?;
-                let marked = current
-                    .clone()
-                    .join_on(matching, JoinType::Left, [c(FP).eq(c("__ingot_m_fp"))])?;
-                let process = c("__ingot_m_fp").is_not_null();
-                let input = split_current(ctx, lake, marked, Some(process), &input_rel, None).await?;
-                let kept = snapshot.filter(expr.is_not_true())?;
-                let kept_state = by_fingerprint(state, input.clone(), JoinType::LeftAnti, "__ingot_p")?;
-                (input, Some(kept), Some(kept_state))
+                let snap = ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?;
+                let expr = parse_rebuild_filter(ctx, snap.schema().as_arrow(), pred)?;
+                previous_state(ctx, lake, &mut keys, &layout::silver_state(&table, &prev.build_id)).await?;
+                keys.mode = Mode::Rebuild {
+                    matching: matching_versions(ctx, &keys, &expr).await?,
+                };
+                snapshot = Some(snap);
             } else {
                 record.mode = "incremental".into();
-                let previous_digest = lake
-                    .get(&layout::silver_inputs(&table, &prev.build_id))
-                    .await?
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| v["inputs_digest"].as_str().map(str::to_string));
-                if previous_digest.as_deref() != Some(digest.as_str()) {
-                    let input = split_current(ctx, lake, current.clone(), None, &input_rel, None).await?;
-                    (input, None, None)
-                } else {
-                    // Rows another rules version rejected or filtered are processed again.
-                    let unchanged = state
-                        .clone()
-                        .filter(c(OUTCOME).eq(lit("passed")).or(c(RULES_VERSION).eq(lit(rules.version))))?;
-                    let marked = current.clone().join_on(
-                        keys(unchanged, "__ingot_s", true)?,
-                        JoinType::Left,
-                        [
-                            c(FP).eq(c("__ingot_s_fp")),
-                            c(ROW_HASH).eq(c("__ingot_s_rh")),
-                            c(RUN_ID).eq(c("__ingot_s_run")),
-                        ],
-                    )?;
-                    let process = c("__ingot_s_fp").is_null();
-                    let input = split_current(ctx, lake, marked, Some(process), &input_rel, Some(&keys_rel)).await?;
-                    let current_keys = ctx.read_table(table_over_file(ctx, lake, &keys_rel).await?)?;
-                    let still = |df: DataFrame| -> Result<DataFrame> {
-                        let df = by_fingerprint(df, current_keys.clone(), JoinType::LeftSemi, "__ingot_c")?;
-                        by_fingerprint(df, input.clone(), JoinType::LeftAnti, "__ingot_p")
+                // When what `resolve` reads changed, any row's resolved value may have: all of
+                // them are processed again.
+                if previous_digest.as_deref() == Some(digest.as_str()) {
+                    previous_state(ctx, lake, &mut keys, &layout::silver_state(&table, &prev.build_id)).await?;
+                    keys.mode = Mode::Incremental {
+                        version: rules.version,
                     };
-                    (input.clone(), Some(still(snapshot)?), Some(still(state)?))
+                    snapshot = Some(ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?);
                 }
             }
         }
-    };
-
-    let t = transform(ctx, rules, &inputs.contract, input.clone(), &inputs.lookups)?;
-
-    // A `fail` validation: the build fails, nothing but its record is published.
-    let has_fail = rules.validate.iter().any(|v| v.action == crate::rules::Action::Fail);
-    let mut stream = if has_fail {
-        t.failed.clone().execute_stream().await?
-    } else {
-        t.failed.clone().limit(0, Some(0))?.execute_stream().await?
-    };
-    let (mut n_failed, mut first, mut failed_rules) = (0u64, Vec::new(), BTreeSet::new());
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let rule = b.column_by_name("rule").map(|a| a.as_string::<i32>().clone());
-        let row = b.column_by_name("source_row_number").cloned();
-        let raw = b.column_by_name("raw_payload").map(|a| a.as_string::<i32>().clone());
-        for i in 0..b.num_rows() {
-            if let Some(r) = &rule {
-                failed_rules.insert(r.value(i).to_string());
-            }
-            if first.len() < 3 {
-                let number = row
-                    .as_ref()
-                    .and_then(|a| a.as_primitive_opt::<datafusion::arrow::datatypes::Int64Type>())
-                    .filter(|a| a.is_valid(i))
-                    .map(|a| a.value(i).to_string())
-                    .unwrap_or_else(|| "?".into());
-                let payload = raw.as_ref().map(|a| a.value(i).to_string()).unwrap_or_default();
-                first.push(format!("record {number}: {payload}"));
-            }
-        }
-        n_failed += b.num_rows() as u64;
     }
-    drop(stream);
-    if n_failed > 0 {
-        let names: Vec<String> = failed_rules.into_iter().map(|r| format!("\"{r}\"")).collect();
-        record.status = BuildStatus::Failed;
-        record.error = Some(format!(
-            "validation {} (action: fail) failed for {n_failed} row{}; nothing was published; first failing {}",
-            names.join(", "),
-            if n_failed == 1 { "" } else { "s" },
-            first.join("; ")
-        ));
-        record.finished_at = now_micros();
-        commit_build(lake, record).await?;
-        crate::failpoint::hit("build.after_commit")?;
-        for rel in [&input_rel, &keys_rel] {
-            let _ = lake.delete(rel).await;
+    let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
+    reservation.grow(keys.bytes());
+    let mut per_run = vec![0u64; keys.current_runs];
+    let mut kept_records = 0u64;
+    for e in keys.map.values() {
+        if keys.process(e) {
+            per_run[e.cur as usize] += 1;
+        } else if keys.keep_row(e) {
+            kept_records += 1;
         }
-        return Ok(Built {
-            record: record.clone(),
-            table_rows: 0,
-            kept_rows: 0,
+    }
+    let rows_read: u64 = per_run.iter().sum();
+    let keys = Arc::new(keys);
+
+    // The records to process: the current rows of the runs that hold any.
+    let mut input: Option<DataFrame> = None;
+    for (i, run) in runs.iter().enumerate() {
+        if per_run[i] == 0 {
+            continue;
+        }
+        let rows = ctx
+            .read_table(table_over(
+                vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
+                contract.bronze_schema(),
+            )?)?
+            .filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+        input = Some(match input {
+            None => rows,
+            Some(df) => df.union(rows)?,
         });
     }
+    let input = match input {
+        Some(df) => df,
+        None => ctx.read_table(table_over(vec![], contract.bronze_schema())?)?,
+    };
+    let split = transform_split(ctx, rules, &contract, input, &inputs.lookups)?;
+    let silver_fields: Vec<Field> = split.rows.schema().as_arrow().fields()[..split.silver_width]
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let mut base_fields = silver_fields.clone();
+    base_fields.push(Field::new(SILVER_BUILD_ID, DataType::Utf8, true));
+    let base = Arc::new(Schema::new(base_fields));
 
-    // The new table: kept rows (byte-for-byte but for the flags) and the rebuilt rows, flagged
-    // over the whole of it.
-    let rebuilt = t.passed.clone().with_column(SILVER_BUILD_ID, lit(build_id.as_str()))?;
-    let combined = match kept {
-        None => rebuilt,
-        Some(kept) => {
-            let kept = kept.drop_columns(&[ANOMALY_FLAGS, IS_ANOMALY])?;
-            let want: Vec<(String, DataType)> = rebuilt
-                .schema()
+    // The rows kept from the previous snapshot, in the new column order (flags recomputed).
+    let kept = match snapshot {
+        Some(snap) if kept_records > 0 => {
+            let want: Vec<(String, DataType)> = base
                 .fields()
                 .iter()
                 .map(|f| (f.name().clone(), f.data_type().clone()))
                 .collect();
-            let have: Vec<(String, DataType)> = kept
+            let have: Vec<(String, DataType)> = snap
                 .schema()
                 .fields()
                 .iter()
+                .filter(|f| f.name() != ANOMALY_FLAGS && f.name() != IS_ANOMALY)
                 .map(|f| (f.name().clone(), f.data_type().clone()))
                 .collect();
             let mut sorted_want = want.clone();
@@ -594,111 +698,239 @@ async fn run(
                     show(&want)
                 )));
             }
-            let kept = kept.select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?;
-            kept.union(rebuilt)?
+            Some(
+                snap.filter(Arc::new(keep_udf(keys.clone())).call(vec![c(FP)]))?
+                    .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
+            )
         }
+        _ => None,
     };
-    let table_df = flag(combined, rules)?;
 
-    let (mut table_rows, mut written, mut flagged) = (0u64, 0u64, 0u64);
-    write_df(
-        lake,
-        layout::silver_data(&table, &build_id),
-        vec![table_df],
-        None,
-        true,
-        |_, b| {
-            table_rows += b.num_rows() as u64;
-            if let Some(a) = b.column_by_name(IS_ANOMALY).and_then(|a| a.as_boolean_opt().cloned()) {
-                flagged += a.true_count() as u64;
+    // Window anomalies over the few columns they read, of the whole new table: the rows for which
+    // each fires, as sets of keys.
+    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
+    if rules.anomalies.iter().any(is_window) {
+        const TIE: &str = "__ingot_tie";
+        let mut narrow: Vec<String> = Vec::new();
+        for a in rules.anomalies.iter().filter(|a| is_window(a)) {
+            let names: Vec<&str> = match &a.kind {
+                AnomalyKind::Spike { column, by, order, .. } => {
+                    by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
+                }
+                AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
+                AnomalyKind::When(_) => Vec::new(),
+            };
+            for n in names {
+                if !narrow.iter().any(|x| x == n) {
+                    narrow.push(n.to_string());
+                }
             }
-            if let Some(a) = b
-                .column_by_name(SILVER_BUILD_ID)
-                .and_then(|a| a.as_string_opt::<i32>().cloned())
-            {
-                written += a.iter().filter(|v| *v == Some(build_id.as_str())).count() as u64;
+        }
+        for n in &narrow {
+            if base.index_of(n).is_err() {
+                return Err(Error::Invalid(format!(
+                    "{}: an anomaly reads column \"{n}\", which the table does not have",
+                    rules.path.display()
+                )));
             }
-        },
-    )
-    .await?;
+        }
+        let fp128 = Arc::new(fp128_udf());
+        let project = |df: DataFrame| -> Result<DataFrame> {
+            let mut cols: Vec<Expr> = narrow
+                .iter()
+                .map(|n| {
+                    let ty = base.field_with_name(n).map(|f| f.data_type().clone());
+                    ty.map(|t| datafusion::logical_expr::cast(c(n), t).alias(n))
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            cols.push(fp128.call(vec![c(FP)]).alias(TIE));
+            Ok(df.select(cols)?)
+        };
+        let mut all = project(split.rows.clone().filter(c(SPLIT_RULE).is_null())?)?;
+        if let Some(k) = &kept {
+            all = project(k.clone())?.union(all)?;
+        }
+        if let Some(fires) = window_fires(all, rules, TIE)? {
+            let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
+            let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
+            let mut stream = fires.execute_stream().await?;
+            while let Some(b) = stream.next().await {
+                let b = b?;
+                let mut fps = Vec::with_capacity(b.num_rows());
+                for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
+                for (i, set) in found.iter_mut().enumerate() {
+                    let Some(col) = names.iter().position(|n| *n == window_fired_column(i)) else {
+                        continue;
+                    };
+                    let fired = b.column(col).as_boolean();
+                    for (r, fp) in fps.iter().enumerate() {
+                        if let Some(fp) = fp
+                            && fired.is_valid(r)
+                            && fired.value(r)
+                        {
+                            set.insert(*fp);
+                        }
+                    }
+                }
+            }
+            for (i, set) in found.into_iter().enumerate() {
+                if is_window(&rules.anomalies[i]) {
+                    sets[i] = Some(Arc::new(set));
+                }
+            }
+        }
+    }
+    let flagger = Flagger::new(ctx, rules, base.clone(), &sets)?;
 
-    let failures = t.rejected.clone().select(vec![
-        lit(build_id.as_str()).alias("run_id"),
-        lit("silver").alias("layer"),
-        lit(rules.source.as_str()).alias("source"),
-        lit(table.as_str()).alias("table"),
-        c("source_row_number"),
-        c(FP),
-        c("raw_payload"),
-        c("rule"),
-        c("reason"),
-        lit(rules.version).alias("rules_version"),
-        lit(ScalarValue::TimestampMicrosecond(
-            Some(record.started_at),
-            Some("UTC".into()),
-        ))
-        .alias("failed_at"),
-    ])?;
-    let rejected = write_df(
-        lake,
-        layout::silver_failures(&build_id),
-        vec![failures],
-        Some(failure_log_schema()),
-        false,
-        |_, _| {},
-    )
-    .await?;
-
-    // The state of the processed records, from what was just written: a record is `passed` when
-    // the new snapshot has it from this build, `rejected` when this build's failure file has it,
-    // otherwise a filter step removed it (every input row ends in exactly one of these, the
-    // `failed` ones having failed the build above).
+    // One pass: kept rows, then the transform's rows split into the snapshot and the failures.
     let data_rel = layout::silver_data(&table, &build_id);
-    let passed = ctx
-        .read_table(table_over_file(ctx, lake, &data_rel).await?)?
-        .filter(c(SILVER_BUILD_ID).eq(lit(build_id.as_str())))?;
-    let mut processed = input.select(vec![c(FP), c(ROW_HASH), c(RUN_ID)])?.join_on(
-        keys(passed, "__ingot_passed", false)?,
-        JoinType::Left,
-        [c(FP).eq(c("__ingot_passed_fp"))],
-    )?;
-    let mut outcome = when(c("__ingot_passed_fp").is_not_null(), lit("passed"));
-    if rejected > 0 {
-        let failures = ctx.read_table(table_over_file(ctx, lake, &layout::silver_failures(&build_id)).await?)?;
-        processed = processed.join_on(
-            keys(failures, "__ingot_rejected", false)?,
-            JoinType::Left,
-            [c(FP).eq(c("__ingot_rejected_fp"))],
-        )?;
-        outcome = outcome.when(c("__ingot_rejected_fp").is_not_null(), lit("rejected"));
+    let failures_rel = layout::silver_failures(&build_id);
+    let mut data_w = RunFileWriter::new(lake, data_rel.clone(), flagger.schema.clone());
+    let mut fail_w = RunFileWriter::new(lake, failures_rel.clone(), failure_log_schema());
+    let (mut table_rows, mut written, mut flagged) = (0u64, 0u64, 0u64);
+    if let Some(k) = kept {
+        pump(k, &mut data_w, |b| {
+            let (out, f) = flagger.apply(&b)?;
+            table_rows += out.num_rows() as u64;
+            flagged += f;
+            Ok(Some(out))
+        })
+        .await?;
     }
-    let processed = processed.select(vec![
-        c(FP),
-        c(ROW_HASH),
-        c(RUN_ID),
-        outcome.otherwise(lit("filtered"))?.alias(OUTCOME),
-        lit(rules.version).alias(RULES_VERSION),
-    ])?;
-    let mut parts = vec![processed];
-    if let Some(k) = kept_state {
-        parts.push(k.select(vec![c(FP), c(ROW_HASH), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?);
-    }
-    let mut filtered = 0u64;
-    write_df(
-        lake,
-        layout::silver_state(&table, &build_id),
-        parts,
-        Some(state_schema()),
-        true,
-        |part, b| {
-            if part == 0
-                && let Some(a) = b.column_by_name(OUTCOME).and_then(|a| a.as_string_opt::<i32>())
-            {
-                filtered += a.iter().filter(|v| *v == Some("filtered")).count() as u64;
+    let actions: HashMap<&str, Action> = rules.validate.iter().map(|v| (v.name.as_str(), v.action)).collect();
+    let failures = Failures {
+        build_id: &build_id,
+        source: &rules.source,
+        table: &table,
+        version: rules.version,
+        failed_at: record.started_at,
+    };
+    let width = split.silver_width;
+    let fp_idx = split.rows.schema().as_arrow().index_of(FP)?;
+    let build_ids = |n: usize| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(build_id.as_str(), n)))
+    };
+    let (mut n_failed, mut first, mut failed_rules) = (0u64, Vec::new(), BTreeSet::new());
+    let mut rejected = 0u64;
+    {
+        let mut stream = split.rows.clone().execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let rule = b.column(width + 1).clone();
+            let passed = is_null(&rule)?;
+            let good = filter_record_batch(&b, &passed)?;
+            if good.num_rows() > 0 {
+                for_each_fp(good.column(fp_idx), |_, fp| {
+                    if let Some(fp) = fp {
+                        keys.mark(fp, PASSED);
+                    }
+                })?;
+                let mut cols: Vec<ArrayRef> = good.columns()[..width].to_vec();
+                cols.push(build_ids(good.num_rows()));
+                let (out, f) = flagger.apply(&RecordBatch::try_new(base.clone(), cols)?)?;
+                written += out.num_rows() as u64;
+                flagged += f;
+                data_w.write(&out).await?;
             }
-        },
-    )
-    .await?;
+            if passed.true_count() == b.num_rows() {
+                continue;
+            }
+            let bad = filter_record_batch(&b, &not(&passed)?)?;
+            let rules_col = bad.column(width + 1).as_string::<i32>().clone();
+            let reject: BooleanArray = (0..bad.num_rows())
+                .map(|i| Some(actions.get(rules_col.value(i)) != Some(&Action::Fail)))
+                .collect();
+            let failing = filter_record_batch(&bad, &not(&reject)?)?;
+            if failing.num_rows() > 0 {
+                let r = failing.column(width + 1).as_string::<i32>();
+                let numbers = arrow_cast(failing.column(width), &DataType::Int64)?;
+                let numbers = numbers.as_primitive::<Int64Type>();
+                let payload = failing.column(width + 3).as_string::<i32>();
+                for i in 0..failing.num_rows() {
+                    failed_rules.insert(r.value(i).to_string());
+                    if first.len() < 3 {
+                        let number = if numbers.is_valid(i) {
+                            numbers.value(i).to_string()
+                        } else {
+                            "?".into()
+                        };
+                        let p = if payload.is_valid(i) { payload.value(i) } else { "" };
+                        first.push(format!("record {number}: {p}"));
+                    }
+                }
+                n_failed += failing.num_rows() as u64;
+            }
+            let rej = filter_record_batch(&bad, &reject)?;
+            if rej.num_rows() > 0 {
+                for_each_fp(rej.column(fp_idx), |_, fp| {
+                    if let Some(fp) = fp {
+                        keys.mark(fp, REJECTED);
+                    }
+                })?;
+                rejected += rej.num_rows() as u64;
+                let batch = failures.batch(
+                    rej.column(fp_idx),
+                    rej.column(width),
+                    rej.column(width + 1),
+                    rej.column(width + 2),
+                    rej.column(width + 3),
+                )?;
+                fail_w.write(&batch).await?;
+            }
+        }
+    }
+    if let Some(rr) = split.resolve_rejected.clone() {
+        let mut stream = rr.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            if b.num_rows() == 0 {
+                continue;
+            }
+            for_each_fp(b.column(0), |_, fp| {
+                if let Some(fp) = fp {
+                    keys.mark(fp, REJECTED);
+                }
+            })?;
+            rejected += b.num_rows() as u64;
+            fail_w
+                .write(&failures.batch(b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?)
+                .await?;
+        }
+    }
+    table_rows += written;
+    let wrote_data = data_w.finish().await? > 0;
+    let wrote_failures = fail_w.finish().await? > 0;
+
+    // A `fail` validation: the build fails, nothing but its record is published.
+    if n_failed > 0 {
+        let names: Vec<String> = failed_rules.into_iter().map(|r| format!("\"{r}\"")).collect();
+        record.status = BuildStatus::Failed;
+        record.error = Some(format!(
+            "validation {} (action: fail) failed for {n_failed} row{}; nothing was published; first failing {}",
+            names.join(", "),
+            if n_failed == 1 { "" } else { "s" },
+            first.join("; ")
+        ));
+        record.finished_at = now_micros();
+        commit_build(lake, record).await?;
+        crate::failpoint::hit("build.after_commit")?;
+        for (wrote, rel) in [(wrote_data, &data_rel), (wrote_failures, &failures_rel)] {
+            if wrote {
+                let _ = lake.delete(rel).await;
+            }
+        }
+        return Ok(Built {
+            record: record.clone(),
+            table_rows: 0,
+            kept_rows: 0,
+        });
+    }
+    if !wrote_data {
+        lake.put(&data_rel, parquet_bytes(&RecordBatch::new_empty(flagger.schema.clone()))?)
+            .await?;
+    }
+    let filtered = write_state(lake, &layout::silver_state(&table, &build_id), &keys, rules.version).await?;
+    drop(reservation);
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;
@@ -707,14 +939,11 @@ async fn run(
     record.rows_written = written as i64;
     record.rows_rejected = rejected as i64;
     record.rows_filtered = filtered as i64;
-    record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
+    record.rows_read = rows_read as i64;
     record.rows_flagged = flagged as i64;
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
     crate::failpoint::hit("build.after_commit")?;
-    for rel in [&input_rel, &keys_rel] {
-        let _ = lake.delete(rel).await;
-    }
     Ok(Built {
         record: record.clone(),
         table_rows,
