@@ -1,9 +1,9 @@
 //! The SQL catalog over a lake: `bronze.<source>`, `bronze.<source>_current`, `silver.<table>`,
 //! `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`.
 //!
-//! `silver.<table>` is a listing table over the one snapshot file of the table's latest
-//! succeeded build (its highest-numbered `succeeded` record), so a reader sees one complete
-//! build, never a mix; a table that has rules but no build yet is an empty table with the columns
+//! `silver.<table>` is a listing table over the snapshot files (its manifest) of the table's
+//! latest succeeded build (its highest-numbered `succeeded` record), so a reader sees one
+//! complete build, never a mix; a table that has rules but no build yet is an empty table with the columns
 //! its latest rules version would produce. `audit.row_failure_log` holds the failure files of
 //! committed ingest runs and of succeeded builds.
 //!
@@ -148,8 +148,7 @@ async fn register_silver(
     let mut built = std::collections::HashSet::new();
     for table in tables {
         if let Some(b) = latest_build(builds, table) {
-            let file = layout::silver_data(table, &b.build_id);
-            let provider = table_over_file(ctx, &ws.lake, &file).await?;
+            let provider = crate::silver::build::snapshot_table(ctx, &ws.lake, table, &b.build_id).await?;
             ctx.register_table(format!("silver.{table}").as_str(), provider)?;
             built.insert(table.to_string());
         }

@@ -8,8 +8,9 @@
 //! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
 //! audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
 //! _locks/<source>.lock                                   one ingest per source at a time
-//! silver/<table>/build_id=<build>/part-00000.parquet     a build's complete snapshot of the table
-//! silver/<table>/build_id=<build>/state.parquet          (fingerprint, row_hash, run, outcome) per input row
+//! silver/<table>/build_id=<build>/part-NNNNN.parquet     a build's complete snapshot of the table
+//! silver/<table>/build_id=<build>/state-NNNNN.parquet    (fingerprint key, run, outcome, version) per record
+//! silver/<table>/build_id=<build>/manifest.json          the snapshot's and the state's files
 //! silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
 //! silver/<table>/build_id=<build>/_scratch_*.parquet     a build's working files, deleted after its commit
 //! audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
@@ -201,5 +202,16 @@ pub mod layout {
 
     pub fn lock(source: &str) -> String {
         format!("_locks/{source}.lock")
+    }
+
+    /// The list of files of build `build_id`'s snapshot and state (absent for builds that wrote
+    /// one `part-00000.parquet` and one `state.parquet`).
+    pub fn silver_manifest(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/manifest.json")
+    }
+
+    /// A file of build `build_id` named in its manifest.
+    pub fn silver_file(table: &str, build_id: &str, name: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/{name}")
     }
 }

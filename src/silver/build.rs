@@ -60,6 +60,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema
 use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
+use datafusion::catalog::TableProvider;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::logical_expr::{Expr, ExprSchemable, lit};
 use datafusion::physical_expr::PhysicalExpr;
@@ -68,8 +70,8 @@ use futures::StreamExt;
 use sha2::Digest;
 
 use super::compile::{
-    ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, SPLIT_RULE, flag, flag_projection, is_window, read_inputs, transform,
-    transform_split, window_fired_column, window_fires,
+    ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, SPLIT_RULE, Split, flag, flag_projection, is_window, read_inputs,
+    transform, transform_split, window_fired_column, window_fires,
 };
 use super::keys::{
     FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, keep_udf, outcome_name,
@@ -77,7 +79,7 @@ use super::keys::{
 };
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
 use crate::bronze::RunFileWriter;
-use crate::catalog::{Catalog, latest_build, table_over, table_over_file};
+use crate::catalog::{Catalog, file_schema, latest_build, table_over};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
 use crate::lake::{Lake, layout};
@@ -296,11 +298,65 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
 }
 
 
+/// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    pub data: Vec<String>,
+    pub state: Vec<String>,
+}
+
+/// The manifest of build `build_id` of `table` (builds before manifests wrote one file of each).
+pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manifest> {
+    let rel = layout::silver_manifest(table, build_id);
+    match lake.get(&rel).await? {
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| Error::RunFailed(format!("{}: not a snapshot manifest: {e}", lake.url(&rel)))),
+        None => Ok(Manifest {
+            data: vec!["part-00000.parquet".into()],
+            state: vec!["state.parquet".into()],
+        }),
+    }
+}
+
+/// A listing table over the files `names` of build `build_id` (schema of the first).
+async fn table_over_build_files(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    names: &[String],
+) -> Result<Arc<dyn TableProvider>> {
+    let rels: Vec<String> = names.iter().map(|n| layout::silver_file(table, build_id, n)).collect();
+    let first = rels
+        .first()
+        .ok_or_else(|| Error::RunFailed(format!("build {build_id} of \"{table}\" names no files")))?;
+    let schema = file_schema(ctx, lake, first).await?;
+    table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)
+}
+
+/// `silver.<table>` as build `build_id` published it: a listing table over its snapshot's files.
+pub async fn snapshot_table(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+) -> Result<Arc<dyn TableProvider>> {
+    let m = manifest(lake, table, build_id).await?;
+    table_over_build_files(ctx, lake, table, build_id, &m.data).await
+}
+
 /// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
 fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
     let mut runs = crate::catalog::bronze_runs(&catalog.runs, source);
     runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
     runs
+}
+
+fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dyn TableProvider>> {
+    table_over(
+        vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
+        contract.bronze_schema(),
+    )
 }
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
@@ -312,11 +368,11 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
         usize::try_from(capacity).unwrap_or(0),
     );
     for (i, run) in runs.iter().enumerate() {
-        let table = table_over(
-            vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
-            contract.bronze_schema(),
-        )?;
-        let mut stream = ctx.read_table(table)?.select(vec![c(FP)])?.execute_stream().await?;
+        let mut stream = ctx
+            .read_table(run_table(lake, contract, run)?)?
+            .select(vec![c(FP)])?
+            .execute_stream()
+            .await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
@@ -336,19 +392,18 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
 }
 
 /// Add the previous build's state to `keys`.
-async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, rel: &str) -> Result<()> {
+async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, table: &str, build_id: &str) -> Result<()> {
+    let m = manifest(lake, table, build_id).await?;
     let mut index: HashMap<String, u32> = keys
         .runs
         .iter()
         .enumerate()
         .map(|(i, r)| (r.clone(), i as u32))
         .collect();
-    let df = ctx.read_table(table_over_file(ctx, lake, rel).await?)?.select(vec![
-        c(FP),
-        c(RUN_ID),
-        c(OUTCOME),
-        c(RULES_VERSION),
-    ])?;
+    let provider = table_over_build_files(ctx, lake, table, build_id, &m.state).await?;
+    let df = ctx
+        .read_table(provider)?
+        .select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
     let mut stream = df.execute_stream().await?;
     while let Some(b) = stream.next().await {
         let b = b?;
@@ -444,31 +499,32 @@ impl Flagger {
     }
 }
 
-/// Failure-log rows of this build from `(fingerprint, row number, rule, reason, payload)` columns.
-struct Failures<'a> {
-    build_id: &'a str,
-    source: &'a str,
-    table: &'a str,
+/// Failure-log rows of this build.
+struct Failures {
+    build_id: String,
+    source: String,
+    table: String,
     version: i32,
     failed_at: i64,
 }
 
-impl Failures<'_> {
+impl Failures {
+    /// From `(fingerprint, row number, rule, reason, payload)` columns.
     fn batch(&self, fp: &ArrayRef, row: &ArrayRef, rule: &ArrayRef, reason: &ArrayRef, payload: &ArrayRef) -> Result<RecordBatch> {
         let n = fp.len();
         let text = |a: &ArrayRef| -> Result<ArrayRef> {
             let a = arrow_cast(a, &DataType::Utf8)?;
             let s = a.as_string::<i32>();
             Ok(Arc::new(StringArray::from_iter_values(
-                (0..n).map(|i| if s.is_null(i) { "" } else { s.value(i) }).collect::<Vec<_>>(),
+                (0..n).map(|i| if s.is_null(i) { "" } else { s.value(i) }),
             )))
         };
         let repeat = |v: &str| -> ArrayRef { Arc::new(StringArray::from_iter_values(std::iter::repeat_n(v, n))) };
         let cols: Vec<ArrayRef> = vec![
-            repeat(self.build_id),
+            repeat(&self.build_id),
             repeat("silver"),
-            repeat(self.source),
-            repeat(self.table),
+            repeat(&self.source),
+            repeat(&self.table),
             arrow_cast(row, &DataType::Int64)?,
             arrow_cast(fp, &DataType::Utf8)?,
             text(payload)?,
@@ -481,87 +537,258 @@ impl Failures<'_> {
     }
 }
 
-/// The new state: the processed records with this build's outcome, and the records carried over.
-/// Returns the number of processed records no output had (removed by a `filter` step).
-async fn write_state(lake: &Lake, rel: &str, keys: &Keys, version: i32) -> Result<u64> {
+/// State rows `(key, run, outcome, version)` from a fingerprint and a run id column.
+fn state_rows(fp: &ArrayRef, run: &ArrayRef, outcome: u8, version: i32) -> Result<RecordBatch> {
+    let n = fp.len();
+    let mut fps = FixedSizeBinaryBuilder::with_capacity(n, 16);
+    let mut err = None;
+    for_each_fp(fp, |_, v| {
+        // A null fingerprint cannot reach silver: bronze always has one.
+        if let Err(e) = fps.append_value(v.unwrap_or_default().to_be_bytes()) {
+            err = Some(e);
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    Ok(RecordBatch::try_new(
+        state_schema(),
+        vec![
+            Arc::new(fps.finish()),
+            arrow_cast(run, &DataType::Utf8)?,
+            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(outcome_name(outcome), n))),
+            Arc::new(Int32Array::from_value(version, n)),
+        ],
+    )?)
+}
+
+/// The state rows the previous state carries over (records this build did not process).
+async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
     const CHUNK: usize = 1 << 16;
     let schema = state_schema();
     let mut w = RunFileWriter::new(lake, rel.to_string(), schema.clone());
-    let mut filtered = 0u64;
     let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
     let mut runs = StringBuilder::with_capacity(CHUNK, CHUNK * 36);
     let mut outcomes = StringBuilder::with_capacity(CHUNK, CHUNK * 8);
     let mut versions = Int32Builder::with_capacity(CHUNK);
     let mut n = 0usize;
+    let flush = |fps: &mut FixedSizeBinaryBuilder,
+                 runs: &mut StringBuilder,
+                 outcomes: &mut StringBuilder,
+                 versions: &mut Int32Builder|
+     -> Result<RecordBatch> {
+        Ok(RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(fps.finish()),
+                Arc::new(runs.finish()),
+                Arc::new(outcomes.finish()),
+                Arc::new(versions.finish()),
+            ],
+        )?)
+    };
     for (fp, e) in &keys.map {
-        let (run, outcome, v) = if keys.process(e) {
-            let o = e.new.load(std::sync::atomic::Ordering::Relaxed);
-            let o = if o == 0 {
-                filtered += 1;
-                FILTERED
-            } else {
-                o
-            };
-            (e.cur, o, version)
-        } else if keys.carry(e) {
-            (e.prev, e.outcome, e.version)
-        } else {
+        if !keys.carry(e) {
             continue;
-        };
+        }
         fps.append_value(fp.to_be_bytes())?;
-        runs.append_value(keys.runs.get(run as usize).map(String::as_str).unwrap_or(""));
-        outcomes.append_value(outcome_name(outcome));
-        versions.append_value(v);
+        runs.append_value(keys.runs.get(e.prev as usize).map(String::as_str).unwrap_or(""));
+        outcomes.append_value(outcome_name(e.outcome));
+        versions.append_value(e.version);
         n += 1;
-        if n == CHUNK {
-            w.write(&state_batch(&schema, &mut fps, &mut runs, &mut outcomes, &mut versions)?)
-                .await?;
-            n = 0;
+        if n % CHUNK == 0 {
+            w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?).await?;
         }
     }
-    if n > 0 {
-        w.write(&state_batch(&schema, &mut fps, &mut runs, &mut outcomes, &mut versions)?)
-            .await?;
+    if n % CHUNK != 0 {
+        w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?).await?;
     }
-    if w.finish().await? == 0 {
-        lake.put(rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
-    }
-    Ok(filtered)
+    w.finish().await
 }
 
-fn state_batch(
-    schema: &SchemaRef,
-    fps: &mut FixedSizeBinaryBuilder,
-    runs: &mut StringBuilder,
-    outcomes: &mut StringBuilder,
-    versions: &mut Int32Builder,
-) -> Result<RecordBatch> {
-    Ok(RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(fps.finish()),
-            Arc::new(runs.finish()),
-            Arc::new(outcomes.finish()),
-            Arc::new(versions.finish()),
-        ],
-    )?)
+/// What one partition of the build's outputs wrote.
+#[derive(Default)]
+struct PartOut {
+    /// Snapshot rows written (kept or new).
+    rows: u64,
+    /// New rows (this build's).
+    written: u64,
+    flagged: u64,
+    rejected: u64,
+    failed: u64,
+    first_failed: Vec<String>,
+    failed_rules: BTreeSet<String>,
+    data: Option<String>,
+    state: Option<String>,
 }
 
-/// Stream `df` into `writer`, each batch through `each` (which may drop rows by returning `None`).
-async fn pump(
-    df: DataFrame,
-    writer: &mut RunFileWriter,
-    mut each: impl FnMut(RecordBatch) -> Result<Option<RecordBatch>>,
+impl PartOut {
+    fn merge(&mut self, o: PartOut, data: &mut Vec<String>, state: &mut Vec<String>) {
+        self.rows += o.rows;
+        self.written += o.written;
+        self.flagged += o.flagged;
+        self.rejected += o.rejected;
+        self.failed += o.failed;
+        for f in o.first_failed {
+            if self.first_failed.len() < 3 {
+                self.first_failed.push(f);
+            }
+        }
+        self.failed_rules.extend(o.failed_rules);
+        data.extend(o.data);
+        state.extend(o.state);
+    }
+}
+
+/// Everything a partition task needs (owned: tasks run on the runtime's threads).
+struct PartCtx {
+    lake: Lake,
+    table: String,
+    build_id: String,
+    flagger: Arc<Flagger>,
+    base: SchemaRef,
+    width: usize,
+    fp_idx: usize,
+    run_idx: usize,
+    version: i32,
+    actions: Arc<HashMap<String, Action>>,
+    failures: Arc<Failures>,
+    fail_w: Arc<tokio::sync::Mutex<RunFileWriter>>,
+}
+
+impl PartCtx {
+    /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
+    async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
+        let rel = layout::silver_file(&self.table, &self.build_id, &part);
+        let mut w = RunFileWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut out = PartOut::default();
+        while let Some(b) = stream.next().await {
+            let (b, f) = self.flagger.apply(&b?)?;
+            out.rows += b.num_rows() as u64;
+            out.flagged += f;
+            w.write(&b).await?;
+        }
+        if w.finish().await? > 0 {
+            out.data = Some(part);
+        }
+        Ok(out)
+    }
+
+    /// Rows of the transform: passing rows flagged into `part`, rejections to the failure file,
+    /// every outcome into `state_part`.
+    async fn new_rows(
+        self: Arc<Self>,
+        mut stream: SendableRecordBatchStream,
+        part: String,
+        state_part: String,
+    ) -> Result<PartOut> {
+        let rel = layout::silver_file(&self.table, &self.build_id, &part);
+        let mut w = RunFileWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
+        let mut sw = RunFileWriter::new(&self.lake, state_rel, state_schema());
+        let mut out = PartOut::default();
+        let width = self.width;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let passed = is_null(b.column(width + 1))?;
+            let good = if passed.true_count() == b.num_rows() {
+                b.clone()
+            } else {
+                filter_record_batch(&b, &passed)?
+            };
+            if good.num_rows() > 0 {
+                sw.write(&state_rows(good.column(self.fp_idx), good.column(self.run_idx), PASSED, self.version)?)
+                    .await?;
+                let mut cols: Vec<ArrayRef> = good.columns()[..width].to_vec();
+                cols.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.build_id.as_str(),
+                    good.num_rows(),
+                ))));
+                let (rows, f) = self.flagger.apply(&RecordBatch::try_new(self.base.clone(), cols)?)?;
+                out.rows += rows.num_rows() as u64;
+                out.written += rows.num_rows() as u64;
+                out.flagged += f;
+                w.write(&rows).await?;
+            }
+            if passed.true_count() == b.num_rows() {
+                continue;
+            }
+            let bad = filter_record_batch(&b, &not(&passed)?)?;
+            let rule = arrow_cast(bad.column(width + 1), &DataType::Utf8)?;
+            let rule = rule.as_string::<i32>();
+            let reject: BooleanArray = (0..bad.num_rows())
+                .map(|i| Some(self.actions.get(rule.value(i)) != Some(&Action::Fail)))
+                .collect();
+            let failing = filter_record_batch(&bad, &not(&reject)?)?;
+            if failing.num_rows() > 0 {
+                let r = arrow_cast(failing.column(width + 1), &DataType::Utf8)?;
+                let r = r.as_string::<i32>();
+                let numbers = arrow_cast(failing.column(width), &DataType::Int64)?;
+                let numbers = numbers.as_primitive::<Int64Type>();
+                let payload = arrow_cast(failing.column(width + 3), &DataType::Utf8)?;
+                let payload = payload.as_string::<i32>();
+                for i in 0..failing.num_rows() {
+                    out.failed_rules.insert(r.value(i).to_string());
+                    if out.first_failed.len() < 3 {
+                        let number = if numbers.is_valid(i) {
+                            numbers.value(i).to_string()
+                        } else {
+                            "?".into()
+                        };
+                        let p = if payload.is_valid(i) { payload.value(i) } else { "" };
+                        out.first_failed.push(format!("record {number}: {p}"));
+                    }
+                }
+                out.failed += failing.num_rows() as u64;
+            }
+            let rej = filter_record_batch(&bad, &reject)?;
+            if rej.num_rows() > 0 {
+                out.rejected += rej.num_rows() as u64;
+                sw.write(&state_rows(rej.column(self.fp_idx), rej.column(self.run_idx), REJECTED, self.version)?)
+                    .await?;
+                let batch = self.failures.batch(
+                    rej.column(self.fp_idx),
+                    rej.column(width),
+                    rej.column(width + 1),
+                    rej.column(width + 2),
+                    rej.column(width + 3),
+                )?;
+                self.fail_w.lock().await.write(&batch).await?;
+            }
+        }
+        if w.finish().await? > 0 {
+            out.data = Some(part);
+        }
+        if sw.finish().await? > 0 {
+            out.state = Some(state_part);
+        }
+        Ok(out)
+    }
+}
+
+/// Run the tasks concurrently (one per partition) and merge what they wrote.
+async fn join_parts(
+    handles: Vec<tokio::task::JoinHandle<Result<PartOut>>>,
+    total: &mut PartOut,
+    data: &mut Vec<String>,
+    state: &mut Vec<String>,
 ) -> Result<()> {
-    let mut stream = df.execute_stream().await?;
-    while let Some(b) = stream.next().await {
-        if let Some(out) = each(b?)?
-            && out.num_rows() > 0
-        {
-            writer.write(&out).await?;
+    let mut first_err = None;
+    for h in handles {
+        match h.await {
+            Ok(Ok(o)) => total.merge(o, data, state),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(Error::RunFailed(format!("build task failed: {e}")));
+            }
         }
     }
-    Ok(())
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 async fn run(
@@ -580,11 +807,27 @@ async fn run(
     let contract = inputs.contract.clone();
     let digest = inputs_digest(catalog, &contract)?;
     let runs = runs_newest_first(catalog, &rules.source);
+    let t0 = std::time::Instant::now();
+    let phase = |what: &str| {
+        if std::env::var_os("INGOT_PHASES").is_some() {
+            let st = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+            let f: Vec<&str> = st.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            let rss = std::fs::read_to_string("/proc/self/status")
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("VmHWM"))
+                .unwrap_or("")
+                .to_string();
+            eprintln!("phase {what}: {:?} cpu {:?}+{:?} {rss}", t0.elapsed(), f.get(11), f.get(12));
+        }
+    };
 
-    // Which records to process, which snapshot rows to keep, which state rows to carry: one pass
-    // over the fingerprints of bronze and one over the previous state, into compact keys.
-    let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
-    let mut snapshot: Option<DataFrame> = None;
+    // Which records to process, which snapshot rows to keep, which state rows to carry. A full
+    // build over one bronze run needs none of it (every row is current and processed); otherwise
+    // one pass over the fingerprints of bronze and one over the previous state give compact keys.
+    let mut mode = Mode::Full;
+    let mut previous_build: Option<&BuildRecord> = None;
+    let mut rebuild_expr = None;
     match (previous, &opts.rebuild_where, opts.full) {
         (None, Some(_), _) => {
             return Err(Error::Invalid(format!(
@@ -592,62 +835,79 @@ async fn run(
             )));
         }
         (None, None, _) | (Some(_), None, true) => {}
-        (Some(prev), rebuild, _) => {
-            let snapshot_rel = layout::silver_data(&table, &prev.build_id);
+        (Some(prev), Some(pred), _) => {
+            record.mode = "rebuild".into();
+            let snap = ctx.read_table(snapshot_table(ctx, lake, &table, &prev.build_id).await?)?;
+            rebuild_expr = Some(parse_rebuild_filter(ctx, snap.schema().as_arrow(), pred)?);
+            previous_build = Some(prev);
+        }
+        (Some(prev), None, false) => {
+            record.mode = "incremental".into();
             let previous_digest = lake
                 .get(&layout::silver_inputs(&table, &prev.build_id))
                 .await?
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| v["inputs_digest"].as_str().map(str::to_string));
-            if let Some(pred) = rebuild {
-                record.mode = "rebuild".into();
-                let snap = ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?;
-                let expr = parse_rebuild_filter(ctx, snap.schema().as_arrow(), pred)?;
-                previous_state(ctx, lake, &mut keys, &layout::silver_state(&table, &prev.build_id)).await?;
-                keys.mode = Mode::Rebuild {
-                    matching: matching_versions(ctx, &keys, &expr).await?,
+            // When what `resolve` reads changed, any row's resolved value may have: all of them
+            // are processed again.
+            if previous_digest.as_deref() == Some(digest.as_str()) {
+                mode = Mode::Incremental {
+                    version: rules.version,
                 };
-                snapshot = Some(snap);
-            } else {
-                record.mode = "incremental".into();
-                // When what `resolve` reads changed, any row's resolved value may have: all of
-                // them are processed again.
-                if previous_digest.as_deref() == Some(digest.as_str()) {
-                    previous_state(ctx, lake, &mut keys, &layout::silver_state(&table, &prev.build_id)).await?;
-                    keys.mode = Mode::Incremental {
-                        version: rules.version,
-                    };
-                    snapshot = Some(ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?);
+                previous_build = Some(prev);
+            }
+        }
+    }
+    let keys = if matches!(mode, Mode::Full) && previous_build.is_none() && runs.len() <= 1 {
+        None
+    } else {
+        let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+        if let Some(prev) = previous_build {
+            previous_state(ctx, lake, &mut keys, &table, &prev.build_id).await?;
+        }
+        keys.mode = match &rebuild_expr {
+            Some(expr) => Mode::Rebuild {
+                matching: matching_versions(ctx, &keys, expr).await?,
+            },
+            None => mode,
+        };
+        Some(keys)
+    };
+    phase("keys");
+    let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
+    reservation.grow(keys.as_ref().map(Keys::bytes).unwrap_or(0));
+    let mut per_run = vec![0u64; runs.len()];
+    let mut kept_records = 0u64;
+    match &keys {
+        None => {
+            for (i, r) in runs.iter().enumerate() {
+                per_run[i] = u64::try_from(r.rows_inserted + r.rows_updated).unwrap_or(0);
+            }
+        }
+        Some(keys) => {
+            for e in keys.map.values() {
+                if keys.process(e) {
+                    per_run[e.cur as usize] += 1;
+                } else if keys.keep_row(e) {
+                    kept_records += 1;
                 }
             }
         }
     }
-    let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
-    reservation.grow(keys.bytes());
-    let mut per_run = vec![0u64; keys.current_runs];
-    let mut kept_records = 0u64;
-    for e in keys.map.values() {
-        if keys.process(e) {
-            per_run[e.cur as usize] += 1;
-        } else if keys.keep_row(e) {
-            kept_records += 1;
-        }
-    }
-    let rows_read: u64 = per_run.iter().sum();
-    let keys = Arc::new(keys);
+    let keys = keys.map(Arc::new);
 
-    // The records to process: the current rows of the runs that hold any.
+    // The records to process: the current rows of the runs that hold any (all rows of a run
+    // whose rows are all to be processed, without looking them up).
     let mut input: Option<DataFrame> = None;
     for (i, run) in runs.iter().enumerate() {
         if per_run[i] == 0 {
             continue;
         }
-        let rows = ctx
-            .read_table(table_over(
-                vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
-                contract.bronze_schema(),
-            )?)?
-            .filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+        let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
+        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_inserted + run.rows_updated);
+        if let Some(keys) = keys.as_ref().filter(|_| !whole) {
+            rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+        }
         input = Some(match input {
             None => rows,
             Some(df) => df.union(rows)?,
@@ -662,13 +922,14 @@ async fn run(
         .iter()
         .map(|f| f.as_ref().clone().with_nullable(true))
         .collect();
-    let mut base_fields = silver_fields.clone();
+    let mut base_fields = silver_fields;
     base_fields.push(Field::new(SILVER_BUILD_ID, DataType::Utf8, true));
     let base = Arc::new(Schema::new(base_fields));
 
     // The rows kept from the previous snapshot, in the new column order (flags recomputed).
-    let kept = match snapshot {
-        Some(snap) if kept_records > 0 => {
+    let kept = match (previous_build, &keys) {
+        (Some(prev), Some(keys)) if kept_records > 0 => {
+            let snap = ctx.read_table(snapshot_table(ctx, lake, &table, &prev.build_id).await?)?;
             let want: Vec<(String, DataType)> = base
                 .fields()
                 .iter()
@@ -692,7 +953,7 @@ async fn run(
                     "rules v{} of \"{table}\" produce other columns than the rows kept from build {} \
                      (kept: {}; v{}: {}); rebuild every row with `ingot build {table} --full`",
                     rules.version,
-                    previous.map(|p| p.build_id.as_str()).unwrap_or(""),
+                    prev.build_id,
                     show(&have),
                     rules.version,
                     show(&want)
@@ -708,216 +969,142 @@ async fn run(
 
     // Window anomalies over the few columns they read, of the whole new table: the rows for which
     // each fires, as sets of keys.
-    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
-    if rules.anomalies.iter().any(is_window) {
-        const TIE: &str = "__ingot_tie";
-        let mut narrow: Vec<String> = Vec::new();
-        for a in rules.anomalies.iter().filter(|a| is_window(a)) {
-            let names: Vec<&str> = match &a.kind {
-                AnomalyKind::Spike { column, by, order, .. } => {
-                    by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
-                }
-                AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
-                AnomalyKind::When(_) => Vec::new(),
-            };
-            for n in names {
-                if !narrow.iter().any(|x| x == n) {
-                    narrow.push(n.to_string());
-                }
-            }
-        }
-        for n in &narrow {
-            if base.index_of(n).is_err() {
-                return Err(Error::Invalid(format!(
-                    "{}: an anomaly reads column \"{n}\", which the table does not have",
-                    rules.path.display()
-                )));
-            }
-        }
-        let fp128 = Arc::new(fp128_udf());
-        let project = |df: DataFrame| -> Result<DataFrame> {
-            let mut cols: Vec<Expr> = narrow
-                .iter()
-                .map(|n| {
-                    let ty = base.field_with_name(n).map(|f| f.data_type().clone());
-                    ty.map(|t| datafusion::logical_expr::cast(c(n), t).alias(n))
-                })
-                .collect::<std::result::Result<_, _>>()?;
-            cols.push(fp128.call(vec![c(FP)]).alias(TIE));
-            Ok(df.select(cols)?)
-        };
-        let mut all = project(split.rows.clone().filter(c(SPLIT_RULE).is_null())?)?;
-        if let Some(k) = &kept {
-            all = project(k.clone())?.union(all)?;
-        }
-        if let Some(fires) = window_fires(all, rules, TIE)? {
-            let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
-            let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
-            let mut stream = fires.execute_stream().await?;
-            while let Some(b) = stream.next().await {
-                let b = b?;
-                let mut fps = Vec::with_capacity(b.num_rows());
-                for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
-                for (i, set) in found.iter_mut().enumerate() {
-                    let Some(col) = names.iter().position(|n| *n == window_fired_column(i)) else {
-                        continue;
-                    };
-                    let fired = b.column(col).as_boolean();
-                    for (r, fp) in fps.iter().enumerate() {
-                        if let Some(fp) = fp
-                            && fired.is_valid(r)
-                            && fired.value(r)
-                        {
-                            set.insert(*fp);
-                        }
-                    }
-                }
-            }
-            for (i, set) in found.into_iter().enumerate() {
-                if is_window(&rules.anomalies[i]) {
-                    sets[i] = Some(Arc::new(set));
-                }
-            }
-        }
-    }
-    let flagger = Flagger::new(ctx, rules, base.clone(), &sets)?;
+    let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
+    phase("windows");
+    let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
 
-    // One pass: kept rows, then the transform's rows split into the snapshot and the failures.
-    let data_rel = layout::silver_data(&table, &build_id);
+    // One pass, one task per partition: kept rows, then the transform's rows split into the
+    // snapshot, the failures and the state.
     let failures_rel = layout::silver_failures(&build_id);
-    let mut data_w = RunFileWriter::new(lake, data_rel.clone(), flagger.schema.clone());
-    let mut fail_w = RunFileWriter::new(lake, failures_rel.clone(), failure_log_schema());
-    let (mut table_rows, mut written, mut flagged) = (0u64, 0u64, 0u64);
-    if let Some(k) = kept {
-        pump(k, &mut data_w, |b| {
-            let (out, f) = flagger.apply(&b)?;
-            table_rows += out.num_rows() as u64;
-            flagged += f;
-            Ok(Some(out))
-        })
-        .await?;
-    }
-    let actions: HashMap<&str, Action> = rules.validate.iter().map(|v| (v.name.as_str(), v.action)).collect();
-    let failures = Failures {
-        build_id: &build_id,
-        source: &rules.source,
-        table: &table,
+    let fail_w = Arc::new(tokio::sync::Mutex::new(RunFileWriter::new(
+        lake,
+        failures_rel.clone(),
+        failure_log_schema(),
+    )));
+    let schema = split.rows.schema().as_arrow().clone();
+    let part = Arc::new(PartCtx {
+        lake: lake.clone(),
+        table: table.clone(),
+        build_id: build_id.clone(),
+        flagger: flagger.clone(),
+        base: base.clone(),
+        width: split.silver_width,
+        fp_idx: schema.index_of(FP)?,
+        run_idx: schema.index_of(RUN_ID)?,
         version: rules.version,
-        failed_at: record.started_at,
+        actions: Arc::new(rules.validate.iter().map(|v| (v.name.clone(), v.action)).collect()),
+        failures: Arc::new(Failures {
+            build_id: build_id.clone(),
+            source: rules.source.clone(),
+            table: table.clone(),
+            version: rules.version,
+            failed_at: record.started_at,
+        }),
+        fail_w: fail_w.clone(),
+    });
+    let (mut total, mut data_files, mut state_files) = (PartOut::default(), Vec::new(), Vec::new());
+    let mut n_part = 0usize;
+    let mut name = |prefix: &str| {
+        n_part += 1;
+        format!("{prefix}-{:05}.parquet", n_part - 1)
     };
-    let width = split.silver_width;
-    let fp_idx = split.rows.schema().as_arrow().index_of(FP)?;
-    let build_ids = |n: usize| -> ArrayRef {
-        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(build_id.as_str(), n)))
-    };
-    let (mut n_failed, mut first, mut failed_rules) = (0u64, Vec::new(), BTreeSet::new());
-    let mut rejected = 0u64;
-    {
-        let mut stream = split.rows.clone().execute_stream().await?;
-        while let Some(b) = stream.next().await {
-            let b = b?;
-            let rule = b.column(width + 1).clone();
-            let passed = is_null(&rule)?;
-            let good = filter_record_batch(&b, &passed)?;
-            if good.num_rows() > 0 {
-                for_each_fp(good.column(fp_idx), |_, fp| {
-                    if let Some(fp) = fp {
-                        keys.mark(fp, PASSED);
-                    }
-                })?;
-                let mut cols: Vec<ArrayRef> = good.columns()[..width].to_vec();
-                cols.push(build_ids(good.num_rows()));
-                let (out, f) = flagger.apply(&RecordBatch::try_new(base.clone(), cols)?)?;
-                written += out.num_rows() as u64;
-                flagged += f;
-                data_w.write(&out).await?;
-            }
-            if passed.true_count() == b.num_rows() {
-                continue;
-            }
-            let bad = filter_record_batch(&b, &not(&passed)?)?;
-            let rules_col = bad.column(width + 1).as_string::<i32>().clone();
-            let reject: BooleanArray = (0..bad.num_rows())
-                .map(|i| Some(actions.get(rules_col.value(i)) != Some(&Action::Fail)))
-                .collect();
-            let failing = filter_record_batch(&bad, &not(&reject)?)?;
-            if failing.num_rows() > 0 {
-                let r = failing.column(width + 1).as_string::<i32>();
-                let numbers = arrow_cast(failing.column(width), &DataType::Int64)?;
-                let numbers = numbers.as_primitive::<Int64Type>();
-                let payload = failing.column(width + 3).as_string::<i32>();
-                for i in 0..failing.num_rows() {
-                    failed_rules.insert(r.value(i).to_string());
-                    if first.len() < 3 {
-                        let number = if numbers.is_valid(i) {
-                            numbers.value(i).to_string()
-                        } else {
-                            "?".into()
-                        };
-                        let p = if payload.is_valid(i) { payload.value(i) } else { "" };
-                        first.push(format!("record {number}: {p}"));
-                    }
-                }
-                n_failed += failing.num_rows() as u64;
-            }
-            let rej = filter_record_batch(&bad, &reject)?;
-            if rej.num_rows() > 0 {
-                for_each_fp(rej.column(fp_idx), |_, fp| {
-                    if let Some(fp) = fp {
-                        keys.mark(fp, REJECTED);
-                    }
-                })?;
-                rejected += rej.num_rows() as u64;
-                let batch = failures.batch(
-                    rej.column(fp_idx),
-                    rej.column(width),
-                    rej.column(width + 1),
-                    rej.column(width + 2),
-                    rej.column(width + 3),
-                )?;
-                fail_w.write(&batch).await?;
-            }
-        }
+    if let Some(k) = kept {
+        let handles = k
+            .execute_stream_partitioned()
+            .await?
+            .into_iter()
+            .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
+            .collect();
+        join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
+    phase("kept");
+    let handles = split
+        .rows
+        .clone()
+        .execute_stream_partitioned()
+        .await?
+        .into_iter()
+        .map(|s| {
+            let (p, st) = (name("part"), name("state"));
+            tokio::spawn(part.clone().new_rows(s, p, st))
+        })
+        .collect();
+    join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
+    phase("main");
+    let extra_state = |rows: u64, st: String, list: &mut Vec<String>| {
+        if rows > 0 {
+            list.push(st);
+        }
+    };
     if let Some(rr) = split.resolve_rejected.clone() {
+        let st = name("state");
+        let mut sw = RunFileWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
         let mut stream = rr.execute_stream().await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             if b.num_rows() == 0 {
                 continue;
             }
-            for_each_fp(b.column(0), |_, fp| {
-                if let Some(fp) = fp {
-                    keys.mark(fp, REJECTED);
-                }
-            })?;
-            rejected += b.num_rows() as u64;
-            fail_w
-                .write(&failures.batch(b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?)
+            total.rejected += b.num_rows() as u64;
+            sw.write(&state_rows(b.column(0), b.column(5), REJECTED, rules.version)?)
+                .await?;
+            let batch = part
+                .failures
+                .batch(b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?;
+            fail_w.lock().await.write(&batch).await?;
+        }
+        extra_state(sw.finish().await?, st, &mut state_files);
+    }
+    let mut filtered = 0u64;
+    if let Some(f) = split.filtered.clone() {
+        let st = name("state");
+        let mut sw = RunFileWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut stream = f.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            filtered += b.num_rows() as u64;
+            sw.write(&state_rows(b.column(0), b.column(1), FILTERED, rules.version)?)
                 .await?;
         }
+        extra_state(sw.finish().await?, st, &mut state_files);
     }
-    table_rows += written;
-    let wrote_data = data_w.finish().await? > 0;
+    if let Some(keys) = &keys {
+        let st = name("state");
+        let n = write_carried(lake, &layout::silver_file(&table, &build_id, &st), keys).await?;
+        extra_state(n, st, &mut state_files);
+    }
+    drop(reservation);
+    phase("state");
+    drop(part);
+    let fail_w = Arc::try_unwrap(fail_w)
+        .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
+        .into_inner();
     let wrote_failures = fail_w.finish().await? > 0;
 
     // A `fail` validation: the build fails, nothing but its record is published.
-    if n_failed > 0 {
-        let names: Vec<String> = failed_rules.into_iter().map(|r| format!("\"{r}\"")).collect();
+    if total.failed > 0 {
+        let names: Vec<String> = total.failed_rules.iter().map(|r| format!("\"{r}\"")).collect();
         record.status = BuildStatus::Failed;
         record.error = Some(format!(
-            "validation {} (action: fail) failed for {n_failed} row{}; nothing was published; first failing {}",
+            "validation {} (action: fail) failed for {} row{}; nothing was published; first failing {}",
             names.join(", "),
-            if n_failed == 1 { "" } else { "s" },
-            first.join("; ")
+            total.failed,
+            if total.failed == 1 { "" } else { "s" },
+            total.first_failed.join("; ")
         ));
         record.finished_at = now_micros();
         commit_build(lake, record).await?;
         crate::failpoint::hit("build.after_commit")?;
-        for (wrote, rel) in [(wrote_data, &data_rel), (wrote_failures, &failures_rel)] {
-            if wrote {
-                let _ = lake.delete(rel).await;
-            }
+        let mut rels: Vec<String> = data_files
+            .iter()
+            .chain(&state_files)
+            .map(|n| layout::silver_file(&table, &build_id, n))
+            .collect();
+        if wrote_failures {
+            rels.push(failures_rel);
+        }
+        for rel in rels {
+            let _ = lake.delete(&rel).await;
         }
         return Ok(Built {
             record: record.clone(),
@@ -925,28 +1112,132 @@ async fn run(
             kept_rows: 0,
         });
     }
-    if !wrote_data {
-        lake.put(&data_rel, parquet_bytes(&RecordBatch::new_empty(flagger.schema.clone()))?)
-            .await?;
+    if data_files.is_empty() {
+        let n = name("part");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(flagger.schema.clone()))?,
+        )
+        .await?;
+        data_files.push(n);
     }
-    let filtered = write_state(lake, &layout::silver_state(&table, &build_id), &keys, rules.version).await?;
-    drop(reservation);
+    if state_files.is_empty() {
+        let n = name("state");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
+        )
+        .await?;
+        state_files.push(n);
+    }
+    let m = Manifest {
+        data: data_files,
+        state: state_files,
+    };
+    let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    lake.put(&layout::silver_manifest(&table, &build_id), bytes.into()).await?;
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;
     crate::failpoint::hit("build.after_data")?;
 
-    record.rows_written = written as i64;
-    record.rows_rejected = rejected as i64;
+    record.rows_written = total.written as i64;
+    record.rows_rejected = total.rejected as i64;
     record.rows_filtered = filtered as i64;
-    record.rows_read = rows_read as i64;
-    record.rows_flagged = flagged as i64;
+    record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
+    record.rows_flagged = total.flagged as i64;
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
     crate::failpoint::hit("build.after_commit")?;
     Ok(Built {
         record: record.clone(),
-        table_rows,
-        kept_rows: table_rows - written,
+        table_rows: total.rows,
+        kept_rows: total.rows - total.written,
     })
+}
+
+/// The window anomalies of `rules` over the new table (the transform's passing rows and the kept
+/// rows), computed over only the columns they read: for each window anomaly, the keys of the
+/// rows it fires on.
+async fn window_sets(
+    rules: &RuleSet,
+    base: &SchemaRef,
+    split: &Split,
+    kept: Option<&DataFrame>,
+) -> Result<Vec<Option<Arc<FpSet>>>> {
+    const TIE: &str = "__ingot_tie";
+    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
+    if !rules.anomalies.iter().any(is_window) {
+        return Ok(sets);
+    }
+    let mut narrow: Vec<String> = Vec::new();
+    for a in rules.anomalies.iter().filter(|a| is_window(a)) {
+        let names: Vec<&str> = match &a.kind {
+            AnomalyKind::Spike { column, by, order, .. } => {
+                by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
+            }
+            AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
+            AnomalyKind::When(_) => Vec::new(),
+        };
+        for n in names {
+            if !narrow.iter().any(|x| x == n) {
+                narrow.push(n.to_string());
+            }
+        }
+    }
+    let mut types = Vec::new();
+    for n in &narrow {
+        let f = base.field_with_name(n).map_err(|_| {
+            Error::Invalid(format!(
+                "{}: an anomaly reads column \"{n}\", which the table does not have",
+                rules.path.display()
+            ))
+        })?;
+        types.push(f.data_type().clone());
+    }
+    let fp128 = Arc::new(fp128_udf());
+    let project = |df: DataFrame| -> Result<DataFrame> {
+        let mut cols: Vec<Expr> = narrow
+            .iter()
+            .zip(&types)
+            .map(|(n, t)| datafusion::logical_expr::cast(c(n), t.clone()).alias(n))
+            .collect();
+        cols.push(fp128.call(vec![c(FP)]).alias(TIE));
+        Ok(df.select(cols)?)
+    };
+    let mut all = project(split.rows.clone().filter(c(SPLIT_RULE).is_null())?)?;
+    if let Some(k) = kept {
+        all = project(k.clone())?.union(all)?;
+    }
+    let Some(fires) = window_fires(all, rules, TIE)? else {
+        return Ok(sets);
+    };
+    let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
+    let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let mut stream = fires.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let mut fps = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
+        for (i, set) in found.iter_mut().enumerate() {
+            let Some(col) = names.iter().position(|n| *n == window_fired_column(i)) else {
+                continue;
+            };
+            let fired = b.column(col).as_boolean();
+            for (r, fp) in fps.iter().enumerate() {
+                if let Some(fp) = fp
+                    && fired.is_valid(r)
+                    && fired.value(r)
+                {
+                    set.insert(*fp);
+                }
+            }
+        }
+    }
+    for (i, set) in found.into_iter().enumerate() {
+        if is_window(&rules.anomalies[i]) {
+            sets[i] = Some(Arc::new(set));
+        }
+    }
+    Ok(sets)
 }

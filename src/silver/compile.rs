@@ -467,7 +467,7 @@ pub fn transform(
         passed: kept.select(silver)?,
         rejected,
         failed,
-        filtered,
+        filtered: filtered.select(FILTERED_COLUMNS.iter().map(|n| c(n)).collect::<Vec<_>>())?,
     })
 }
 
@@ -488,9 +488,12 @@ pub struct Split {
     pub rows: DataFrame,
     /// Number of leading columns of `rows` that silver keeps.
     pub silver_width: usize,
-    /// The resolve rejections in the shape of [`FAILURE_COLUMNS`], when the contract has an
-    /// `on_missing: reject` resolve (a second read of the input).
+    /// The resolve rejections in the shape of [`FAILURE_COLUMNS`] plus `ingestion_run_id`, when
+    /// the contract has an `on_missing: reject` resolve (a second read of the input).
     pub resolve_rejected: Option<DataFrame>,
+    /// `natural_key_fingerprint` and `ingestion_run_id` of the rows a `filter` step removed, when
+    /// the rules have one (each filter step re-reads the columns its steps need).
+    pub filtered: Option<DataFrame>,
 }
 
 /// The transform of [`transform`] as one plan: the rows that pass and the rows a validation
@@ -526,12 +529,16 @@ pub fn transform_split(
     let resolved = resolve(input, contract, lookups)?;
     let resolved_cols = columns(&resolved);
     let resolve_rejected = if rejects {
-        Some(failure_rows(
-            resolved.clone().filter(c(RESOLVE_RULE).is_not_null())?,
-            c(RESOLVE_RULE),
-            c(RESOLVE_REASON),
-            data_of(&resolved_cols),
-        )?)
+        let rows = resolved.clone().filter(c(RESOLVE_RULE).is_not_null())?;
+        let mut cols = vec![
+            c(FINGERPRINT),
+            c(ROW_NUMBER),
+            c(RESOLVE_RULE).alias("rule"),
+            c(RESOLVE_REASON).alias("reason"),
+            to_json_row(data_of(&resolved_cols)).alias("raw_payload"),
+        ];
+        cols.push(c(LINEAGE_COLUMNS[2]));
+        Some(rows.select(cols)?)
     } else {
         None
     };
@@ -545,9 +552,14 @@ pub fn transform_split(
     } else {
         resolved.select(plain)?
     };
-    let stepped = crate::rules::apply_steps(ok, rules)?;
+    let stepped = crate::rules::apply_steps(ok.clone(), rules)?;
     let stepped_cols = columns(&stepped);
     let data = data_of(&stepped_cols);
+    let filtered = if rules.steps.iter().any(|s| matches!(s, Step::Filter(_))) {
+        Some(filtered_rows(ok, rules)?.select(vec![c(FINGERPRINT), c(LINEAGE_COLUMNS[2])])?)
+    } else {
+        None
+    };
 
     let (rule, reason) = if rules.validate.is_empty() {
         (null_text(), null_text())
@@ -588,6 +600,7 @@ pub fn transform_split(
         rows: checked.select(out)?,
         silver_width,
         resolve_rejected,
+        filtered,
     })
 }
 
@@ -609,6 +622,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
                 c(ROW_NUMBER),
                 lit(i32::try_from(k + 1).unwrap_or(i32::MAX)).alias("step"),
                 lit(predicate.sql.as_str()).alias("filter"),
+                c(LINEAGE_COLUMNS[2]),
             ])?;
         out = Some(match out {
             None => removed,
@@ -622,6 +636,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
             c(ROW_NUMBER),
             lit(0i32).alias("step"),
             lit("").alias("filter"),
+            c(LINEAGE_COLUMNS[2]),
         ])?),
     }
 }

@@ -14,8 +14,7 @@
 //! previous build's state says (run, outcome, rules version). From that and the [`Mode`] follow
 //! which records are processed, which snapshot rows are kept and which state rows carried over.
 //! The UDFs here ([`pick_udf`], [`keep_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
-//! filter by those decisions; they hold the map read-only (the outcome of a processed record is
-//! an atomic, set while the outputs stream).
+//! filter by those decisions; they hold the map read-only.
 //!
 //! Memory: about 32 bytes per record plus the hash table's slack (~300 MB for 6M records),
 //! reserved in the session's memory pool so that sorts spill earlier instead of overshooting it.
@@ -23,7 +22,6 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
@@ -175,8 +173,6 @@ pub struct Entry {
     pub version: i32,
     /// Outcome in the previous state (0 when none).
     pub outcome: u8,
-    /// Outcome in this build (set while the outputs stream; 0: not seen, i.e. filtered).
-    pub new: AtomicU8,
 }
 
 /// What a build does with the records, decided per [`Entry`].
@@ -224,7 +220,6 @@ impl Keys {
             prev: NONE,
             version: 0,
             outcome: 0,
-            new: AtomicU8::new(0),
         });
         if e.cur == NONE {
             e.cur = run;
@@ -249,7 +244,6 @@ impl Keys {
             prev: NONE,
             version: 0,
             outcome: 0,
-            new: AtomicU8::new(0),
         });
         e.prev = run;
         e.version = version;
@@ -283,13 +277,6 @@ impl Keys {
             Mode::Full => false,
             Mode::Incremental { .. } => e.cur != NONE && e.prev != NONE && !self.process(e),
             Mode::Rebuild { .. } => e.prev != NONE && !self.process(e),
-        }
-    }
-
-    /// Set the outcome of a processed record.
-    pub fn mark(&self, fp: Fp, outcome: u8) {
-        if let Some(e) = self.map.get(&fp) {
-            e.new.store(outcome, Ordering::Relaxed);
         }
     }
 
