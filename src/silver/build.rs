@@ -78,7 +78,7 @@ use super::keys::{
     outcome_of, pick_udf,
 };
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
-use crate::bronze::RunFileWriter;
+use super::writer::PartWriter;
 use crate::catalog::{Catalog, file_schema, latest_build, table_over};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
@@ -231,6 +231,7 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
 /// Build `table`; see the module documentation. A build that fails a `fail` validation returns
 /// its committed `failed` record (the caller exits 1); other errors are returned as errors.
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
+    limit_arenas();
     let build_id = uuid::Uuid::now_v7().to_string();
     let started_at = now_micros();
     let catalog = crate::catalog::open(ws).await?;
@@ -566,7 +567,7 @@ fn state_rows(fp: &ArrayRef, run: &ArrayRef, outcome: u8, version: i32) -> Resul
 async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
     const CHUNK: usize = 1 << 16;
     let schema = state_schema();
-    let mut w = RunFileWriter::new(lake, rel.to_string(), schema.clone());
+    let mut w = PartWriter::new(lake, rel.to_string(), schema.clone());
     let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
     let mut runs = StringBuilder::with_capacity(CHUNK, CHUNK * 36);
     let mut outcomes = StringBuilder::with_capacity(CHUNK, CHUNK * 8);
@@ -653,14 +654,14 @@ struct PartCtx {
     version: i32,
     actions: Arc<HashMap<String, Action>>,
     failures: Arc<Failures>,
-    fail_w: Arc<tokio::sync::Mutex<RunFileWriter>>,
+    fail_w: Arc<tokio::sync::Mutex<PartWriter>>,
 }
 
 impl PartCtx {
     /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
     async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = RunFileWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
         let mut out = PartOut::default();
         while let Some(b) = stream.next().await {
             let (b, f) = self.flagger.apply(&b?)?;
@@ -683,9 +684,9 @@ impl PartCtx {
         state_part: String,
     ) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = RunFileWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
         let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
-        let mut sw = RunFileWriter::new(&self.lake, state_rel, state_schema());
+        let mut sw = PartWriter::new(&self.lake, state_rel, state_schema());
         let mut out = PartOut::default();
         let width = self.width;
         while let Some(b) = stream.next().await {
@@ -815,9 +816,9 @@ async fn run(
             let rss = std::fs::read_to_string("/proc/self/status")
                 .unwrap_or_default()
                 .lines()
-                .find(|l| l.starts_with("VmHWM"))
-                .unwrap_or("")
-                .to_string();
+                .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
+                .collect::<Vec<_>>()
+                .join(" ");
             eprintln!("phase {what}: {:?} cpu {:?}+{:?} {rss}", t0.elapsed(), f.get(11), f.get(12));
         }
     };
@@ -970,13 +971,14 @@ async fn run(
     // Window anomalies over the few columns they read, of the whole new table: the rows for which
     // each fires, as sets of keys.
     let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
+    release_free_memory();
     phase("windows");
     let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
 
     // One pass, one task per partition: kept rows, then the transform's rows split into the
     // snapshot, the failures and the state.
     let failures_rel = layout::silver_failures(&build_id);
-    let fail_w = Arc::new(tokio::sync::Mutex::new(RunFileWriter::new(
+    let fail_w = Arc::new(tokio::sync::Mutex::new(PartWriter::new(
         lake,
         failures_rel.clone(),
         failure_log_schema(),
@@ -1038,7 +1040,7 @@ async fn run(
     };
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
-        let mut sw = RunFileWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
         let mut stream = rr.execute_stream().await?;
         while let Some(b) = stream.next().await {
             let b = b?;
@@ -1058,7 +1060,7 @@ async fn run(
     let mut filtered = 0u64;
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
-        let mut sw = RunFileWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
         let mut stream = f.execute_stream().await?;
         while let Some(b) = stream.next().await {
             let b = b?;
@@ -1154,6 +1156,44 @@ async fn run(
         table_rows: total.rows,
         kept_rows: total.rows - total.written,
     })
+}
+
+/// glibc's allocator, tuned for a build: batches are made on one thread and freed on another, and
+/// glibc keeps freed memory in per-thread arenas (up to 8 per core), so without a limit the peak
+/// resident size of a build is far above what it ever holds at once.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    unsafe extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    const M_ARENA_MAX: i32 = -8;
+
+    /// Let threads created from now on share two arenas.
+    pub fn limit_arenas() {
+        // SAFETY: mallopt only changes allocator tuning; M_ARENA_MAX affects arenas created later.
+        unsafe {
+            mallopt(M_ARENA_MAX, 2);
+        }
+    }
+
+    /// Return free heap memory to the system (between the window pass and the output pass).
+    pub fn trim() {
+        // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+fn limit_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    glibc::limit_arenas();
+}
+
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    glibc::trim();
 }
 
 /// The window anomalies of `rules` over the new table (the transform's passing rows and the kept

@@ -294,8 +294,9 @@ enum Test {
     Pick(Arc<Keys>, u32),
     /// The previous snapshot's row is kept.
     Keep(Arc<Keys>),
-    /// The key is in the set.
-    InSet(Arc<FpSet>),
+    /// The key is in the set (whose keys' first 32 bits are in the second set: most rows are
+    /// ruled out after reading 8 hex characters).
+    InSet(Arc<FpSet>, Arc<HashSet<u32>>),
 }
 
 /// A boolean UDF over a fingerprint column; see [`pick_udf`], [`keep_udf`], [`in_set_udf`].
@@ -317,7 +318,7 @@ impl PartialEq for KeyTest {
             && match (&self.test, &other.test) {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 (Test::Keep(a), Test::Keep(b)) => Arc::ptr_eq(a, b),
-                (Test::InSet(a), Test::InSet(b)) => Arc::ptr_eq(a, b),
+                (Test::InSet(a, _), Test::InSet(b, _)) => Arc::ptr_eq(a, b),
                 _ => false,
             }
     }
@@ -331,7 +332,7 @@ impl std::hash::Hash for KeyTest {
         let p = match &self.test {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
             Test::Keep(a) => Arc::as_ptr(a) as usize,
-            Test::InSet(a) => Arc::as_ptr(a) as usize,
+            Test::InSet(a, _) => Arc::as_ptr(a) as usize,
         };
         p.hash(state);
     }
@@ -359,12 +360,29 @@ impl ScalarUDFImpl for KeyTest {
             return exec_err!("{} takes 1 argument", self.name);
         };
         let array = arg.to_array(args.number_rows)?;
+        if let (Test::InSet(set, heads), DataType::Utf8) = (&self.test, array.data_type()) {
+            let a = array.as_string::<i32>();
+            let out: BooleanArray = (0..a.len())
+                .map(|i| {
+                    if a.is_null(i) || set.is_empty() {
+                        return Some(false);
+                    }
+                    let v = a.value(i);
+                    let head = v.get(..8).and_then(|h| u32::from_str_radix(h, 16).ok());
+                    Some(match head {
+                        Some(h) if !heads.contains(&h) => false,
+                        _ => fp_of_hex(v).is_some_and(|fp| set.contains(&fp)),
+                    })
+                })
+                .collect();
+            return Ok(ColumnarValue::Array(Arc::new(out)));
+        }
         let mut out = vec![false; array.len()];
         let test = |fp: Fp| -> bool {
             match &self.test {
                 Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
                 Test::Keep(keys) => keys.get(&fp).is_some_and(|e| keys.keep_row(e)),
-                Test::InSet(set) => set.contains(&fp),
+                Test::InSet(set, _) => set.contains(&fp),
             }
         };
         for_each_fp(&array, |i, fp| out[i] = fp.is_some_and(test))
@@ -393,7 +411,8 @@ pub fn keep_udf(keys: Arc<Keys>) -> ScalarUDF {
 
 /// `__ingot_in_set(fp)`: the record is in `set`.
 pub fn in_set_udf(set: Arc<FpSet>) -> ScalarUDF {
-    key_test("__ingot_in_set", Test::InSet(set))
+    let heads: HashSet<u32> = set.iter().map(|fp| (fp >> 96) as u32).collect();
+    key_test("__ingot_in_set", Test::InSet(set, Arc::new(heads)))
 }
 
 /// `__ingot_fp128(fp)`: the 16-byte key of a hex fingerprint (FixedSizeBinary(16), ordered as the

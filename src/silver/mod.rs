@@ -8,3 +8,4 @@ pub mod build;
 pub mod compile;
 pub mod json;
 pub mod keys;
+pub mod writer;
