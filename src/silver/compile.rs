@@ -91,7 +91,6 @@ use datafusion::common::{Column, DFSchema, ScalarValue, TableReference};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::FunctionRegistry;
 use datafusion::functions::string::expr_fn::concat;
-use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::expr_fn::{count, min};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::functions_nested::expr_fn::array_concat;
@@ -786,7 +785,7 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
                 .field_with_unqualified_name(&column.name)?
                 .data_type()
                 .clone();
-            let (rn, n, s) = (hidden("rank"), hidden("n"), hidden("sum"));
+            let (rn, s) = (hidden("rank"), hidden("sum"));
             // One Window node per anomaly: DataFusion requires the expressions of a node to
             // share PARTITION BY and ORDER BY.
             df = df.window(vec![
@@ -795,12 +794,6 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
                     .order_by(sort.clone())
                     .build()?
                     .alias(&rn),
-                window_aggregate(count_udaf(), c(&column.name))
-                    .partition_by(partition.clone())
-                    .order_by(sort.clone())
-                    .window_frame(frame.clone())
-                    .build()?
-                    .alias(&n),
                 window_aggregate(sum_udaf(), spike_summand(c(&column.name), &ty, *factor))
                     .partition_by(partition)
                     .order_by(sort)
@@ -808,7 +801,14 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
                     .build()?
                     .alias(&s),
             ])?;
-            let (exceeds, positive) = spike_condition(c(&column.name), &ty, c(&n), c(&s), *factor);
+            // The rows before a participating row in its window partition all participate, so
+            // none has a null value: the frame's count is min(rank - 1, window).
+            let n = when(
+                c(&rn).gt(lit(*window as u64)),
+                lit(*window as u64),
+            )
+            .otherwise(c(&rn) - lit(1u64))?;
+            let (exceeds, positive) = spike_condition(c(&column.name), &ty, n, c(&s), *factor);
             let fires = is_true(
                 c(&p)
                     .and(c(&rn).gt(lit(*min_history as u64)))

@@ -23,7 +23,8 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryBuilder};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray};
+use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{exec_err, plan_err};
 use datafusion::logical_expr::{
@@ -59,26 +60,43 @@ pub fn outcome_of(name: &str) -> u8 {
     }
 }
 
-fn nibble(b: u8) -> Option<u128> {
-    match b {
-        b'0'..=b'9' => Some((b - b'0') as u128),
-        b'a'..=b'f' => Some((b - b'a' + 10) as u128),
-        b'A'..=b'F' => Some((b - b'A' + 10) as u128),
-        _ => None,
+/// Value of each hex digit, 0xff for other bytes.
+const HEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
-}
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 /// The key of a fingerprint in hex: its first 32 hex characters.
 pub fn fp_of_hex(hex: &str) -> Option<Fp> {
-    let b = hex.as_bytes();
-    if b.len() < 32 {
+    let b = hex.as_bytes().get(..32)?;
+    let (mut hi, mut lo) = (0u64, 0u64);
+    let mut bad = 0u8;
+    for &c in &b[..16] {
+        let v = HEX[c as usize];
+        bad |= v;
+        hi = (hi << 4) | (v & 0x0f) as u64;
+    }
+    for &c in &b[16..] {
+        let v = HEX[c as usize];
+        bad |= v;
+        lo = (lo << 4) | (v & 0x0f) as u64;
+    }
+    // Digits are at most 0x0f; a non-digit (0xff) sets the high bits.
+    if bad & 0xf0 != 0 {
         return None;
     }
-    let mut v: u128 = 0;
-    for &c in &b[..32] {
-        v = (v << 4) | nibble(c)?;
-    }
-    Some(v)
+    Some(((hi as u128) << 64) | lo as u128)
 }
 
 /// Call `f(row, key)` for every row of a fingerprint column: hex text (Utf8, LargeUtf8,
@@ -443,25 +461,15 @@ impl ScalarUDFImpl for Fp128 {
             return exec_err!("__ingot_fp128 takes 1 argument");
         };
         let array = arg.to_array(args.number_rows)?;
-        let mut b = FixedSizeBinaryBuilder::with_capacity(array.len(), 16);
-        let mut err = None;
+        let mut bytes = Vec::with_capacity(array.len() * 16);
+        let mut valid = Vec::with_capacity(array.len());
         for_each_fp(&array, |_, fp| {
-            let r = match fp {
-                Some(v) => b.append_value(v.to_be_bytes()),
-                None => {
-                    b.append_null();
-                    Ok(())
-                }
-            };
-            if let Err(e) = r {
-                err = Some(e);
-            }
+            bytes.extend_from_slice(&fp.unwrap_or_default().to_be_bytes());
+            valid.push(fp.is_some());
         })
         .map_err(|e| datafusion::error::DataFusionError::Execution(e.to_string()))?;
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        let out: ArrayRef = Arc::new(b.finish());
+        let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
+        let out: ArrayRef = Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from(bytes), nulls)?);
         Ok(ColumnarValue::Array(out))
     }
 }
