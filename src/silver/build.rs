@@ -51,8 +51,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryBuilder, Int32Array, Int32Builder, RecordBatch,
-    StringArray, StringBuilder, TimestampMicrosecondArray,
+    Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, FixedSizeBinaryBuilder, Int32Array, Int32Builder,
+    RecordBatch, StringArray, StringDictionaryBuilder, TimestampMicrosecondArray,
 };
 use datafusion::arrow::compute::kernels::boolean::{is_null, not};
 use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
@@ -126,10 +126,25 @@ fn now_micros() -> i64 {
 pub fn state_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new(FP, DataType::FixedSizeBinary(16), false),
-        Field::new(RUN_ID, DataType::Utf8, false),
-        Field::new(OUTCOME, DataType::Utf8, false),
+        Field::new(RUN_ID, dict_type(), false),
+        Field::new(OUTCOME, dict_type(), false),
         Field::new(RULES_VERSION, DataType::Int32, false),
     ]))
+}
+
+/// Run ids and outcomes repeat: dictionary-encoded in memory and in the file.
+fn dict_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+/// For every row of a text column, `f(value)` evaluated once per distinct value.
+fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Vec<T>> {
+    let dict = arrow_cast(col, &dict_type())?;
+    let dict = dict.as_dictionary::<Int32Type>();
+    let values = arrow_cast(dict.values(), &DataType::Utf8)?;
+    let values = values.as_string::<i32>();
+    let mapped: Vec<T> = (0..values.len()).map(|i| f(values.value(i))).collect();
+    Ok(dict.keys().values().iter().map(|k| mapped[*k as usize]).collect())
 }
 
 /// The columns `silver.<table>` gets from `rules` (without executing anything), for a table
@@ -408,10 +423,8 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
     let mut stream = df.execute_stream().await?;
     while let Some(b) = stream.next().await {
         let b = b?;
-        let runs = arrow_cast(b.column(1), &DataType::Utf8)?;
-        let runs = runs.as_string::<i32>();
-        let outcomes = arrow_cast(b.column(2), &DataType::Utf8)?;
-        let outcomes = outcomes.as_string::<i32>();
+        let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
+        let outcomes = per_value(b.column(2), outcome_of)?;
         let versions = arrow_cast(b.column(3), &DataType::Int32)?;
         let versions = versions.as_primitive::<Int32Type>();
         let mut rows = Vec::with_capacity(b.num_rows());
@@ -421,8 +434,7 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
             }
         })?;
         for (i, fp) in rows {
-            let run = keys.run_index(runs.value(i), &mut index);
-            keys.see_previous(fp, run, versions.value(i), outcome_of(outcomes.value(i)));
+            keys.see_previous(fp, runs[i], versions.value(i), outcomes[i]);
         }
     }
     Ok(())
@@ -556,8 +568,11 @@ fn state_rows(fp: &ArrayRef, run: &ArrayRef, outcome: u8, version: i32) -> Resul
         state_schema(),
         vec![
             Arc::new(fps.finish()),
-            arrow_cast(run, &DataType::Utf8)?,
-            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(outcome_name(outcome), n))),
+            arrow_cast(run, &dict_type())?,
+            Arc::new(DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from_value(0, n),
+                Arc::new(StringArray::from(vec![outcome_name(outcome)])),
+            )?),
             Arc::new(Int32Array::from_value(version, n)),
         ],
     )?)
@@ -569,13 +584,13 @@ async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
     let schema = state_schema();
     let mut w = PartWriter::new(lake, rel.to_string(), schema.clone());
     let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
-    let mut runs = StringBuilder::with_capacity(CHUNK, CHUNK * 36);
-    let mut outcomes = StringBuilder::with_capacity(CHUNK, CHUNK * 8);
+    let mut runs = StringDictionaryBuilder::<Int32Type>::new();
+    let mut outcomes = StringDictionaryBuilder::<Int32Type>::new();
     let mut versions = Int32Builder::with_capacity(CHUNK);
     let mut n = 0usize;
     let flush = |fps: &mut FixedSizeBinaryBuilder,
-                 runs: &mut StringBuilder,
-                 outcomes: &mut StringBuilder,
+                 runs: &mut StringDictionaryBuilder<Int32Type>,
+                 outcomes: &mut StringDictionaryBuilder<Int32Type>,
                  versions: &mut Int32Builder|
      -> Result<RecordBatch> {
         Ok(RecordBatch::try_new(
