@@ -12,7 +12,6 @@
 //! silver/<table>/build_id=<build>/state-NNNNN.parquet    (fingerprint key, run, outcome, version) per record
 //! silver/<table>/build_id=<build>/manifest.json          the snapshot's and the state's files
 //! silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
-//! silver/<table>/build_id=<build>/_scratch_*.parquet     a build's working files, deleted after its commit
 //! audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
 //! audit/silver_build_log/<table>/<seq>.parquet           a build's commit record (create-if-absent)
 //! ```
@@ -170,24 +169,9 @@ pub mod layout {
 
     pub const BUILD_LOG: &str = "audit/silver_build_log";
 
-    /// The complete snapshot of `table` written by build `build_id`.
-    pub fn silver_data(table: &str, build_id: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/part-00000.parquet")
-    }
-
-    /// What build `build_id` knew of each input row (for the next incremental build).
-    pub fn silver_state(table: &str, build_id: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/state.parquet")
-    }
-
     /// Digest of what the build's `resolve` read (lookup runs, contract files).
     pub fn silver_inputs(table: &str, build_id: &str) -> String {
         format!("silver/{table}/build_id={build_id}/inputs.json")
-    }
-
-    /// A scratch file of build `build_id` (deleted after its commit; never read by queries).
-    pub fn silver_scratch(table: &str, build_id: &str, name: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/_scratch_{name}.parquet")
     }
 
     /// The silver rejections of build `build_id`.

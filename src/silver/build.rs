@@ -57,10 +57,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::kernels::boolean::{is_null, not};
 use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
-use datafusion::catalog::TableProvider;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::logical_expr::{Expr, ExprSchemable, lit};
@@ -77,8 +77,8 @@ use super::keys::{
     FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, keep_udf, outcome_name,
     outcome_of, pick_udf,
 };
-use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
 use super::writer::PartWriter;
+use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
 use crate::catalog::{Catalog, file_schema, latest_build, table_over};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
@@ -313,7 +313,6 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
     rules.latest(table).map(|r| r.version).unwrap_or(version).max(version) + 1
 }
 
-
 /// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
@@ -442,7 +441,12 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
 
 /// The rules versions of the previous state that `pred` (a predicate on `rules_version`) matches.
 async fn matching_versions(ctx: &SessionContext, keys: &Keys, pred: &Expr) -> Result<HashSet<i32>> {
-    let versions: BTreeSet<i32> = keys.map.values().filter(|e| e.prev != NONE).map(|e| e.version).collect();
+    let versions: BTreeSet<i32> = keys
+        .map
+        .values()
+        .filter(|e| e.prev != NONE)
+        .map(|e| e.version)
+        .collect();
     let schema = Arc::new(Schema::new(vec![Field::new(RULES_VERSION, DataType::Int32, true)]));
     let batch = RecordBatch::try_new(
         schema,
@@ -523,7 +527,14 @@ struct Failures {
 
 impl Failures {
     /// From `(fingerprint, row number, rule, reason, payload)` columns.
-    fn batch(&self, fp: &ArrayRef, row: &ArrayRef, rule: &ArrayRef, reason: &ArrayRef, payload: &ArrayRef) -> Result<RecordBatch> {
+    fn batch(
+        &self,
+        fp: &ArrayRef,
+        row: &ArrayRef,
+        rule: &ArrayRef,
+        reason: &ArrayRef,
+        payload: &ArrayRef,
+    ) -> Result<RecordBatch> {
         let n = fp.len();
         let text = |a: &ArrayRef| -> Result<ArrayRef> {
             let a = arrow_cast(a, &DataType::Utf8)?;
@@ -612,12 +623,14 @@ async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
         outcomes.append_value(outcome_name(e.outcome));
         versions.append_value(e.version);
         n += 1;
-        if n % CHUNK == 0 {
-            w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?).await?;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?)
+                .await?;
         }
     }
-    if n % CHUNK != 0 {
-        w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?).await?;
+    if !n.is_multiple_of(CHUNK) {
+        w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?)
+            .await?;
     }
     w.finish().await
 }
@@ -713,8 +726,13 @@ impl PartCtx {
                 filter_record_batch(&b, &passed)?
             };
             if good.num_rows() > 0 {
-                sw.write(&state_rows(good.column(self.fp_idx), good.column(self.run_idx), PASSED, self.version)?)
-                    .await?;
+                sw.write(&state_rows(
+                    good.column(self.fp_idx),
+                    good.column(self.run_idx),
+                    PASSED,
+                    self.version,
+                )?)
+                .await?;
                 let mut cols: Vec<ArrayRef> = good.columns()[..width].to_vec();
                 cols.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
                     self.build_id.as_str(),
@@ -760,8 +778,13 @@ impl PartCtx {
             let rej = filter_record_batch(&bad, &reject)?;
             if rej.num_rows() > 0 {
                 out.rejected += rej.num_rows() as u64;
-                sw.write(&state_rows(rej.column(self.fp_idx), rej.column(self.run_idx), REJECTED, self.version)?)
-                    .await?;
+                sw.write(&state_rows(
+                    rej.column(self.fp_idx),
+                    rej.column(self.run_idx),
+                    REJECTED,
+                    self.version,
+                )?)
+                .await?;
                 let batch = self.failures.batch(
                     rej.column(self.fp_idx),
                     rej.column(width),
@@ -823,20 +846,6 @@ async fn run(
     let contract = inputs.contract.clone();
     let digest = inputs_digest(catalog, &contract)?;
     let runs = runs_newest_first(catalog, &rules.source);
-    let t0 = std::time::Instant::now();
-    let phase = |what: &str| {
-        if std::env::var_os("INGOT_PHASES").is_some() {
-            let st = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-            let f: Vec<&str> = st.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-            let rss = std::fs::read_to_string("/proc/self/status")
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
-                .collect::<Vec<_>>()
-                .join(" ");
-            eprintln!("phase {what}: {:?} cpu {:?}+{:?} {rss}", t0.elapsed(), f.get(11), f.get(12));
-        }
-    };
 
     // Which records to process, which snapshot rows to keep, which state rows to carry. A full
     // build over one bronze run needs none of it (every row is current and processed); otherwise
@@ -867,9 +876,7 @@ async fn run(
             // When what `resolve` reads changed, any row's resolved value may have: all of them
             // are processed again.
             if previous_digest.as_deref() == Some(digest.as_str()) {
-                mode = Mode::Incremental {
-                    version: rules.version,
-                };
+                mode = Mode::Incremental { version: rules.version };
                 previous_build = Some(prev);
             }
         }
@@ -889,7 +896,6 @@ async fn run(
         };
         Some(keys)
     };
-    phase("keys");
     let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
     reservation.grow(keys.as_ref().map(Keys::bytes).unwrap_or(0));
     let mut per_run = vec![0u64; runs.len()];
@@ -987,7 +993,6 @@ async fn run(
     // each fires, as sets of keys.
     let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
     release_free_memory();
-    phase("windows");
     let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
 
     // One pass, one task per partition: kept rows, then the transform's rows split into the
@@ -1034,7 +1039,6 @@ async fn run(
             .collect();
         join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
-    phase("kept");
     let handles = split
         .rows
         .clone()
@@ -1047,7 +1051,6 @@ async fn run(
         })
         .collect();
     join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
-    phase("main");
     let extra_state = |rows: u64, st: String, list: &mut Vec<String>| {
         if rows > 0 {
             list.push(st);
@@ -1091,7 +1094,6 @@ async fn run(
         extra_state(n, st, &mut state_files);
     }
     drop(reservation);
-    phase("state");
     drop(part);
     let fail_w = Arc::try_unwrap(fail_w)
         .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
@@ -1152,7 +1154,8 @@ async fn run(
         state: state_files,
     };
     let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
-    lake.put(&layout::silver_manifest(&table, &build_id), bytes.into()).await?;
+    lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
+        .await?;
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;

@@ -803,11 +803,7 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
             ])?;
             // The rows before a participating row in its window partition all participate, so
             // none has a null value: the frame's count is min(rank - 1, window).
-            let n = when(
-                c(&rn).gt(lit(*window as u64)),
-                lit(*window as u64),
-            )
-            .otherwise(c(&rn) - lit(1u64))?;
+            let n = when(c(&rn).gt(lit(*window as u64)), lit(*window as u64)).otherwise(c(&rn) - lit(1u64))?;
             let (exceeds, positive) = spike_condition(c(&column.name), &ty, n, c(&s), *factor);
             let fires = is_true(
                 c(&p)
