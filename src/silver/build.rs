@@ -4,30 +4,34 @@
 //! # What a build writes, and its commit
 //!
 //! Every file of a build is build-scoped (see [`crate::lake`] for the layout): the complete
-//! snapshot of the table (`silver/<table>/build_id=<id>/part-00000.parquet`, every row of the
-//! table as built, streamed), the build's silver rejections (`audit/row_failure_log/build_id=<id>/`,
-//! layer `silver`), the state file (`state.parquet`: `natural_key_fingerprint`, `row_hash`,
-//! `ingestion_run_id`, `outcome` — `passed`, `rejected` or `filtered` — and the `rules_version`
-//! that decided it, of every record the table's current state accounts for) and `inputs.json` (a digest of what `resolve` read). The
+//! snapshot of the table as `part-NNNNN.parquet` files (one per partition of the output pass,
+//! written in parallel), the state as `state-NNNNN.parquet` files, `manifest.json` naming both
+//! lists ([`Manifest`]; builds from before manifests wrote one `part-00000.parquet` and one
+//! `state.parquet`, which [`manifest`] still reads), `inputs.json` (a digest of what `resolve`
+//! read) and the build's silver rejections (`audit/row_failure_log/build_id=<id>/`, layer
+//! `silver`). The state has one row per record the table's current state accounts for: the
+//! 16-byte key of its fingerprint (see [`super::keys`]), the run of the version that was decided,
+//! its `outcome` (`passed`, `rejected`, `filtered`) and the `rules_version` that decided it. The
 //! commit is the `audit.silver_build_log` record, written with a create-if-absent put into the
 //! table's next slot `audit/silver_build_log/<table>/<seq>.parquet` (`seq` read when the build
-//! starts). `silver.<table>` is the snapshot of the latest succeeded record, so readers see the
-//! old snapshot or the new one, never a mix; a crash before the record leaves files nothing
-//! reads; a concurrent build that committed first takes the slot and this one publishes nothing.
+//! starts). `silver.<table>` is the manifest's snapshot files of the latest succeeded record
+//! ([`snapshot_table`]), so readers see the old snapshot or the new one, never a mix; a crash
+//! before the record leaves files nothing reads; a concurrent build that committed first takes
+//! the slot and this one publishes nothing.
 //!
 //! # Modes
 //!
 //! * `full`: every row of `bronze.<source>_current` is transformed.
 //! * `incremental` (default; `full` when the table has no succeeded build): the input is the
-//!   current rows whose version (`natural_key_fingerprint`, `row_hash`, `ingestion_run_id`) is not
-//!   in the previous build's state — new and changed records — and the previous snapshot's rows
-//!   whose record is still current and unchanged are kept byte-for-byte (with their
-//!   `silver_build_id`); records no longer current (undone) disappear. Everything is
-//!   re-processed when what `resolve` reads changed since the previous build (a lookup source's
-//!   committed runs or a contract file: `inputs.json`), since any row's resolved value may have
-//!   changed. Records that another rules version rejected or filtered are processed again with
-//!   the chosen rules (they have no silver row to keep); rows in silver keep the version that
-//!   built them (rebuild them with `--rebuild-where` or `--full`).
+//!   current records whose version (fingerprint, run) is not the one the previous build's state
+//!   names — new and changed records — and the previous snapshot's rows whose record is still
+//!   current and unchanged are kept byte-for-byte (with their `silver_build_id`); records no
+//!   longer current (undone) disappear. Everything is re-processed when what `resolve` reads
+//!   changed since the previous build (a lookup source's committed runs or a contract file:
+//!   `inputs.json`), since any row's resolved value may have changed. Records that another rules
+//!   version rejected or filtered are processed again with the chosen rules (they have no silver
+//!   row to keep); rows in silver keep the version that built them (rebuild them with
+//!   `--rebuild-where` or `--full`).
 //! * `rebuild` (`--rebuild-where PRED`, a predicate on `rules_version` only): the records whose
 //!   `rules_version` in the previous build's state matches PRED — the snapshot's rows of those
 //!   versions, and the records those versions rejected or filtered — are rebuilt from their
@@ -40,13 +44,43 @@
 //! of a full build of the same bronze state, except `silver_build_id` of the rows it kept.
 //!
 //! A `fail` validation that any processed row fails fails the build: a `failed` record names the
-//! rule and the first failing records, nothing else is published, exit code 1. A rules version is
-//! immutable once a succeeded build used it: a different SHA-256 is refused (exit 2).
+//! rule and the first failing records, the files written are deleted (best effort; nothing reads
+//! them anyway), exit code 1. A rules version is immutable once a succeeded build used it: a
+//! different SHA-256 is refused (exit 2).
 //!
 //! Counts of the record: `rows_read` (input rows processed) = `rows_written` (of them, rows in
 //! the new snapshot) + `rows_filtered` + `rows_rejected`; `rows_flagged` counts flagged rows of
 //! the whole new table.
 //!
+//! # How it runs (and what it costs)
+//!
+//! 1. Decisions, without joins. A full build over one bronze run needs none: every row is
+//!    current and processed. Otherwise one pass over the fingerprint column of every bronze run
+//!    (newest first) and one over the previous state build [`Keys`]: per record its current run
+//!    and what the state says, ~32 bytes a record (reserved in the memory pool). UDFs over that
+//!    map pick the rows to process out of each run's file (a run whose rows are all processed is
+//!    read without lookups) and the rows to keep out of the previous snapshot.
+//! 2. Window anomalies (`spike`, `first_seen`) over only the columns they read, of the passing
+//!    rows and the kept rows, ties broken by the fingerprint's 16-byte key (ordered as the hex
+//!    text): DataFusion sorts those narrow rows (spilling in the pool) and the result is, per
+//!    anomaly, the set of keys it fires on (`when` anomalies need no pass).
+//! 3. One output pass, one task per partition: kept rows get their flags recomputed (the `when`
+//!    expressions and a lookup in those sets) and are written; the transform runs once
+//!    ([`super::compile::transform_split`]) and each batch is split into the snapshot (flagged),
+//!    the failure file and the state. The rows a `filter` step removed come from one narrow
+//!    plan per filter step; carried state rows from the map.
+//!
+//! So bronze is read twice (narrow for the windows, whole for the output) and nothing is joined
+//! on hex strings. Memory: the key map, the window pass's sort (bounded by the pool, spills) and
+//! one row group per part writer ([`super::writer`]); glibc's arenas are limited and trimmed
+//! between the passes so that freed sort memory does not add to the output pass's peak.
+//!
+//! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
+//! get their recomputed flags) and recomputes the windows over the whole table, so on a large
+//! table it costs about as much as a full build plus the key passes. Writing only new and
+//! changed rows (snapshot parts plus per-part deletions) and re-windowing only the groups that
+//! changed records touch is the next step.
+
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 

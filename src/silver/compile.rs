@@ -78,8 +78,10 @@
 //!   null); `is_anomaly` is true when the list is not empty. A DataFrame that already has these
 //!   columns (a stored silver table) gets them replaced in place.
 //!
-//! Hazards: every output is a separate plan over the same input, so a build that executes all
-//! of them reads bronze once per output (cache the input or accept it). `to_json_row` is
+//! Hazards: every output of [`transform`] is a separate plan over the same input, so executing
+//! all of them reads bronze once per output; a build uses [`transform_split`] (one plan for the
+//! passing and failing rows), [`window_fires`] (windows over narrow columns) and
+//! [`flag_projection`] (flags of one batch) instead. `to_json_row` is
 //! registered in the session given to [`transform`]; plans built from [`resolve`] alone use the
 //! hashing UDFs of [`crate::hash`], which every ingot session has.
 
