@@ -75,6 +75,11 @@
 //! one row group per part writer ([`super::writer`]); glibc's arenas are limited and trimmed
 //! between the passes so that freed sort memory does not add to the output pass's peak.
 //!
+//! An incremental build that finds nothing to do (no record to process, none removed, the same
+//! rules version) writes no data: its manifest names the previous build's files (paths relative
+//! to the lake root). Hazard: a future `gc` must keep every file a succeeded build's manifest
+//! names, not only the files in the build's own folder.
+//!
 //! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
 //! get their recomputed flags) and recomputes the windows over the whole table, so on a large
 //! table it costs about as much as a full build plus the key passes. Writing only new and
@@ -367,6 +372,16 @@ pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manife
     }
 }
 
+/// The lake path of a file a manifest of build `build_id` names: a bare name is in the build's
+/// folder, a path (with `/`) is relative to the lake root (a file of an earlier build).
+fn manifest_rel(table: &str, build_id: &str, name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        layout::silver_file(table, build_id, name)
+    }
+}
+
 /// A listing table over the files `names` of build `build_id` (schema of the first).
 async fn table_over_build_files(
     ctx: &SessionContext,
@@ -375,7 +390,7 @@ async fn table_over_build_files(
     build_id: &str,
     names: &[String],
 ) -> Result<Arc<dyn TableProvider>> {
-    let rels: Vec<String> = names.iter().map(|n| layout::silver_file(table, build_id, n)).collect();
+    let rels: Vec<String> = names.iter().map(|n| manifest_rel(table, build_id, n)).collect();
     let first = rels
         .first()
         .ok_or_else(|| Error::RunFailed(format!("build {build_id} of \"{table}\" names no files")))?;
@@ -951,6 +966,40 @@ async fn run(
         }
     }
     let keys = keys.map(Arc::new);
+
+    // Nothing changed since the previous build (no record to process, none removed, the same
+    // rules): the table is the previous one, so this build's manifest names its files.
+    if let (Some(prev), Some(k)) = (previous_build, &keys)
+        && matches!(k.mode, Mode::Incremental { .. })
+        && per_run.iter().all(|n| *n == 0)
+        && prev.rules_version == rules.version
+        && !k.map.values().any(|e| e.prev != NONE && e.cur == NONE)
+    {
+        let old = manifest(lake, &table, &prev.build_id).await?;
+        let full = |names: &[String]| -> Vec<String> {
+            names.iter().map(|n| manifest_rel(&table, &prev.build_id, n)).collect()
+        };
+        let m = Manifest {
+            data: full(&old.data),
+            state: full(&old.state),
+        };
+        let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+        lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
+            .await?;
+        let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
+        lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
+            .await?;
+        crate::failpoint::hit("build.after_data")?;
+        record.rows_flagged = prev.rows_flagged;
+        record.finished_at = now_micros();
+        commit_build(lake, record).await?;
+        crate::failpoint::hit("build.after_commit")?;
+        return Ok(Built {
+            record: record.clone(),
+            table_rows: kept_records,
+            kept_rows: kept_records,
+        });
+    }
 
     // The records to process: the current rows of the runs that hold any (all rows of a run
     // whose rows are all to be processed, without looking them up).

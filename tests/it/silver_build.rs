@@ -341,6 +341,18 @@ fn building_again_with_nothing_new_changes_nothing_but_adds_a_build_record() {
         assert_eq!(log[i]["rows_read"], 0);
         assert_eq!(log[i]["rows_written"], 0);
         assert_eq!(log[i]["rows_flagged"], log[i - 1]["rows_flagged"]);
+        // the table is the previous build's: its manifest names those files, it writes none
+        let dir = t.lake().join(format!(
+            "silver/{}/build_id={}",
+            log[i]["table"].as_str().unwrap(),
+            log[i]["build_id"].as_str().unwrap()
+        ));
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        assert_eq!(files, ["inputs.json", "manifest.json"], "{}", dir.display());
     }
 }
 
