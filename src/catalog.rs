@@ -3,8 +3,8 @@
 //!
 //! `silver.<table>` is a listing table over the snapshot files (its manifest) of the table's
 //! latest succeeded build (its highest-numbered `succeeded` record), so a reader sees one
-//! complete build, never a mix; a table that has rules but no build yet is an empty table with the columns
-//! its latest rules version would produce. `audit.row_failure_log` holds the failure files of
+//! complete build, never a mix; a table that has rules but no build yet is an empty table with
+//! the columns its latest rules version would produce. `audit.row_failure_log` holds the failure files of
 //! committed ingest runs and of succeeded builds.
 //!
 //! Tables are listing tables over the explicit list of files named by committed run records, so
