@@ -113,8 +113,8 @@ use super::compile::{
     transform, transform_split, window_fired_column, window_fires,
 };
 use super::keys::{
-    FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, keep_udf, outcome_name,
-    outcome_of, pick_udf,
+    FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, outcome_name, outcome_of,
+    pick_udf,
 };
 use super::writer::PartWriter;
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
@@ -1064,8 +1064,18 @@ async fn run(
                     show(&want)
                 )));
             }
+            // Every snapshot row's record is in the previous state, so a row is kept unless its
+            // record is one of the few the build drops (processed, removed or rebuilt): a lookup
+            // in a small set, not in the map of every record.
+            let dropped: FpSet = keys
+                .map
+                .iter()
+                .filter(|(_, e)| e.prev != NONE && e.outcome == PASSED && !keys.keep_row(e))
+                .map(|(fp, _)| *fp)
+                .collect();
+            let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
             Some(
-                snap.filter(Arc::new(keep_udf(keys.clone())).call(vec![c(FP)]))?
+                snap.filter(Expr::Not(Box::new(dropped)))?
                     .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
             )
         }

@@ -13,7 +13,7 @@
 //! (from one pass over the fingerprint column of every bronze run, newest first) and what the
 //! previous build's state says (run, outcome, rules version). From that and the [`Mode`] follow
 //! which records are processed, which snapshot rows are kept and which state rows carried over.
-//! The UDFs here ([`pick_udf`], [`keep_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
+//! The UDFs here ([`pick_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
 //! filter by those decisions; they hold the map read-only.
 //!
 //! Memory: about 32 bytes per record plus the hash table's slack (~300 MB for 6M records),
@@ -310,14 +310,12 @@ impl Keys {
 enum Test {
     /// The record's current version is in run `.0` and is processed.
     Pick(Arc<Keys>, u32),
-    /// The previous snapshot's row is kept.
-    Keep(Arc<Keys>),
     /// The key is in the set (whose keys' first 32 bits are in the second set: most rows are
     /// ruled out after reading 8 hex characters).
     InSet(Arc<FpSet>, Arc<HashSet<u32>>),
 }
 
-/// A boolean UDF over a fingerprint column; see [`pick_udf`], [`keep_udf`], [`in_set_udf`].
+/// A boolean UDF over a fingerprint column; see [`pick_udf`], [`in_set_udf`].
 struct KeyTest {
     name: String,
     test: Test,
@@ -335,7 +333,6 @@ impl PartialEq for KeyTest {
         self.name == other.name
             && match (&self.test, &other.test) {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
-                (Test::Keep(a), Test::Keep(b)) => Arc::ptr_eq(a, b),
                 (Test::InSet(a, _), Test::InSet(b, _)) => Arc::ptr_eq(a, b),
                 _ => false,
             }
@@ -349,7 +346,6 @@ impl std::hash::Hash for KeyTest {
         self.name.hash(state);
         let p = match &self.test {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
-            Test::Keep(a) => Arc::as_ptr(a) as usize,
             Test::InSet(a, _) => Arc::as_ptr(a) as usize,
         };
         p.hash(state);
@@ -399,7 +395,6 @@ impl ScalarUDFImpl for KeyTest {
         let test = |fp: Fp| -> bool {
             match &self.test {
                 Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
-                Test::Keep(keys) => keys.get(&fp).is_some_and(|e| keys.keep_row(e)),
                 Test::InSet(set, _) => set.contains(&fp),
             }
         };
@@ -420,11 +415,6 @@ fn key_test(name: &str, test: Test) -> ScalarUDF {
 /// `__ingot_pick(fp)`: the row (of run `run`) is the current version of a record to process.
 pub fn pick_udf(keys: Arc<Keys>, run: u32) -> ScalarUDF {
     key_test("__ingot_pick", Test::Pick(keys, run))
-}
-
-/// `__ingot_keep(fp)`: the previous snapshot's row is kept.
-pub fn keep_udf(keys: Arc<Keys>) -> ScalarUDF {
-    key_test("__ingot_keep", Test::Keep(keys))
 }
 
 /// `__ingot_in_set(fp)`: the record is in `set`.
