@@ -57,9 +57,11 @@
 //! 1. Decisions, without joins. A full build over one bronze run needs none: every row is
 //!    current and processed. Otherwise one pass over the fingerprint column of every bronze run
 //!    (newest first) and one over the previous state build [`Keys`]: per record its current run
-//!    and what the state says, ~32 bytes a record (reserved in the memory pool). UDFs over that
-//!    map pick the rows to process out of each run's file (a run whose rows are all processed is
-//!    read without lookups) and the rows to keep out of the previous snapshot.
+//!    and what the state says, ~32 bytes a record (reserved in the memory pool). A UDF over that
+//!    map picks the rows to process out of each run's file (a run whose rows are all processed is
+//!    read without lookups); the previous snapshot's rows are kept unless their record is in the
+//!    (small) set of records the build drops. An incremental build with nothing to do stops
+//!    here (see below).
 //! 2. Window anomalies (`spike`, `first_seen`) over only the columns they read, of the passing
 //!    rows and the kept rows, ties broken by the fingerprint's 16-byte key (ordered as the hex
 //!    text): DataFusion sorts those narrow rows (spilling in the pool) and the result is, per
