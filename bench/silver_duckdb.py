@@ -8,7 +8,8 @@
         the row as JSON), zstd Parquet. Timed by make bench.
 
     silver_duckdb.py check LAKE BUILD_ID OUT_DIR BRONZE_GLOB [--lineage]
-        Compare ingot's snapshot LAKE/silver/lineitem/build_id=BUILD_ID/part-*.parquet with DuckDB's
+        Compare ingot's snapshot (the files LAKE/silver/lineitem/build_id=BUILD_ID/manifest.json
+        names) with DuckDB's
         OUT_DIR/silver.parquet: the same row count, the same set of natural_key_fingerprint, the
         same anomaly_flags for every fingerprint, the same disc_price, charge and l_shipmode;
         with --lineage also the same row_hash and ingestion_run_id. The build log's counts
@@ -33,6 +34,7 @@ The semantics are those of shared/DESIGN.md section 4, written out in SQL:
   l_quantity * n > 3 * s (value > factor x mean, exact decimal arithmetic, no division); rows
   ordered by l_shipdate, ties by natural_key_fingerprint.
 """
+import json
 import os
 import sys
 
@@ -131,6 +133,19 @@ def build(bronze_glob: str, out_dir: str) -> int:
     return 0
 
 
+def snapshot_files(lake: str, build_id: str) -> str:
+    """The files of the build's snapshot as a DuckDB list literal: those its manifest.json names
+    (a bare name is in the build's folder, a path is relative to the lake), else its part files."""
+    folder = f"{lake}/silver/lineitem/build_id={build_id}"
+    try:
+        with open(os.path.join(folder, "manifest.json")) as f:
+            names = json.load(f)["data"]
+    except FileNotFoundError:
+        return sql_str(f"{folder}/part-*.parquet")
+    paths = [os.path.join(lake, n) if "/" in n else os.path.join(folder, n) for n in names]
+    return "[" + ", ".join(sql_str(p) for p in paths) + "]"
+
+
 def check(lake: str, build_id: str, out_dir: str, bronze_glob: str, lineage: bool) -> int:
     con = duckdb.connect()
     ok = True
@@ -141,8 +156,7 @@ def check(lake: str, build_id: str, out_dir: str, bronze_glob: str, lineage: boo
         ok &= good
         print(f"silver check: {'ok  ' if good else 'FAIL'} {what}: {got}" + ("" if good else f" (expected {want})"))
 
-    snap = f"{lake}/silver/lineitem/build_id={build_id}/part-*.parquet"
-    con.execute(f"CREATE VIEW ingot AS SELECT * FROM read_parquet({sql_str(snap)}, hive_partitioning = false)")
+    con.execute(f"CREATE VIEW ingot AS SELECT * FROM read_parquet({snapshot_files(lake, build_id)}, hive_partitioning = false)")
     con.execute(f"CREATE VIEW ddb AS SELECT * FROM read_parquet({sql_str(os.path.join(out_dir, 'silver.parquet'))})")
     con.execute(f"CREATE VIEW ddb_rej AS SELECT * FROM read_parquet({sql_str(os.path.join(out_dir, 'rejected.parquet'))})")
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731

@@ -1,10 +1,10 @@
 //! The SQL catalog over a lake: `bronze.<source>`, `bronze.<source>_current`, `silver.<table>`,
 //! `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`.
 //!
-//! `silver.<table>` is a listing table over the one snapshot file of the table's latest
-//! succeeded build (its highest-numbered `succeeded` record), so a reader sees one complete
-//! build, never a mix; a table that has rules but no build yet is an empty table with the columns
-//! its latest rules version would produce. `audit.row_failure_log` holds the failure files of
+//! `silver.<table>` is a listing table over the snapshot files (its manifest) of the table's
+//! latest succeeded build (its highest-numbered `succeeded` record), so a reader sees one
+//! complete build, never a mix; a table that has rules but no build yet is an empty table with
+//! the columns its latest rules version would produce. `audit.row_failure_log` holds the failure files of
 //! committed ingest runs and of succeeded builds.
 //!
 //! Tables are listing tables over the explicit list of files named by committed run records, so
@@ -94,9 +94,8 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let files: Vec<String> = runs
-        .iter()
-        .filter(|r| r.source == contract.source && r.has_data())
+    let files: Vec<String> = bronze_runs(runs, &contract.source)
+        .into_iter()
         .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
         .collect();
     let name = format!("bronze.{}", contract.source);
@@ -122,6 +121,11 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     Ok(())
 }
 
+/// The runs whose bronze data file is part of `bronze.<source>` (silver builds read the same).
+pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
+    runs.iter().filter(|r| r.source == source && r.has_data()).collect()
+}
+
 /// The latest succeeded build of `table`, if any.
 pub fn latest_build<'a>(builds: &'a [BuildRecord], table: &str) -> Option<&'a BuildRecord> {
     builds
@@ -144,8 +148,7 @@ async fn register_silver(
     let mut built = std::collections::HashSet::new();
     for table in tables {
         if let Some(b) = latest_build(builds, table) {
-            let file = layout::silver_data(table, &b.build_id);
-            let provider = table_over_file(ctx, &ws.lake, &file).await?;
+            let provider = crate::silver::build::snapshot_table(ctx, &ws.lake, table, &b.build_id).await?;
             ctx.register_table(format!("silver.{table}").as_str(), provider)?;
             built.insert(table.to_string());
         }

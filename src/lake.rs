@@ -8,10 +8,10 @@
 //! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
 //! audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
 //! _locks/<source>.lock                                   one ingest per source at a time
-//! silver/<table>/build_id=<build>/part-00000.parquet     a build's complete snapshot of the table
-//! silver/<table>/build_id=<build>/state.parquet          (fingerprint, row_hash, run, outcome) per input row
+//! silver/<table>/build_id=<build>/part-NNNNN.parquet     a build's complete snapshot of the table
+//! silver/<table>/build_id=<build>/state-NNNNN.parquet    (fingerprint key, run, outcome, version) per record
+//! silver/<table>/build_id=<build>/manifest.json          the snapshot's and the state's files
 //! silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
-//! silver/<table>/build_id=<build>/_scratch_*.parquet     a build's working files, deleted after its commit
 //! audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
 //! audit/silver_build_log/<table>/<seq>.parquet           a build's commit record (create-if-absent)
 //! ```
@@ -178,24 +178,9 @@ pub mod layout {
 
     pub const BUILD_LOG: &str = "audit/silver_build_log";
 
-    /// The complete snapshot of `table` written by build `build_id`.
-    pub fn silver_data(table: &str, build_id: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/part-00000.parquet")
-    }
-
-    /// What build `build_id` knew of each input row (for the next incremental build).
-    pub fn silver_state(table: &str, build_id: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/state.parquet")
-    }
-
     /// Digest of what the build's `resolve` read (lookup runs, contract files).
     pub fn silver_inputs(table: &str, build_id: &str) -> String {
         format!("silver/{table}/build_id={build_id}/inputs.json")
-    }
-
-    /// A scratch file of build `build_id` (deleted after its commit; never read by queries).
-    pub fn silver_scratch(table: &str, build_id: &str, name: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/_scratch_{name}.parquet")
     }
 
     /// The silver rejections of build `build_id`.
@@ -210,5 +195,16 @@ pub mod layout {
 
     pub fn lock(source: &str) -> String {
         format!("_locks/{source}.lock")
+    }
+
+    /// The list of files of build `build_id`'s snapshot and state (absent for builds that wrote
+    /// one `part-00000.parquet` and one `state.parquet`).
+    pub fn silver_manifest(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/manifest.json")
+    }
+
+    /// A file of build `build_id` named in its manifest.
+    pub fn silver_file(table: &str, build_id: &str, name: &str) -> String {
+        format!("silver/{table}/build_id={build_id}/{name}")
     }
 }

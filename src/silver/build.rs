@@ -4,30 +4,34 @@
 //! # What a build writes, and its commit
 //!
 //! Every file of a build is build-scoped (see [`crate::lake`] for the layout): the complete
-//! snapshot of the table (`silver/<table>/build_id=<id>/part-00000.parquet`, every row of the
-//! table as built, streamed), the build's silver rejections (`audit/row_failure_log/build_id=<id>/`,
-//! layer `silver`), the state file (`state.parquet`: `natural_key_fingerprint`, `row_hash`,
-//! `ingestion_run_id`, `outcome` — `passed`, `rejected` or `filtered` — and the `rules_version`
-//! that decided it, of every record the table's current state accounts for) and `inputs.json` (a digest of what `resolve` read). The
+//! snapshot of the table as `part-NNNNN.parquet` files (one per partition of the output pass,
+//! written in parallel), the state as `state-NNNNN.parquet` files, `manifest.json` naming both
+//! lists ([`Manifest`]; builds from before manifests wrote one `part-00000.parquet` and one
+//! `state.parquet`, which [`manifest`] still reads), `inputs.json` (a digest of what `resolve`
+//! read) and the build's silver rejections (`audit/row_failure_log/build_id=<id>/`, layer
+//! `silver`). The state has one row per record the table's current state accounts for: the
+//! 16-byte key of its fingerprint (see [`super::keys`]), the run of the version that was decided,
+//! its `outcome` (`passed`, `rejected`, `filtered`) and the `rules_version` that decided it. The
 //! commit is the `audit.silver_build_log` record, written with a create-if-absent put into the
 //! table's next slot `audit/silver_build_log/<table>/<seq>.parquet` (`seq` read when the build
-//! starts). `silver.<table>` is the snapshot of the latest succeeded record, so readers see the
-//! old snapshot or the new one, never a mix; a crash before the record leaves files nothing
-//! reads; a concurrent build that committed first takes the slot and this one publishes nothing.
+//! starts). `silver.<table>` is the manifest's snapshot files of the latest succeeded record
+//! ([`snapshot_table`]), so readers see the old snapshot or the new one, never a mix; a crash
+//! before the record leaves files nothing reads; a concurrent build that committed first takes
+//! the slot and this one publishes nothing.
 //!
 //! # Modes
 //!
 //! * `full`: every row of `bronze.<source>_current` is transformed.
 //! * `incremental` (default; `full` when the table has no succeeded build): the input is the
-//!   current rows whose version (`natural_key_fingerprint`, `row_hash`, `ingestion_run_id`) is not
-//!   in the previous build's state — new and changed records — and the previous snapshot's rows
-//!   whose record is still current and unchanged are kept byte-for-byte (with their
-//!   `silver_build_id`); records no longer current (undone) disappear. Everything is
-//!   re-processed when what `resolve` reads changed since the previous build (a lookup source's
-//!   committed runs or a contract file: `inputs.json`), since any row's resolved value may have
-//!   changed. Records that another rules version rejected or filtered are processed again with
-//!   the chosen rules (they have no silver row to keep); rows in silver keep the version that
-//!   built them (rebuild them with `--rebuild-where` or `--full`).
+//!   current records whose version (fingerprint, run) is not the one the previous build's state
+//!   names — new and changed records — and the previous snapshot's rows whose record is still
+//!   current and unchanged are kept byte-for-byte (with their `silver_build_id`); records no
+//!   longer current (undone) disappear. Everything is re-processed when what `resolve` reads
+//!   changed since the previous build (a lookup source's committed runs or a contract file:
+//!   `inputs.json`), since any row's resolved value may have changed. Records that another rules
+//!   version rejected or filtered are processed again with the chosen rules (they have no silver
+//!   row to keep); rows in silver keep the version that built them (rebuild them with
+//!   `--rebuild-where` or `--full`).
 //! * `rebuild` (`--rebuild-where PRED`, a predicate on `rules_version` only): the records whose
 //!   `rules_version` in the previous build's state matches PRED — the snapshot's rows of those
 //!   versions, and the records those versions rejected or filtered — are rebuilt from their
@@ -40,44 +44,87 @@
 //! of a full build of the same bronze state, except `silver_build_id` of the rows it kept.
 //!
 //! A `fail` validation that any processed row fails fails the build: a `failed` record names the
-//! rule and the first failing records, nothing else is published, exit code 1. A rules version is
-//! immutable once a succeeded build used it: a different SHA-256 is refused (exit 2).
+//! rule and the first failing records, the files written are deleted (best effort; nothing reads
+//! them anyway), exit code 1. A rules version is immutable once a succeeded build used it: a
+//! different SHA-256 is refused (exit 2).
 //!
 //! Counts of the record: `rows_read` (input rows processed) = `rows_written` (of them, rows in
 //! the new snapshot) + `rows_filtered` + `rows_rejected`; `rows_flagged` counts flagged rows of
 //! the whole new table.
 //!
-//! Performance: `bronze.<source>_current` (a window over every bronze version) is computed once
-//! per build: one pass writes the records to process, and for an incremental build every current
-//! record's keys, to build-scoped scratch files (`_scratch_*.parquet`, deleted after the commit)
-//! that the snapshot, failure, `fail`-check and state plans read. The transform still runs once
-//! per output (snapshot, failures, and the `fail` check when the rules have a `fail`
-//! validation); the state's outcomes are read back from the files just written. An incremental
-//! build rewrites the whole snapshot and recomputes the flags over all of it, so it costs about
-//! as much as a full build on a large table: only the transform work shrinks.
+//! # How it runs (and what it costs)
+//!
+//! 1. Decisions, without joins. A full build over one bronze run needs none: every row is
+//!    current and processed. Otherwise one pass over the fingerprint column of every bronze run
+//!    (newest first) and one over the previous state build [`Keys`]: per record its current run
+//!    and what the state says, ~32 bytes a record (reserved in the memory pool). A UDF over that
+//!    map picks the rows to process out of each run's file (a run whose rows are all processed is
+//!    read without lookups); the previous snapshot's rows are kept unless their record is in the
+//!    (small) set of records the build drops. An incremental build with nothing to do stops
+//!    here (see below).
+//! 2. Window anomalies (`spike`, `first_seen`) over only the columns they read, of the passing
+//!    rows and the kept rows, ties broken by the fingerprint's 16-byte key (ordered as the hex
+//!    text): DataFusion sorts those narrow rows (spilling in the pool) and the result is, per
+//!    anomaly, the set of keys it fires on (`when` anomalies need no pass).
+//! 3. One output pass, one task per partition: kept rows get their flags recomputed (the `when`
+//!    expressions and a lookup in those sets) and are written; the transform runs once
+//!    ([`super::compile::transform_split`]) and each batch is split into the snapshot (flagged),
+//!    the failure file and the state. The rows a `filter` step removed come from one narrow
+//!    plan per filter step; carried state rows from the map.
+//!
+//! So bronze is read twice (narrow for the windows, whole for the output) and nothing is joined
+//! on hex strings. Memory: the key map, the window pass's sort (bounded by the pool, spills) and
+//! one row group per part writer ([`super::writer`]); glibc's arenas are limited and trimmed
+//! between the passes so that freed sort memory does not add to the output pass's peak.
+//!
+//! An incremental build that finds nothing to do (no record to process, none removed, the same
+//! rules version) writes no data: its manifest names the previous build's files (paths relative
+//! to the lake root). Hazard: a future `gc` must keep every file a succeeded build's manifest
+//! names, not only the files in the build's own folder.
+//!
+//! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
+//! get their recomputed flags) and recomputes the windows over the whole table, so on a large
+//! table it costs about as much as a full build plus the key passes. Writing only new and
+//! changed rows (snapshot parts plus per-part deletions) and re-windowing only the groups that
+//! changed records touch is the next step.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast as arrow_cast;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, FixedSizeBinaryBuilder, Int32Array, Int32Builder,
+    RecordBatch, StringArray, StringDictionaryBuilder, TimestampMicrosecondArray,
+};
+use datafusion::arrow::compute::kernels::boolean::{is_null, not};
+use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit, when};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::logical_expr::{Expr, ExprSchemable, lit};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use sha2::Digest;
 
-use super::compile::{ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, flag, read_inputs, transform};
-use crate::audit::{BuildRecord, BuildStatus, commit_build, failure_log_schema, parquet_bytes};
-use crate::bronze::RunFileWriter;
-use crate::catalog::{Catalog, latest_build, table_over_file};
+use super::compile::{
+    ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, SPLIT_RULE, Split, flag, flag_projection, is_window, read_inputs,
+    transform, transform_split, window_fired_column, window_fires,
+};
+use super::keys::{
+    FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, outcome_name, outcome_of,
+    pick_udf,
+};
+use super::writer::PartWriter;
+use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
+use crate::catalog::{Catalog, file_schema, latest_build, table_over};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
 use crate::lake::{Lake, layout};
-use crate::rules::{RuleSet, RulesSet};
+use crate::rules::{Action, AnomalyKind, RuleSet, RulesSet};
 use crate::session::Workspace;
 use crate::yaml::Problems;
 
@@ -85,7 +132,6 @@ use crate::yaml::Problems;
 pub const SILVER_BUILD_ID: &str = "silver_build_id";
 
 const FP: &str = "natural_key_fingerprint";
-const ROW_HASH: &str = "row_hash";
 const RUN_ID: &str = "ingestion_run_id";
 const OUTCOME: &str = "outcome";
 
@@ -115,15 +161,31 @@ fn now_micros() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
 
-/// Schema of the state file.
+/// Schema of the state file: the 16-byte key of every record the table's current state accounts
+/// for, the run of the version that was decided, the outcome (`passed`, `rejected`, `filtered`)
+/// and the rules version that decided it.
 pub fn state_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new(FP, DataType::Utf8, true),
-        Field::new(ROW_HASH, DataType::Utf8, true),
-        Field::new(RUN_ID, DataType::Utf8, true),
-        Field::new(OUTCOME, DataType::Utf8, true),
-        Field::new(RULES_VERSION, DataType::Int32, true),
+        Field::new(FP, DataType::FixedSizeBinary(16), false),
+        Field::new(RUN_ID, dict_type(), false),
+        Field::new(OUTCOME, dict_type(), false),
+        Field::new(RULES_VERSION, DataType::Int32, false),
     ]))
+}
+
+/// Run ids and outcomes repeat: dictionary-encoded in memory and in the file.
+fn dict_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+/// For every row of a text column, `f(value)` evaluated once per distinct value.
+fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Vec<T>> {
+    let dict = arrow_cast(col, &dict_type())?;
+    let dict = dict.as_dictionary::<Int32Type>();
+    let values = arrow_cast(dict.values(), &DataType::Utf8)?;
+    let values = values.as_string::<i32>();
+    let mapped: Vec<T> = (0..values.len()).map(|i| f(values.value(i))).collect();
+    Ok(dict.keys().values().iter().map(|k| mapped[*k as usize]).collect())
 }
 
 /// The columns `silver.<table>` gets from `rules` (without executing anything), for a table
@@ -170,22 +232,6 @@ fn inputs_digest(catalog: &Catalog, contract: &Contract) -> Result<String> {
         }
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// `(fp, row_hash, run)` of `df` under private names, for joins.
-fn keys(df: DataFrame, prefix: &str, with_versions: bool) -> Result<DataFrame> {
-    let mut cols = vec![c(FP).alias(format!("{prefix}_fp"))];
-    if with_versions {
-        cols.push(c(ROW_HASH).alias(format!("{prefix}_rh")));
-        cols.push(c(RUN_ID).alias(format!("{prefix}_run")));
-    }
-    Ok(df.select(cols)?)
-}
-
-/// Rows of `left` whose fingerprint is (`JoinType::LeftSemi`) or is not (`LeftAnti`) in `right`.
-fn by_fingerprint(left: DataFrame, right: DataFrame, how: JoinType, prefix: &str) -> Result<DataFrame> {
-    let right = keys(right, prefix, false)?;
-    Ok(left.join_on(right, how, [c(FP).eq(c(&format!("{prefix}_fp")))])?)
 }
 
 /// Parse `--rebuild-where` against the silver table's columns; only `rules_version` may appear.
@@ -238,117 +284,10 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 
-/// Stream the rows of `parts`, one after the other, into one file `rel`; when `always` an empty
-/// file with the schema is written for no rows. `each` sees every batch with the index of its
-/// part. Returns the number of rows.
-async fn write_df(
-    lake: &Lake,
-    rel: String,
-    parts: Vec<DataFrame>,
-    schema: Option<SchemaRef>,
-    always: bool,
-    mut each: impl FnMut(usize, &RecordBatch),
-) -> Result<u64> {
-    let mut w: Option<(RunFileWriter, SchemaRef)> = None;
-    let mut last_schema = schema.clone();
-    for (i, df) in parts.into_iter().enumerate() {
-        let mut stream = df.execute_stream().await?;
-        let schema = schema.clone().unwrap_or_else(|| stream.schema());
-        last_schema = Some(schema.clone());
-        while let Some(b) = stream.next().await {
-            let (writer, schema) =
-                w.get_or_insert_with(|| (RunFileWriter::new(lake, rel.clone(), schema.clone()), schema.clone()));
-            let b = conform(&b?, schema)?;
-            each(i, &b);
-            writer.write(&b).await?;
-        }
-    }
-    let n = match w {
-        Some((writer, _)) => writer.finish().await?,
-        None => 0,
-    };
-    if n == 0
-        && always
-        && let Some(schema) = last_schema
-    {
-        lake.put(&rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
-    }
-    Ok(n)
-}
-
-/// Stream `df` (the current records, with extra columns when `process` is given) once: the rows
-/// for which `process` is true — all rows when it is `None` — go to `input_rel` with the current
-/// records' columns, and when `keys_rel` is given every row's (fingerprint, row_hash, run) goes
-/// there. Returns the rows to process as a DataFrame over the file written.
-async fn split_current(
-    ctx: &SessionContext,
-    lake: &Lake,
-    current: DataFrame,
-    process: Option<Expr>,
-    input_rel: &str,
-    keys_rel: Option<&str>,
-) -> Result<DataFrame> {
-    const PROCESS: &str = "__ingot_process";
-    let width = current.schema().fields().len();
-    let df = match process {
-        Some(p) => {
-            let mut cols: Vec<Expr> = current
-                .schema()
-                .iter()
-                .filter(|(_, f)| !f.name().starts_with("__ingot_"))
-                .map(|(q, f)| Expr::Column(Column::from((q, f))))
-                .collect();
-            cols.push(when(p, lit(true)).otherwise(lit(false))?.alias(PROCESS));
-            current.select(cols)?
-        }
-        None => current,
-    };
-    let has_mark = df.schema().has_column_with_unqualified_name(PROCESS);
-    let mut stream = df.execute_stream().await?;
-    let full = stream.schema();
-    let data_width = if has_mark { full.fields().len() - 1 } else { width };
-    let data_schema = Arc::new(full.project(&(0..data_width).collect::<Vec<_>>())?);
-    let key_idx: Vec<usize> = [FP, ROW_HASH, RUN_ID]
-        .iter()
-        .map(|n| data_schema.index_of(n))
-        .collect::<std::result::Result<_, _>>()?;
-    let keys_schema = Arc::new(data_schema.project(&key_idx)?);
-    let mut input_w = RunFileWriter::new(lake, input_rel.to_string(), data_schema.clone());
-    let mut keys_w = keys_rel.map(|rel| RunFileWriter::new(lake, rel.to_string(), keys_schema.clone()));
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let data = b.project(&(0..data_width).collect::<Vec<_>>())?;
-        let data = RecordBatch::try_new(data_schema.clone(), data.columns().to_vec())?;
-        if let Some(w) = keys_w.as_mut() {
-            w.write(&data.project(&key_idx)?).await?;
-        }
-        let chosen = if has_mark {
-            let mask = b
-                .column(data_width)
-                .as_boolean_opt()
-                .ok_or_else(|| Error::RunFailed("build: the input mark is not boolean".into()))?;
-            datafusion::arrow::compute::filter_record_batch(&data, mask)?
-        } else {
-            data
-        };
-        input_w.write(&chosen).await?;
-    }
-    for (w, rel, schema) in [
-        (Some(input_w), Some(input_rel), data_schema),
-        (keys_w, keys_rel, keys_schema),
-    ] {
-        if let (Some(w), Some(rel)) = (w, rel)
-            && w.finish().await? == 0
-        {
-            lake.put(rel, parquet_bytes(&RecordBatch::new_empty(schema))?).await?;
-        }
-    }
-    Ok(ctx.read_table(table_over_file(ctx, lake, input_rel).await?)?)
-}
-
 /// Build `table`; see the module documentation. A build that fails a `fail` validation returns
 /// its committed `failed` record (the caller exits 1); other errors are returned as errors.
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
+    limit_arenas();
     let build_id = uuid::Uuid::now_v7().to_string();
     let started_at = now_micros();
     let catalog = crate::catalog::open(ws).await?;
@@ -416,6 +355,533 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
     rules.latest(table).map(|r| r.version).unwrap_or(version).max(version) + 1
 }
 
+/// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    pub data: Vec<String>,
+    pub state: Vec<String>,
+}
+
+/// The manifest of build `build_id` of `table` (builds before manifests wrote one file of each).
+pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manifest> {
+    let rel = layout::silver_manifest(table, build_id);
+    match lake.get(&rel).await? {
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| Error::RunFailed(format!("{}: not a snapshot manifest: {e}", lake.url(&rel)))),
+        None => Ok(Manifest {
+            data: vec!["part-00000.parquet".into()],
+            state: vec!["state.parquet".into()],
+        }),
+    }
+}
+
+/// The lake path of a file a manifest of build `build_id` names: a bare name is in the build's
+/// folder, a path (with `/`) is relative to the lake root (a file of an earlier build).
+fn manifest_rel(table: &str, build_id: &str, name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        layout::silver_file(table, build_id, name)
+    }
+}
+
+/// A listing table over the files `names` of build `build_id` (schema of the first).
+async fn table_over_build_files(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    names: &[String],
+) -> Result<Arc<dyn TableProvider>> {
+    let rels: Vec<String> = names.iter().map(|n| manifest_rel(table, build_id, n)).collect();
+    let first = rels
+        .first()
+        .ok_or_else(|| Error::RunFailed(format!("build {build_id} of \"{table}\" names no files")))?;
+    let schema = file_schema(ctx, lake, first).await?;
+    table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)
+}
+
+/// `silver.<table>` as build `build_id` published it: a listing table over its snapshot's files.
+pub async fn snapshot_table(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+) -> Result<Arc<dyn TableProvider>> {
+    let m = manifest(lake, table, build_id).await?;
+    table_over_build_files(ctx, lake, table, build_id, &m.data).await
+}
+
+/// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
+fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
+    let mut runs = crate::catalog::bronze_runs(&catalog.runs, source);
+    runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
+    runs
+}
+
+fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dyn TableProvider>> {
+    table_over(
+        vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
+        contract.bronze_schema(),
+    )
+}
+
+/// One pass over the fingerprints of every bronze run of the source, newest first: the current
+/// run of every record.
+async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
+    let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
+    let mut keys = Keys::new(
+        runs.iter().map(|r| r.run_id.clone()).collect(),
+        usize::try_from(capacity).unwrap_or(0),
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let mut stream = ctx
+            .read_table(run_table(lake, contract, run)?)?
+            .select(vec![c(FP)])?
+            .execute_stream()
+            .await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let mut missing = false;
+            for_each_fp(b.column(0), |_, fp| match fp {
+                Some(fp) => keys.see_current(fp, i as u32),
+                None => missing = true,
+            })?;
+            if missing {
+                return Err(Error::RunFailed(format!(
+                    "bronze run {} of \"{}\" has a row without {FP}",
+                    run.run_id, run.source
+                )));
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// Add the previous build's state to `keys`.
+async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, table: &str, build_id: &str) -> Result<()> {
+    let m = manifest(lake, table, build_id).await?;
+    let mut index: HashMap<String, u32> = keys
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.clone(), i as u32))
+        .collect();
+    let provider = table_over_build_files(ctx, lake, table, build_id, &m.state).await?;
+    let df = ctx
+        .read_table(provider)?
+        .select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
+    let mut stream = df.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
+        let outcomes = per_value(b.column(2), outcome_of)?;
+        let versions = arrow_cast(b.column(3), &DataType::Int32)?;
+        let versions = versions.as_primitive::<Int32Type>();
+        let mut rows = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |i, fp| {
+            if let Some(fp) = fp {
+                rows.push((i, fp));
+            }
+        })?;
+        for (i, fp) in rows {
+            keys.see_previous(fp, runs[i], versions.value(i), outcomes[i]);
+        }
+    }
+    Ok(())
+}
+
+/// The rules versions of the previous state that `pred` (a predicate on `rules_version`) matches.
+async fn matching_versions(ctx: &SessionContext, keys: &Keys, pred: &Expr) -> Result<HashSet<i32>> {
+    let versions: BTreeSet<i32> = keys
+        .map
+        .values()
+        .filter(|e| e.prev != NONE)
+        .map(|e| e.version)
+        .collect();
+    let schema = Arc::new(Schema::new(vec![Field::new(RULES_VERSION, DataType::Int32, true)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int32Array::from(versions.into_iter().collect::<Vec<_>>()))],
+    )?;
+    // A handful of distinct versions: the result is tiny.
+    let matched = ctx.read_batch(batch)?.filter(pred.clone().is_true())?.collect().await?;
+    let mut out = HashSet::new();
+    for b in matched {
+        out.extend(b.column(0).as_primitive::<Int32Type>().iter().flatten());
+    }
+    Ok(out)
+}
+
+/// Evaluates the flag projection on batches with the columns of `base`.
+struct Flagger {
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    schema: SchemaRef,
+    base: SchemaRef,
+    is_anomaly: usize,
+}
+
+impl Flagger {
+    fn new(ctx: &SessionContext, rules: &RuleSet, base: SchemaRef, sets: &[Option<Arc<FpSet>>]) -> Result<Flagger> {
+        let df_schema = DFSchema::try_from(base.as_ref().clone())?;
+        let window = |i: usize| -> Expr {
+            match sets.get(i).cloned().flatten() {
+                Some(set) => Arc::new(in_set_udf(set)).call(vec![c(FP)]),
+                None => lit(false),
+            }
+        };
+        let projection = flag_projection(&df_schema, rules, window)?;
+        let state = ctx.state();
+        let mut exprs = Vec::new();
+        let mut fields = Vec::new();
+        for e in projection {
+            let (_, field) = e.to_field(&df_schema)?;
+            fields.push(field.as_ref().clone().with_nullable(true));
+            exprs.push(state.create_physical_expr(e, &df_schema)?);
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let is_anomaly = schema.index_of(IS_ANOMALY)?;
+        Ok(Flagger {
+            exprs,
+            schema,
+            base,
+            is_anomaly,
+        })
+    }
+
+    /// `batch` (the base columns, in order) flagged; also returns how many rows are anomalies.
+    fn apply(&self, batch: &RecordBatch) -> Result<(RecordBatch, u64)> {
+        let batch = conform(batch, &self.base)?;
+        let n = batch.num_rows();
+        let mut cols = Vec::with_capacity(self.exprs.len());
+        for (e, f) in self.exprs.iter().zip(self.schema.fields()) {
+            let a = e.evaluate(&batch)?.into_array(n)?;
+            cols.push(if a.data_type() == f.data_type() {
+                a
+            } else {
+                arrow_cast(&a, f.data_type())?
+            });
+        }
+        let out = RecordBatch::try_new(self.schema.clone(), cols)?;
+        let flagged = out.column(self.is_anomaly).as_boolean().true_count() as u64;
+        Ok((out, flagged))
+    }
+}
+
+/// Failure-log rows of this build.
+struct Failures {
+    build_id: String,
+    source: String,
+    table: String,
+    version: i32,
+    failed_at: i64,
+}
+
+impl Failures {
+    /// From `(fingerprint, row number, rule, reason, payload)` columns.
+    fn batch(
+        &self,
+        fp: &ArrayRef,
+        row: &ArrayRef,
+        rule: &ArrayRef,
+        reason: &ArrayRef,
+        payload: &ArrayRef,
+    ) -> Result<RecordBatch> {
+        let n = fp.len();
+        let text = |a: &ArrayRef| -> Result<ArrayRef> {
+            let a = arrow_cast(a, &DataType::Utf8)?;
+            let s = a.as_string::<i32>();
+            Ok(Arc::new(StringArray::from_iter_values(
+                (0..n).map(|i| if s.is_null(i) { "" } else { s.value(i) }),
+            )))
+        };
+        let repeat = |v: &str| -> ArrayRef { Arc::new(StringArray::from_iter_values(std::iter::repeat_n(v, n))) };
+        let cols: Vec<ArrayRef> = vec![
+            repeat(&self.build_id),
+            repeat("silver"),
+            repeat(&self.source),
+            repeat(&self.table),
+            arrow_cast(row, &DataType::Int64)?,
+            arrow_cast(fp, &DataType::Utf8)?,
+            text(payload)?,
+            text(rule)?,
+            text(reason)?,
+            Arc::new(Int32Array::from_value(self.version, n)),
+            Arc::new(TimestampMicrosecondArray::from_value(self.failed_at, n).with_timezone("UTC")),
+        ];
+        Ok(RecordBatch::try_new(failure_log_schema(), cols)?)
+    }
+}
+
+/// State rows `(key, run, outcome, version)` from a fingerprint and a run id column.
+fn state_rows(fp: &ArrayRef, run: &ArrayRef, outcome: u8, version: i32) -> Result<RecordBatch> {
+    let n = fp.len();
+    let mut fps = FixedSizeBinaryBuilder::with_capacity(n, 16);
+    let mut err = None;
+    for_each_fp(fp, |_, v| {
+        // A null fingerprint cannot reach silver: bronze always has one.
+        if let Err(e) = fps.append_value(v.unwrap_or_default().to_be_bytes()) {
+            err = Some(e);
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    Ok(RecordBatch::try_new(
+        state_schema(),
+        vec![
+            Arc::new(fps.finish()),
+            arrow_cast(run, &dict_type())?,
+            Arc::new(DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from_value(0, n),
+                Arc::new(StringArray::from(vec![outcome_name(outcome)])),
+            )?),
+            Arc::new(Int32Array::from_value(version, n)),
+        ],
+    )?)
+}
+
+/// The state rows the previous state carries over (records this build did not process).
+async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
+    const CHUNK: usize = 1 << 16;
+    let schema = state_schema();
+    let mut w = PartWriter::new(lake, rel.to_string(), schema.clone());
+    let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
+    let mut runs = StringDictionaryBuilder::<Int32Type>::new();
+    let mut outcomes = StringDictionaryBuilder::<Int32Type>::new();
+    let mut versions = Int32Builder::with_capacity(CHUNK);
+    let mut n = 0usize;
+    let flush = |fps: &mut FixedSizeBinaryBuilder,
+                 runs: &mut StringDictionaryBuilder<Int32Type>,
+                 outcomes: &mut StringDictionaryBuilder<Int32Type>,
+                 versions: &mut Int32Builder|
+     -> Result<RecordBatch> {
+        Ok(RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(fps.finish()),
+                Arc::new(runs.finish()),
+                Arc::new(outcomes.finish()),
+                Arc::new(versions.finish()),
+            ],
+        )?)
+    };
+    for (fp, e) in &keys.map {
+        if !keys.carry(e) {
+            continue;
+        }
+        fps.append_value(fp.to_be_bytes())?;
+        runs.append_value(keys.runs.get(e.prev as usize).map(String::as_str).unwrap_or(""));
+        outcomes.append_value(outcome_name(e.outcome));
+        versions.append_value(e.version);
+        n += 1;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?)
+                .await?;
+        }
+    }
+    if !n.is_multiple_of(CHUNK) {
+        w.write(&flush(&mut fps, &mut runs, &mut outcomes, &mut versions)?)
+            .await?;
+    }
+    w.finish().await
+}
+
+/// What one partition of the build's outputs wrote.
+#[derive(Default)]
+struct PartOut {
+    /// Snapshot rows written (kept or new).
+    rows: u64,
+    /// New rows (this build's).
+    written: u64,
+    flagged: u64,
+    rejected: u64,
+    failed: u64,
+    first_failed: Vec<String>,
+    failed_rules: BTreeSet<String>,
+    data: Option<String>,
+    state: Option<String>,
+}
+
+impl PartOut {
+    fn merge(&mut self, o: PartOut, data: &mut Vec<String>, state: &mut Vec<String>) {
+        self.rows += o.rows;
+        self.written += o.written;
+        self.flagged += o.flagged;
+        self.rejected += o.rejected;
+        self.failed += o.failed;
+        for f in o.first_failed {
+            if self.first_failed.len() < 3 {
+                self.first_failed.push(f);
+            }
+        }
+        self.failed_rules.extend(o.failed_rules);
+        data.extend(o.data);
+        state.extend(o.state);
+    }
+}
+
+/// Everything a partition task needs (owned: tasks run on the runtime's threads).
+struct PartCtx {
+    lake: Lake,
+    table: String,
+    build_id: String,
+    flagger: Arc<Flagger>,
+    base: SchemaRef,
+    width: usize,
+    fp_idx: usize,
+    run_idx: usize,
+    version: i32,
+    actions: Arc<HashMap<String, Action>>,
+    failures: Arc<Failures>,
+    fail_w: Arc<tokio::sync::Mutex<PartWriter>>,
+}
+
+impl PartCtx {
+    /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
+    async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
+        let rel = layout::silver_file(&self.table, &self.build_id, &part);
+        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut out = PartOut::default();
+        while let Some(b) = stream.next().await {
+            let (b, f) = self.flagger.apply(&b?)?;
+            out.rows += b.num_rows() as u64;
+            out.flagged += f;
+            w.write(&b).await?;
+        }
+        if w.finish().await? > 0 {
+            out.data = Some(part);
+        }
+        Ok(out)
+    }
+
+    /// Rows of the transform: passing rows flagged into `part`, rejections to the failure file,
+    /// every outcome into `state_part`.
+    async fn new_rows(
+        self: Arc<Self>,
+        mut stream: SendableRecordBatchStream,
+        part: String,
+        state_part: String,
+    ) -> Result<PartOut> {
+        let rel = layout::silver_file(&self.table, &self.build_id, &part);
+        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
+        let mut sw = PartWriter::new(&self.lake, state_rel, state_schema());
+        let mut out = PartOut::default();
+        let width = self.width;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let passed = is_null(b.column(width + 1))?;
+            let good = if passed.true_count() == b.num_rows() {
+                b.clone()
+            } else {
+                filter_record_batch(&b, &passed)?
+            };
+            if good.num_rows() > 0 {
+                sw.write(&state_rows(
+                    good.column(self.fp_idx),
+                    good.column(self.run_idx),
+                    PASSED,
+                    self.version,
+                )?)
+                .await?;
+                let mut cols: Vec<ArrayRef> = good.columns()[..width].to_vec();
+                cols.push(Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    self.build_id.as_str(),
+                    good.num_rows(),
+                ))));
+                let (rows, f) = self.flagger.apply(&RecordBatch::try_new(self.base.clone(), cols)?)?;
+                out.rows += rows.num_rows() as u64;
+                out.written += rows.num_rows() as u64;
+                out.flagged += f;
+                w.write(&rows).await?;
+            }
+            if passed.true_count() == b.num_rows() {
+                continue;
+            }
+            let bad = filter_record_batch(&b, &not(&passed)?)?;
+            let rule = arrow_cast(bad.column(width + 1), &DataType::Utf8)?;
+            let rule = rule.as_string::<i32>();
+            let reject: BooleanArray = (0..bad.num_rows())
+                .map(|i| Some(self.actions.get(rule.value(i)) != Some(&Action::Fail)))
+                .collect();
+            let failing = filter_record_batch(&bad, &not(&reject)?)?;
+            if failing.num_rows() > 0 {
+                let r = arrow_cast(failing.column(width + 1), &DataType::Utf8)?;
+                let r = r.as_string::<i32>();
+                let numbers = arrow_cast(failing.column(width), &DataType::Int64)?;
+                let numbers = numbers.as_primitive::<Int64Type>();
+                let payload = arrow_cast(failing.column(width + 3), &DataType::Utf8)?;
+                let payload = payload.as_string::<i32>();
+                for i in 0..failing.num_rows() {
+                    out.failed_rules.insert(r.value(i).to_string());
+                    if out.first_failed.len() < 3 {
+                        let number = if numbers.is_valid(i) {
+                            numbers.value(i).to_string()
+                        } else {
+                            "?".into()
+                        };
+                        let p = if payload.is_valid(i) { payload.value(i) } else { "" };
+                        out.first_failed.push(format!("record {number}: {p}"));
+                    }
+                }
+                out.failed += failing.num_rows() as u64;
+            }
+            let rej = filter_record_batch(&bad, &reject)?;
+            if rej.num_rows() > 0 {
+                out.rejected += rej.num_rows() as u64;
+                sw.write(&state_rows(
+                    rej.column(self.fp_idx),
+                    rej.column(self.run_idx),
+                    REJECTED,
+                    self.version,
+                )?)
+                .await?;
+                let batch = self.failures.batch(
+                    rej.column(self.fp_idx),
+                    rej.column(width),
+                    rej.column(width + 1),
+                    rej.column(width + 2),
+                    rej.column(width + 3),
+                )?;
+                self.fail_w.lock().await.write(&batch).await?;
+            }
+        }
+        if w.finish().await? > 0 {
+            out.data = Some(part);
+        }
+        if sw.finish().await? > 0 {
+            out.state = Some(state_part);
+        }
+        Ok(out)
+    }
+}
+
+/// Run the tasks concurrently (one per partition) and merge what they wrote.
+async fn join_parts(
+    handles: Vec<tokio::task::JoinHandle<Result<PartOut>>>,
+    total: &mut PartOut,
+    data: &mut Vec<String>,
+    state: &mut Vec<String>,
+) -> Result<()> {
+    let mut first_err = None;
+    for h in handles {
+        match h.await {
+            Ok(Ok(o)) => total.merge(o, data, state),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(Error::RunFailed(format!("build task failed: {e}")));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 async fn run(
     ws: &Workspace,
     catalog: &Catalog,
@@ -429,153 +895,159 @@ async fn run(
     let table = record.table.clone();
     let build_id = record.build_id.clone();
     let inputs = read_inputs(ctx, &catalog.contracts, rules).await?;
-    let current = inputs.input.clone();
-    let digest = inputs_digest(catalog, &inputs.contract)?;
+    let contract = inputs.contract.clone();
+    let digest = inputs_digest(catalog, &contract)?;
+    let runs = runs_newest_first(catalog, &rules.source);
 
-    // Which current records to process (P), which previous snapshot rows to keep (K) and which
-    // previous state rows to keep (S). `bronze.<source>_current` is computed once: one pass
-    // writes the records to process (and, for an incremental build, every current record's
-    // keys) to build-scoped scratch files that every later plan reads.
-    let input_rel = layout::silver_scratch(&table, &build_id, "input");
-    let keys_rel = layout::silver_scratch(&table, &build_id, "current_keys");
-    let (input, kept, kept_state) = match (previous, &opts.rebuild_where, opts.full) {
+    // Which records to process, which snapshot rows to keep, which state rows to carry. A full
+    // build over one bronze run needs none of it (every row is current and processed); otherwise
+    // one pass over the fingerprints of bronze and one over the previous state give compact keys.
+    let mut mode = Mode::Full;
+    let mut previous_build: Option<&BuildRecord> = None;
+    let mut rebuild_expr = None;
+    match (previous, &opts.rebuild_where, opts.full) {
         (None, Some(_), _) => {
             return Err(Error::Invalid(format!(
                 "--rebuild-where: \"{table}\" has no succeeded build to rebuild rows of; run `ingot build {table}` first"
             )));
         }
-        (None, None, _) | (Some(_), None, true) => {
-            let input = split_current(ctx, lake, current.clone(), None, &input_rel, None).await?;
-            (input, None, None)
+        (None, None, _) | (Some(_), None, true) => {}
+        (Some(prev), Some(pred), _) => {
+            record.mode = "rebuild".into();
+            let snap = ctx.read_table(snapshot_table(ctx, lake, &table, &prev.build_id).await?)?;
+            rebuild_expr = Some(parse_rebuild_filter(ctx, snap.schema().as_arrow(), pred)?);
+            previous_build = Some(prev);
         }
-        (Some(prev), rebuild, _) => {
-            let snapshot_rel = layout::silver_data(&table, &prev.build_id);
-            let snapshot = ctx.read_table(table_over_file(ctx, lake, &snapshot_rel).await?)?;
-            let state =
-                ctx.read_table(table_over_file(ctx, lake, &layout::silver_state(&table, &prev.build_id)).await?)?;
-            if let Some(pred) = rebuild {
-                record.mode = "rebuild".into();
-                let expr = parse_rebuild_filter(ctx, snapshot.schema().as_arrow(), pred)?;
-                // The state has every processed record's rules_version: rows a matching
-                // version rejected or filtered are rebuilt too.
-                let matching = keys(state.clone().filter(expr.clone().is_true())?, "__ingot_m", false)?;
-                let marked = current
-                    .clone()
-                    .join_on(matching, JoinType::Left, [c(FP).eq(c("__ingot_m_fp"))])?;
-                let process = c("__ingot_m_fp").is_not_null();
-                let input = split_current(ctx, lake, marked, Some(process), &input_rel, None).await?;
-                let kept = snapshot.filter(expr.is_not_true())?;
-                let kept_state = by_fingerprint(state, input.clone(), JoinType::LeftAnti, "__ingot_p")?;
-                (input, Some(kept), Some(kept_state))
-            } else {
-                record.mode = "incremental".into();
-                let previous_digest = lake
-                    .get(&layout::silver_inputs(&table, &prev.build_id))
-                    .await?
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| v["inputs_digest"].as_str().map(str::to_string));
-                if previous_digest.as_deref() != Some(digest.as_str()) {
-                    let input = split_current(ctx, lake, current.clone(), None, &input_rel, None).await?;
-                    (input, None, None)
-                } else {
-                    // Rows another rules version rejected or filtered are processed again.
-                    let unchanged = state
-                        .clone()
-                        .filter(c(OUTCOME).eq(lit("passed")).or(c(RULES_VERSION).eq(lit(rules.version))))?;
-                    let marked = current.clone().join_on(
-                        keys(unchanged, "__ingot_s", true)?,
-                        JoinType::Left,
-                        [
-                            c(FP).eq(c("__ingot_s_fp")),
-                            c(ROW_HASH).eq(c("__ingot_s_rh")),
-                            c(RUN_ID).eq(c("__ingot_s_run")),
-                        ],
-                    )?;
-                    let process = c("__ingot_s_fp").is_null();
-                    let input = split_current(ctx, lake, marked, Some(process), &input_rel, Some(&keys_rel)).await?;
-                    let current_keys = ctx.read_table(table_over_file(ctx, lake, &keys_rel).await?)?;
-                    let still = |df: DataFrame| -> Result<DataFrame> {
-                        let df = by_fingerprint(df, current_keys.clone(), JoinType::LeftSemi, "__ingot_c")?;
-                        by_fingerprint(df, input.clone(), JoinType::LeftAnti, "__ingot_p")
-                    };
-                    (input.clone(), Some(still(snapshot)?), Some(still(state)?))
+        (Some(prev), None, false) => {
+            record.mode = "incremental".into();
+            let previous_digest = lake
+                .get(&layout::silver_inputs(&table, &prev.build_id))
+                .await?
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["inputs_digest"].as_str().map(str::to_string));
+            // When what `resolve` reads changed, any row's resolved value may have: all of them
+            // are processed again.
+            if previous_digest.as_deref() == Some(digest.as_str()) {
+                mode = Mode::Incremental { version: rules.version };
+                previous_build = Some(prev);
+            }
+        }
+    }
+    let keys = if matches!(mode, Mode::Full) && previous_build.is_none() && runs.len() <= 1 {
+        None
+    } else {
+        let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+        if let Some(prev) = previous_build {
+            previous_state(ctx, lake, &mut keys, &table, &prev.build_id).await?;
+        }
+        keys.mode = match &rebuild_expr {
+            Some(expr) => Mode::Rebuild {
+                matching: matching_versions(ctx, &keys, expr).await?,
+            },
+            None => mode,
+        };
+        Some(keys)
+    };
+    let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
+    reservation.grow(keys.as_ref().map(Keys::bytes).unwrap_or(0));
+    let mut per_run = vec![0u64; runs.len()];
+    let mut kept_records = 0u64;
+    match &keys {
+        None => {
+            for (i, r) in runs.iter().enumerate() {
+                per_run[i] = u64::try_from(r.rows_inserted + r.rows_updated).unwrap_or(0);
+            }
+        }
+        Some(keys) => {
+            for e in keys.map.values() {
+                if keys.process(e) {
+                    per_run[e.cur as usize] += 1;
+                } else if keys.keep_row(e) {
+                    kept_records += 1;
                 }
             }
         }
-    };
-
-    let t = transform(ctx, rules, &inputs.contract, input.clone(), &inputs.lookups)?;
-
-    // A `fail` validation: the build fails, nothing but its record is published.
-    let has_fail = rules.validate.iter().any(|v| v.action == crate::rules::Action::Fail);
-    let mut stream = if has_fail {
-        t.failed.clone().execute_stream().await?
-    } else {
-        t.failed.clone().limit(0, Some(0))?.execute_stream().await?
-    };
-    let (mut n_failed, mut first, mut failed_rules) = (0u64, Vec::new(), BTreeSet::new());
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let rule = b.column_by_name("rule").map(|a| a.as_string::<i32>().clone());
-        let row = b.column_by_name("source_row_number").cloned();
-        let raw = b.column_by_name("raw_payload").map(|a| a.as_string::<i32>().clone());
-        for i in 0..b.num_rows() {
-            if let Some(r) = &rule {
-                failed_rules.insert(r.value(i).to_string());
-            }
-            if first.len() < 3 {
-                let number = row
-                    .as_ref()
-                    .and_then(|a| a.as_primitive_opt::<datafusion::arrow::datatypes::Int64Type>())
-                    .filter(|a| a.is_valid(i))
-                    .map(|a| a.value(i).to_string())
-                    .unwrap_or_else(|| "?".into());
-                let payload = raw.as_ref().map(|a| a.value(i).to_string()).unwrap_or_default();
-                first.push(format!("record {number}: {payload}"));
-            }
-        }
-        n_failed += b.num_rows() as u64;
     }
-    drop(stream);
-    if n_failed > 0 {
-        let names: Vec<String> = failed_rules.into_iter().map(|r| format!("\"{r}\"")).collect();
-        record.status = BuildStatus::Failed;
-        record.error = Some(format!(
-            "validation {} (action: fail) failed for {n_failed} row{}; nothing was published; first failing {}",
-            names.join(", "),
-            if n_failed == 1 { "" } else { "s" },
-            first.join("; ")
-        ));
+    let keys = keys.map(Arc::new);
+
+    // Nothing changed since the previous build (no record to process, none removed, the same
+    // rules): the table is the previous one, so this build's manifest names its files.
+    if let (Some(prev), Some(k)) = (previous_build, &keys)
+        && matches!(k.mode, Mode::Incremental { .. })
+        && per_run.iter().all(|n| *n == 0)
+        && prev.rules_version == rules.version
+        && !k.map.values().any(|e| e.prev != NONE && e.cur == NONE)
+    {
+        let old = manifest(lake, &table, &prev.build_id).await?;
+        let full = |names: &[String]| -> Vec<String> {
+            names.iter().map(|n| manifest_rel(&table, &prev.build_id, n)).collect()
+        };
+        let m = Manifest {
+            data: full(&old.data),
+            state: full(&old.state),
+        };
+        let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+        lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
+            .await?;
+        let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
+        lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
+            .await?;
+        crate::failpoint::hit("build.after_data")?;
+        record.rows_flagged = prev.rows_flagged;
         record.finished_at = now_micros();
         commit_build(lake, record).await?;
         crate::failpoint::hit("build.after_commit")?;
-        for rel in [&input_rel, &keys_rel] {
-            let _ = lake.delete(rel).await;
-        }
         return Ok(Built {
             record: record.clone(),
-            table_rows: 0,
-            kept_rows: 0,
+            table_rows: kept_records,
+            kept_rows: kept_records,
         });
     }
 
-    // The new table: kept rows (byte-for-byte but for the flags) and the rebuilt rows, flagged
-    // over the whole of it.
-    let rebuilt = t.passed.clone().with_column(SILVER_BUILD_ID, lit(build_id.as_str()))?;
-    let combined = match kept {
-        None => rebuilt,
-        Some(kept) => {
-            let kept = kept.drop_columns(&[ANOMALY_FLAGS, IS_ANOMALY])?;
-            let want: Vec<(String, DataType)> = rebuilt
-                .schema()
+    // The records to process: the current rows of the runs that hold any (all rows of a run
+    // whose rows are all to be processed, without looking them up).
+    let mut input: Option<DataFrame> = None;
+    for (i, run) in runs.iter().enumerate() {
+        if per_run[i] == 0 {
+            continue;
+        }
+        let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
+        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_inserted + run.rows_updated);
+        if let Some(keys) = keys.as_ref().filter(|_| !whole) {
+            rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+        }
+        input = Some(match input {
+            None => rows,
+            Some(df) => df.union(rows)?,
+        });
+    }
+    let input = match input {
+        Some(df) => df,
+        None => ctx.read_table(table_over(vec![], contract.bronze_schema())?)?,
+    };
+    let split = transform_split(ctx, rules, &contract, input, &inputs.lookups)?;
+    let silver_fields: Vec<Field> = split.rows.schema().as_arrow().fields()[..split.silver_width]
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let mut base_fields = silver_fields;
+    base_fields.push(Field::new(SILVER_BUILD_ID, DataType::Utf8, true));
+    let base = Arc::new(Schema::new(base_fields));
+
+    // The rows kept from the previous snapshot, in the new column order (flags recomputed).
+    let kept = match (previous_build, &keys) {
+        (Some(prev), Some(keys)) if kept_records > 0 => {
+            let snap = ctx.read_table(snapshot_table(ctx, lake, &table, &prev.build_id).await?)?;
+            let want: Vec<(String, DataType)> = base
                 .fields()
                 .iter()
                 .map(|f| (f.name().clone(), f.data_type().clone()))
                 .collect();
-            let have: Vec<(String, DataType)> = kept
+            let have: Vec<(String, DataType)> = snap
                 .schema()
                 .fields()
                 .iter()
+                .filter(|f| f.name() != ANOMALY_FLAGS && f.name() != IS_ANOMALY)
                 .map(|f| (f.name().clone(), f.data_type().clone()))
                 .collect();
             let mut sorted_want = want.clone();
@@ -589,136 +1061,337 @@ async fn run(
                     "rules v{} of \"{table}\" produce other columns than the rows kept from build {} \
                      (kept: {}; v{}: {}); rebuild every row with `ingot build {table} --full`",
                     rules.version,
-                    previous.map(|p| p.build_id.as_str()).unwrap_or(""),
+                    prev.build_id,
                     show(&have),
                     rules.version,
                     show(&want)
                 )));
             }
-            let kept = kept.select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?;
-            kept.union(rebuilt)?
+            // Every snapshot row's record is in the previous state, so a row is kept unless its
+            // record is one of the few the build drops (processed, removed or rebuilt): a lookup
+            // in a small set, not in the map of every record.
+            let dropped: FpSet = keys
+                .map
+                .iter()
+                .filter(|(_, e)| e.prev != NONE && e.outcome == PASSED && !keys.keep_row(e))
+                .map(|(fp, _)| *fp)
+                .collect();
+            let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
+            Some(
+                snap.filter(Expr::Not(Box::new(dropped)))?
+                    .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
+            )
+        }
+        _ => None,
+    };
+
+    // Window anomalies over the few columns they read, of the whole new table: the rows for which
+    // each fires, as sets of keys.
+    let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
+    release_free_memory();
+    let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
+
+    // One pass, one task per partition: kept rows, then the transform's rows split into the
+    // snapshot, the failures and the state.
+    let failures_rel = layout::silver_failures(&build_id);
+    let fail_w = Arc::new(tokio::sync::Mutex::new(PartWriter::new(
+        lake,
+        failures_rel.clone(),
+        failure_log_schema(),
+    )));
+    let schema = split.rows.schema().as_arrow().clone();
+    let part = Arc::new(PartCtx {
+        lake: lake.clone(),
+        table: table.clone(),
+        build_id: build_id.clone(),
+        flagger: flagger.clone(),
+        base: base.clone(),
+        width: split.silver_width,
+        fp_idx: schema.index_of(FP)?,
+        run_idx: schema.index_of(RUN_ID)?,
+        version: rules.version,
+        actions: Arc::new(rules.validate.iter().map(|v| (v.name.clone(), v.action)).collect()),
+        failures: Arc::new(Failures {
+            build_id: build_id.clone(),
+            source: rules.source.clone(),
+            table: table.clone(),
+            version: rules.version,
+            failed_at: record.started_at,
+        }),
+        fail_w: fail_w.clone(),
+    });
+    let (mut total, mut data_files, mut state_files) = (PartOut::default(), Vec::new(), Vec::new());
+    let mut n_part = 0usize;
+    let mut name = |prefix: &str| {
+        n_part += 1;
+        format!("{prefix}-{:05}.parquet", n_part - 1)
+    };
+    if let Some(k) = kept {
+        let handles = k
+            .execute_stream_partitioned()
+            .await?
+            .into_iter()
+            .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
+            .collect();
+        join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
+    }
+    let handles = split
+        .rows
+        .clone()
+        .execute_stream_partitioned()
+        .await?
+        .into_iter()
+        .map(|s| {
+            let (p, st) = (name("part"), name("state"));
+            tokio::spawn(part.clone().new_rows(s, p, st))
+        })
+        .collect();
+    join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
+    let extra_state = |rows: u64, st: String, list: &mut Vec<String>| {
+        if rows > 0 {
+            list.push(st);
         }
     };
-    let table_df = flag(combined, rules)?;
-
-    let (mut table_rows, mut written, mut flagged) = (0u64, 0u64, 0u64);
-    write_df(
-        lake,
-        layout::silver_data(&table, &build_id),
-        vec![table_df],
-        None,
-        true,
-        |_, b| {
-            table_rows += b.num_rows() as u64;
-            if let Some(a) = b.column_by_name(IS_ANOMALY).and_then(|a| a.as_boolean_opt().cloned()) {
-                flagged += a.true_count() as u64;
+    if let Some(rr) = split.resolve_rejected.clone() {
+        let st = name("state");
+        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut stream = rr.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            if b.num_rows() == 0 {
+                continue;
             }
-            if let Some(a) = b
-                .column_by_name(SILVER_BUILD_ID)
-                .and_then(|a| a.as_string_opt::<i32>().cloned())
-            {
-                written += a.iter().filter(|v| *v == Some(build_id.as_str())).count() as u64;
-            }
-        },
-    )
-    .await?;
-
-    let failures = t.rejected.clone().select(vec![
-        lit(build_id.as_str()).alias("run_id"),
-        lit("silver").alias("layer"),
-        lit(rules.source.as_str()).alias("source"),
-        lit(table.as_str()).alias("table"),
-        c("source_row_number"),
-        c(FP),
-        c("raw_payload"),
-        c("rule"),
-        c("reason"),
-        lit(rules.version).alias("rules_version"),
-        lit(ScalarValue::TimestampMicrosecond(
-            Some(record.started_at),
-            Some("UTC".into()),
-        ))
-        .alias("failed_at"),
-    ])?;
-    let rejected = write_df(
-        lake,
-        layout::silver_failures(&build_id),
-        vec![failures],
-        Some(failure_log_schema()),
-        false,
-        |_, _| {},
-    )
-    .await?;
-
-    // The state of the processed records, from what was just written: a record is `passed` when
-    // the new snapshot has it from this build, `rejected` when this build's failure file has it,
-    // otherwise a filter step removed it (every input row ends in exactly one of these, the
-    // `failed` ones having failed the build above).
-    let data_rel = layout::silver_data(&table, &build_id);
-    let passed = ctx
-        .read_table(table_over_file(ctx, lake, &data_rel).await?)?
-        .filter(c(SILVER_BUILD_ID).eq(lit(build_id.as_str())))?;
-    let mut processed = input.select(vec![c(FP), c(ROW_HASH), c(RUN_ID)])?.join_on(
-        keys(passed, "__ingot_passed", false)?,
-        JoinType::Left,
-        [c(FP).eq(c("__ingot_passed_fp"))],
-    )?;
-    let mut outcome = when(c("__ingot_passed_fp").is_not_null(), lit("passed"));
-    if rejected > 0 {
-        let failures = ctx.read_table(table_over_file(ctx, lake, &layout::silver_failures(&build_id)).await?)?;
-        processed = processed.join_on(
-            keys(failures, "__ingot_rejected", false)?,
-            JoinType::Left,
-            [c(FP).eq(c("__ingot_rejected_fp"))],
-        )?;
-        outcome = outcome.when(c("__ingot_rejected_fp").is_not_null(), lit("rejected"));
-    }
-    let processed = processed.select(vec![
-        c(FP),
-        c(ROW_HASH),
-        c(RUN_ID),
-        outcome.otherwise(lit("filtered"))?.alias(OUTCOME),
-        lit(rules.version).alias(RULES_VERSION),
-    ])?;
-    let mut parts = vec![processed];
-    if let Some(k) = kept_state {
-        parts.push(k.select(vec![c(FP), c(ROW_HASH), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?);
+            total.rejected += b.num_rows() as u64;
+            sw.write(&state_rows(b.column(0), b.column(5), REJECTED, rules.version)?)
+                .await?;
+            let batch = part
+                .failures
+                .batch(b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?;
+            fail_w.lock().await.write(&batch).await?;
+        }
+        extra_state(sw.finish().await?, st, &mut state_files);
     }
     let mut filtered = 0u64;
-    write_df(
-        lake,
-        layout::silver_state(&table, &build_id),
-        parts,
-        Some(state_schema()),
-        true,
-        |part, b| {
-            if part == 0
-                && let Some(a) = b.column_by_name(OUTCOME).and_then(|a| a.as_string_opt::<i32>())
-            {
-                filtered += a.iter().filter(|v| *v == Some("filtered")).count() as u64;
-            }
-        },
-    )
-    .await?;
+    if let Some(f) = split.filtered.clone() {
+        let st = name("state");
+        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut stream = f.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            filtered += b.num_rows() as u64;
+            sw.write(&state_rows(b.column(0), b.column(1), FILTERED, rules.version)?)
+                .await?;
+        }
+        extra_state(sw.finish().await?, st, &mut state_files);
+    }
+    if let Some(keys) = &keys {
+        let st = name("state");
+        let n = write_carried(lake, &layout::silver_file(&table, &build_id, &st), keys).await?;
+        extra_state(n, st, &mut state_files);
+    }
+    drop(reservation);
+    drop(part);
+    let fail_w = Arc::try_unwrap(fail_w)
+        .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
+        .into_inner();
+    let wrote_failures = fail_w.finish().await? > 0;
+
+    // A `fail` validation: the build fails, nothing but its record is published.
+    if total.failed > 0 {
+        let names: Vec<String> = total.failed_rules.iter().map(|r| format!("\"{r}\"")).collect();
+        record.status = BuildStatus::Failed;
+        record.error = Some(format!(
+            "validation {} (action: fail) failed for {} row{}; nothing was published; first failing {}",
+            names.join(", "),
+            total.failed,
+            if total.failed == 1 { "" } else { "s" },
+            total.first_failed.join("; ")
+        ));
+        record.finished_at = now_micros();
+        commit_build(lake, record).await?;
+        crate::failpoint::hit("build.after_commit")?;
+        let mut rels: Vec<String> = data_files
+            .iter()
+            .chain(&state_files)
+            .map(|n| layout::silver_file(&table, &build_id, n))
+            .collect();
+        if wrote_failures {
+            rels.push(failures_rel);
+        }
+        for rel in rels {
+            let _ = lake.delete(&rel).await;
+        }
+        return Ok(Built {
+            record: record.clone(),
+            table_rows: 0,
+            kept_rows: 0,
+        });
+    }
+    if data_files.is_empty() {
+        let n = name("part");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(flagger.schema.clone()))?,
+        )
+        .await?;
+        data_files.push(n);
+    }
+    if state_files.is_empty() {
+        let n = name("state");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
+        )
+        .await?;
+        state_files.push(n);
+    }
+    let m = Manifest {
+        data: data_files,
+        state: state_files,
+    };
+    let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
+        .await?;
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;
     crate::failpoint::hit("build.after_data")?;
 
-    record.rows_written = written as i64;
-    record.rows_rejected = rejected as i64;
+    record.rows_written = total.written as i64;
+    record.rows_rejected = total.rejected as i64;
     record.rows_filtered = filtered as i64;
     record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
-    record.rows_flagged = flagged as i64;
+    record.rows_flagged = total.flagged as i64;
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
     crate::failpoint::hit("build.after_commit")?;
-    for rel in [&input_rel, &keys_rel] {
-        let _ = lake.delete(rel).await;
-    }
     Ok(Built {
         record: record.clone(),
-        table_rows,
-        kept_rows: table_rows - written,
+        table_rows: total.rows,
+        kept_rows: total.rows - total.written,
     })
+}
+
+/// glibc's allocator, tuned for a build: batches are made on one thread and freed on another, and
+/// glibc keeps freed memory in per-thread arenas (up to 8 per core), so without a limit the peak
+/// resident size of a build is far above what it ever holds at once.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    unsafe extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    const M_ARENA_MAX: i32 = -8;
+
+    /// Let threads created from now on share two arenas.
+    pub fn limit_arenas() {
+        // SAFETY: mallopt only changes allocator tuning; M_ARENA_MAX affects arenas created later.
+        unsafe {
+            mallopt(M_ARENA_MAX, 2);
+        }
+    }
+
+    /// Return free heap memory to the system (between the window pass and the output pass).
+    pub fn trim() {
+        // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+fn limit_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    glibc::limit_arenas();
+}
+
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    glibc::trim();
+}
+
+/// The window anomalies of `rules` over the new table (the transform's passing rows and the kept
+/// rows), computed over only the columns they read: for each window anomaly, the keys of the
+/// rows it fires on.
+async fn window_sets(
+    rules: &RuleSet,
+    base: &SchemaRef,
+    split: &Split,
+    kept: Option<&DataFrame>,
+) -> Result<Vec<Option<Arc<FpSet>>>> {
+    const TIE: &str = "__ingot_tie";
+    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
+    if !rules.anomalies.iter().any(is_window) {
+        return Ok(sets);
+    }
+    let mut narrow: Vec<String> = Vec::new();
+    for a in rules.anomalies.iter().filter(|a| is_window(a)) {
+        let names: Vec<&str> = match &a.kind {
+            AnomalyKind::Spike { column, by, order, .. } => {
+                by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
+            }
+            AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
+            AnomalyKind::When(_) => Vec::new(),
+        };
+        for n in names {
+            if !narrow.iter().any(|x| x == n) {
+                narrow.push(n.to_string());
+            }
+        }
+    }
+    let mut types = Vec::new();
+    for n in &narrow {
+        let f = base.field_with_name(n).map_err(|_| {
+            Error::Invalid(format!(
+                "{}: an anomaly reads column \"{n}\", which the table does not have",
+                rules.path.display()
+            ))
+        })?;
+        types.push(f.data_type().clone());
+    }
+    let fp128 = Arc::new(fp128_udf());
+    let project = |df: DataFrame| -> Result<DataFrame> {
+        let mut cols: Vec<Expr> = narrow
+            .iter()
+            .zip(&types)
+            .map(|(n, t)| datafusion::logical_expr::cast(c(n), t.clone()).alias(n))
+            .collect();
+        cols.push(fp128.call(vec![c(FP)]).alias(TIE));
+        Ok(df.select(cols)?)
+    };
+    let mut all = project(split.rows.clone().filter(c(SPLIT_RULE).is_null())?)?;
+    if let Some(k) = kept {
+        all = project(k.clone())?.union(all)?;
+    }
+    let Some(fires) = window_fires(all, rules, TIE)? else {
+        return Ok(sets);
+    };
+    let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
+    let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let mut stream = fires.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let mut fps = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
+        for (i, set) in found.iter_mut().enumerate() {
+            let Some(col) = names.iter().position(|n| *n == window_fired_column(i)) else {
+                continue;
+            };
+            let fired = b.column(col).as_boolean();
+            for (r, fp) in fps.iter().enumerate() {
+                if let Some(fp) = fp
+                    && fired.is_valid(r)
+                    && fired.value(r)
+                {
+                    set.insert(*fp);
+                }
+            }
+        }
+    }
+    for (i, set) in found.into_iter().enumerate() {
+        if is_window(&rules.anomalies[i]) {
+            sets[i] = Some(Arc::new(set));
+        }
+    }
+    Ok(sets)
 }

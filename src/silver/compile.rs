@@ -78,8 +78,10 @@
 //!   null); `is_anomaly` is true when the list is not empty. A DataFrame that already has these
 //!   columns (a stored silver table) gets them replaced in place.
 //!
-//! Hazards: every output is a separate plan over the same input, so a build that executes all
-//! of them reads bronze once per output (cache the input or accept it). `to_json_row` is
+//! Hazards: every output of [`transform`] is a separate plan over the same input, so executing
+//! all of them reads bronze once per output; a build uses [`transform_split`] (one plan for the
+//! passing and failing rows), [`window_fires`] (windows over narrow columns) and
+//! [`flag_projection`] (flags of one batch) instead. `to_json_row` is
 //! registered in the session given to [`transform`]; plans built from [`resolve`] alone use the
 //! hashing UDFs of [`crate::hash`], which every ingot session has.
 
@@ -87,11 +89,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, TimeUnit};
-use datafusion::common::{Column, ScalarValue, TableReference};
+use datafusion::common::{Column, DFSchema, ScalarValue, TableReference};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::FunctionRegistry;
 use datafusion::functions::string::expr_fn::concat;
-use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::expr_fn::{count, min};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::functions_nested::expr_fn::array_concat;
@@ -467,6 +468,139 @@ pub fn transform(
         passed: kept.select(silver)?,
         rejected,
         failed,
+        filtered: filtered.select(FILTERED_COLUMNS.iter().map(|n| c(n)).collect::<Vec<_>>())?,
+    })
+}
+
+/// Columns [`transform_split`] adds after the silver columns.
+pub const SPLIT_ROW_NUMBER: &str = "__ingot_row_number";
+/// The first validation the row failed (null: it passed).
+pub const SPLIT_RULE: &str = "__ingot_rule";
+/// Why [`SPLIT_RULE`] failed (null when it passed).
+pub const SPLIT_REASON: &str = "__ingot_reason";
+/// The row as JSON for the failure log, only computed for failing rows (null when it passed).
+pub const SPLIT_PAYLOAD: &str = "__ingot_payload";
+
+/// The plans of a build that executes the transform once: see [`transform_split`].
+pub struct Split {
+    /// Every row that survived resolve and the `filter` steps: the columns of
+    /// [`Transformed::passed`], then [`SPLIT_ROW_NUMBER`], [`SPLIT_RULE`], [`SPLIT_REASON`] and
+    /// [`SPLIT_PAYLOAD`]. A row with a null rule passed; the others failed that validation.
+    pub rows: DataFrame,
+    /// Number of leading columns of `rows` that silver keeps.
+    pub silver_width: usize,
+    /// The resolve rejections in the shape of [`FAILURE_COLUMNS`] plus `ingestion_run_id`, when
+    /// the contract has an `on_missing: reject` resolve (a second read of the input).
+    pub resolve_rejected: Option<DataFrame>,
+    /// `natural_key_fingerprint` and `ingestion_run_id` of the rows a `filter` step removed, when
+    /// the rules have one (each filter step re-reads the columns its steps need).
+    pub filtered: Option<DataFrame>,
+}
+
+/// The transform of [`transform`] as one plan: the rows that pass and the rows a validation
+/// fails come out of one execution, told apart by [`SPLIT_RULE`]. A row a `filter` step removed
+/// is in no output (its count is the input's minus the others). Same semantics as [`transform`]:
+/// a row is checked against the validations in order and the first failing one is its rule.
+pub fn transform_split(
+    ctx: &SessionContext,
+    rules: &RuleSet,
+    contract: &Contract,
+    input: DataFrame,
+    lookups: &Lookups,
+) -> Result<Split> {
+    if rules.source != contract.source {
+        return Err(Error::Invalid(format!(
+            "{}: the rules read source \"{}\" but the contract given is \"{}\"",
+            rules.path.display(),
+            rules.source,
+            contract.source
+        )));
+    }
+    if ctx.udf(ToJsonRow::NAME).is_err() {
+        ctx.register_udf(to_json_row_udf());
+    }
+    let meta = bookkeeping();
+    let data_of = |cols: &[(String, Expr)]| -> Vec<(String, Expr)> {
+        cols.iter()
+            .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON)
+            .cloned()
+            .collect()
+    };
+    let rejects = contract.resolve.iter().any(|r| r.on_missing == OnMissing::Reject);
+    let resolved = resolve(input, contract, lookups)?;
+    let resolved_cols = columns(&resolved);
+    let resolve_rejected = if rejects {
+        let rows = resolved.clone().filter(c(RESOLVE_RULE).is_not_null())?;
+        let mut cols = vec![
+            c(FINGERPRINT),
+            c(ROW_NUMBER),
+            c(RESOLVE_RULE).alias("rule"),
+            c(RESOLVE_REASON).alias("reason"),
+            to_json_row(data_of(&resolved_cols)).alias("raw_payload"),
+        ];
+        cols.push(c(LINEAGE_COLUMNS[2]));
+        Some(rows.select(cols)?)
+    } else {
+        None
+    };
+    let plain: Vec<Expr> = resolved_cols
+        .iter()
+        .filter(|(n, _)| n != RESOLVE_RULE && n != RESOLVE_REASON)
+        .map(|(_, e)| e.clone())
+        .collect();
+    let ok = if rejects {
+        resolved.filter(c(RESOLVE_RULE).is_null())?.select(plain)?
+    } else {
+        resolved.select(plain)?
+    };
+    let stepped = crate::rules::apply_steps(ok.clone(), rules)?;
+    let stepped_cols = columns(&stepped);
+    let data = data_of(&stepped_cols);
+    let filtered = if rules.steps.iter().any(|s| matches!(s, Step::Filter(_))) {
+        Some(filtered_rows(ok, rules)?.select(vec![c(FINGERPRINT), c(LINEAGE_COLUMNS[2])])?)
+    } else {
+        None
+    };
+
+    let (rule, reason) = if rules.validate.is_empty() {
+        (null_text(), null_text())
+    } else {
+        let first = &rules.validate[0];
+        let mut rule = when(first.check.expr.clone().is_not_true(), lit(first.name.as_str()));
+        for v in &rules.validate[1..] {
+            rule = rule.when(v.check.expr.clone().is_not_true(), lit(v.name.as_str()));
+        }
+        let mut reason = case(c(SPLIT_RULE));
+        for v in &rules.validate {
+            reason = reason.when(lit(v.name.as_str()), lit(v.reason.as_str()));
+        }
+        (rule.end()?, reason.end()?)
+    };
+    let checked = stepped.with_column(SPLIT_RULE, rule)?;
+
+    let mut out: Vec<Expr> = data.iter().map(|(_, e)| e.clone()).collect();
+    out.push(lit(rules.version).alias(RULES_VERSION));
+    for name in LINEAGE_COLUMNS {
+        let (_, e) = stepped_cols
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| Error::Invalid(format!("{}: the steps lost column {name}", rules.path.display())))?;
+        out.push(e.clone());
+    }
+    let silver_width = out.len();
+    out.push(c(ROW_NUMBER).alias(SPLIT_ROW_NUMBER));
+    out.push(c(SPLIT_RULE));
+    out.push(reason.alias(SPLIT_REASON));
+    // CASE evaluates its THEN only on the rows its WHEN holds for: JSON only for failing rows.
+    out.push(
+        when(c(SPLIT_RULE).is_not_null(), to_json_row(data))
+            .end()?
+            .alias(SPLIT_PAYLOAD),
+    );
+    Ok(Split {
+        rows: checked.select(out)?,
+        silver_width,
+        resolve_rejected,
         filtered,
     })
 }
@@ -489,6 +623,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
                 c(ROW_NUMBER),
                 lit(i32::try_from(k + 1).unwrap_or(i32::MAX)).alias("step"),
                 lit(predicate.sql.as_str()).alias("filter"),
+                c(LINEAGE_COLUMNS[2]),
             ])?;
         out = Some(match out {
             None => removed,
@@ -502,6 +637,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
             c(ROW_NUMBER),
             lit(0i32).alias("step"),
             lit("").alias("filter"),
+            c(LINEAGE_COLUMNS[2]),
         ])?),
     }
 }
@@ -584,23 +720,23 @@ fn anomaly_columns(a: &Anomaly) -> Vec<String> {
     }
 }
 
-/// Add `anomaly_flags` and `is_anomaly` to `df` (replacing them if present), computed over all
-/// of `df` with the anomalies of `rules`; see the module documentation for the semantics.
-pub fn flag(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
-    let all = columns(&df);
+/// Check that `schema` has every column the anomalies of `rules` read (and the fingerprint when a
+/// window anomaly orders ties by it).
+fn check_anomaly_columns(schema: &DFSchema, rules: &RuleSet) -> Result<()> {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     for a in &rules.anomalies {
         for name in anomaly_columns(a) {
-            if !df.schema().has_column_with_unqualified_name(&name) {
+            if !schema.has_column_with_unqualified_name(&name) {
                 return Err(Error::Invalid(format!(
                     "{}: anomaly \"{}\" reads column \"{name}\", which the table does not have; its columns are: {}",
                     rules.path.display(),
                     a.name,
-                    all.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+                    names.join(", ")
                 )));
             }
         }
     }
-    if !df.schema().has_column_with_unqualified_name(FINGERPRINT)
+    if !schema.has_column_with_unqualified_name(FINGERPRINT)
         && rules.anomalies.iter().any(|a| !matches!(a.kind, AnomalyKind::When(_)))
     {
         return Err(Error::Invalid(format!(
@@ -608,137 +744,134 @@ pub fn flag(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
             rules.path.display()
         )));
     }
+    Ok(())
+}
+
+/// Whether an anomaly needs the rows around a row (`spike`, `first_seen`), not only the row.
+pub fn is_window(a: &Anomaly) -> bool {
+    !matches!(a.kind, AnomalyKind::When(_))
+}
+
+/// Add the window columns of the `i`-th anomaly (a `spike` or `first_seen`) to `df`, ordering
+/// ties by column `tie`; returns the frame and the expression that is true where it fires.
+fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str) -> Result<(DataFrame, Expr)> {
+    let hidden = |what: &str| format!("__ingot_anomaly_{i}_{what}");
+    let mut df = df;
+    match &a.kind {
+        AnomalyKind::When(e) => Ok((df, is_true(e.expr.clone())?)),
+        AnomalyKind::Spike {
+            column,
+            by,
+            order,
+            window,
+            factor,
+            min_history,
+        } => {
+            let p = hidden("participates");
+            let participates = by
+                .iter()
+                .chain([order, column])
+                .map(|id| c(&id.name).is_not_null())
+                .reduce(Expr::and)
+                .unwrap_or(lit(true));
+            df = df.with_column(&p, participates)?;
+            let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
+            let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(tie).sort(true, true)];
+            let frame = WindowFrame::new_bounds(
+                WindowFrameUnits::Rows,
+                WindowFrameBound::Preceding(ScalarValue::UInt64(Some(*window as u64))),
+                WindowFrameBound::Preceding(ScalarValue::UInt64(Some(1))),
+            );
+            let ty = df
+                .schema()
+                .field_with_unqualified_name(&column.name)?
+                .data_type()
+                .clone();
+            let (rn, s) = (hidden("rank"), hidden("sum"));
+            // One Window node per anomaly: DataFusion requires the expressions of a node to
+            // share PARTITION BY and ORDER BY.
+            df = df.window(vec![
+                row_number()
+                    .partition_by(partition.clone())
+                    .order_by(sort.clone())
+                    .build()?
+                    .alias(&rn),
+                window_aggregate(sum_udaf(), spike_summand(c(&column.name), &ty, *factor))
+                    .partition_by(partition)
+                    .order_by(sort)
+                    .window_frame(frame)
+                    .build()?
+                    .alias(&s),
+            ])?;
+            // The rows before a participating row in its window partition all participate, so
+            // none has a null value: the frame's count is min(rank - 1, window).
+            let n = when(c(&rn).gt(lit(*window as u64)), lit(*window as u64)).otherwise(c(&rn) - lit(1u64))?;
+            let (exceeds, positive) = spike_condition(c(&column.name), &ty, n, c(&s), *factor);
+            let fires = is_true(
+                c(&p)
+                    .and(c(&rn).gt(lit(*min_history as u64)))
+                    .and(positive)
+                    .and(exceeds),
+            )?;
+            Ok((df, fires))
+        }
+        AnomalyKind::FirstSeen { by, order, gap_days } => {
+            let ty = df
+                .schema()
+                .field_with_unqualified_name(&order.name)?
+                .data_type()
+                .clone();
+            let per_day = units_per_day(&ty).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: first_seen \"{}\": order column \"{}\" must be a date or timestamp, it is {ty}",
+                    rules.path.display(),
+                    a.name,
+                    order.name
+                ))
+            })?;
+            let gap = gap_days.checked_mul(per_day).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: first_seen \"{}\": gap_days {gap_days} is too large",
+                    rules.path.display(),
+                    a.name
+                ))
+            })?;
+            let p = hidden("participates");
+            let participates = by
+                .iter()
+                .chain([order])
+                .map(|id| c(&id.name).is_not_null())
+                .reduce(Expr::and)
+                .unwrap_or(lit(true));
+            df = df.with_column(&p, participates)?;
+            let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
+            let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(tie).sort(true, true)];
+            // Date32 is days, Date64 milliseconds, a timestamp its unit since the epoch.
+            let ordinal = cast(cast(c(&order.name), ty_as_int(&ty)), DataType::Int64);
+            let previous = hidden("previous");
+            df = df.window(vec![
+                lag(ordinal.clone(), Some(1), None)
+                    .partition_by(partition)
+                    .order_by(sort)
+                    .build()?
+                    .alias(&previous),
+            ])?;
+            let fires = is_true(c(&p).and(c(&previous).is_null().or((ordinal - c(&previous)).gt_eq(lit(gap)))))?;
+            Ok((df, fires))
+        }
+    }
+}
+
+/// The output columns of a flagged table over `all` (the input's columns): every column but
+/// `anomaly_flags` and `is_anomaly`, with those two inserted after `rules_version` (or where they
+/// were), computed from `fires` (one expression per anomaly of `rules`, in rule order).
+fn flag_output(all: &[(String, Expr)], rules: &RuleSet, fires: Vec<Expr>) -> Result<Vec<Expr>> {
     let position = all
         .iter()
         .position(|(n, _)| n == ANOMALY_FLAGS)
         .or_else(|| all.iter().position(|(n, _)| n == RULES_VERSION).map(|i| i + 1))
         .unwrap_or(all.len());
-    let before = all[..position]
-        .iter()
-        .filter(|(n, _)| n != ANOMALY_FLAGS && n != IS_ANOMALY)
-        .map(|(_, e)| e.clone());
-    let after: Vec<Expr> = all[position..]
-        .iter()
-        .filter(|(n, _)| n != ANOMALY_FLAGS && n != IS_ANOMALY)
-        .map(|(_, e)| e.clone())
-        .collect();
-
-    let mut df = df;
-    let mut fires = Vec::new();
-    for (i, a) in rules.anomalies.iter().enumerate() {
-        let hidden = |what: &str| format!("__ingot_anomaly_{i}_{what}");
-        match &a.kind {
-            AnomalyKind::When(e) => fires.push(is_true(e.expr.clone())?),
-            AnomalyKind::Spike {
-                column,
-                by,
-                order,
-                window,
-                factor,
-                min_history,
-            } => {
-                let p = hidden("participates");
-                let participates = by
-                    .iter()
-                    .chain([order, column])
-                    .map(|id| c(&id.name).is_not_null())
-                    .reduce(Expr::and)
-                    .unwrap_or(lit(true));
-                df = df.with_column(&p, participates)?;
-                let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
-                let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(FINGERPRINT).sort(true, true)];
-                let frame = WindowFrame::new_bounds(
-                    WindowFrameUnits::Rows,
-                    WindowFrameBound::Preceding(ScalarValue::UInt64(Some(*window as u64))),
-                    WindowFrameBound::Preceding(ScalarValue::UInt64(Some(1))),
-                );
-                let ty = df
-                    .schema()
-                    .field_with_unqualified_name(&column.name)?
-                    .data_type()
-                    .clone();
-                let (rn, n, s) = (hidden("rank"), hidden("n"), hidden("sum"));
-                // One Window node per anomaly: DataFusion requires the expressions of a node to
-                // share PARTITION BY and ORDER BY.
-                df = df.window(vec![
-                    row_number()
-                        .partition_by(partition.clone())
-                        .order_by(sort.clone())
-                        .build()?
-                        .alias(&rn),
-                    window_aggregate(count_udaf(), c(&column.name))
-                        .partition_by(partition.clone())
-                        .order_by(sort.clone())
-                        .window_frame(frame.clone())
-                        .build()?
-                        .alias(&n),
-                    window_aggregate(sum_udaf(), spike_summand(c(&column.name), &ty, *factor))
-                        .partition_by(partition)
-                        .order_by(sort)
-                        .window_frame(frame)
-                        .build()?
-                        .alias(&s),
-                ])?;
-                let (exceeds, positive) = spike_condition(c(&column.name), &ty, c(&n), c(&s), *factor);
-                fires.push(is_true(
-                    c(&p)
-                        .and(c(&rn).gt(lit(*min_history as u64)))
-                        .and(positive)
-                        .and(exceeds),
-                )?);
-            }
-            AnomalyKind::FirstSeen { by, order, gap_days } => {
-                let ty = df
-                    .schema()
-                    .field_with_unqualified_name(&order.name)?
-                    .data_type()
-                    .clone();
-                let per_day = units_per_day(&ty).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "{}: first_seen \"{}\": order column \"{}\" must be a date or timestamp, it is {ty}",
-                        rules.path.display(),
-                        a.name,
-                        order.name
-                    ))
-                })?;
-                let gap = gap_days.checked_mul(per_day).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "{}: first_seen \"{}\": gap_days {gap_days} is too large",
-                        rules.path.display(),
-                        a.name
-                    ))
-                })?;
-                let p = hidden("participates");
-                let participates = by
-                    .iter()
-                    .chain([order])
-                    .map(|id| c(&id.name).is_not_null())
-                    .reduce(Expr::and)
-                    .unwrap_or(lit(true));
-                df = df.with_column(&p, participates)?;
-                let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
-                let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(FINGERPRINT).sort(true, true)];
-                // Date32 is days, Date64 milliseconds, a timestamp its unit since the epoch.
-                let ordinal = cast(cast(c(&order.name), ty_as_int(&ty)), DataType::Int64);
-                let previous = hidden("previous");
-                df = df.window(vec![
-                    lag(ordinal.clone(), Some(1), None)
-                        .partition_by(partition)
-                        .order_by(sort)
-                        .build()?
-                        .alias(&previous),
-                ])?;
-                fires.push(is_true(
-                    c(&p).and(c(&previous).is_null().or((ordinal - c(&previous)).gt_eq(lit(gap)))),
-                )?);
-            }
-        }
-    }
-    let fired: Vec<String> = (0..fires.len()).map(|i| format!("__ingot_anomaly_{i}_fired")).collect();
-    for (name, e) in fired.iter().zip(fires) {
-        df = df.with_column(name, e)?;
-    }
-
+    let keep = |(n, _): &&(String, Expr)| n != ANOMALY_FLAGS && n != IS_ANOMALY;
     let names = |names: &[&str]| {
         let values: Vec<ScalarValue> = names.iter().map(|n| ScalarValue::Utf8(Some(n.to_string()))).collect();
         lit(ScalarValue::List(ScalarValue::new_list_nullable(
@@ -747,20 +880,94 @@ pub fn flag(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
         )))
     };
     let mut arms = Vec::new();
-    for (a, f) in rules.anomalies.iter().zip(&fired) {
-        arms.push(when(c(f), names(&[a.name.as_str()])).otherwise(names(&[]))?);
+    for (a, f) in rules.anomalies.iter().zip(&fires) {
+        arms.push(when(f.clone(), names(&[a.name.as_str()])).otherwise(names(&[]))?);
     }
     let flags = match arms.len() {
         0 => names(&[]),
         1 => arms.remove(0),
         _ => array_concat(arms),
     };
-    let is_anomaly = fired.iter().map(|f| c(f)).reduce(Expr::or).unwrap_or(lit(false));
-    let mut out: Vec<Expr> = before.collect();
+    let is_anomaly = fires.into_iter().reduce(Expr::or).unwrap_or(lit(false));
+    let mut out: Vec<Expr> = all[..position].iter().filter(keep).map(|(_, e)| e.clone()).collect();
     out.push(flags.alias(ANOMALY_FLAGS));
     out.push(is_anomaly.alias(IS_ANOMALY));
-    out.extend(after);
+    out.extend(all[position..].iter().filter(keep).map(|(_, e)| e.clone()));
+    Ok(out)
+}
+
+/// Add `anomaly_flags` and `is_anomaly` to `df` (replacing them if present), computed over all
+/// of `df` with the anomalies of `rules`; see the module documentation for the semantics.
+pub fn flag(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
+    check_anomaly_columns(df.schema(), rules)?;
+    let all = columns(&df);
+    let mut df = df;
+    let mut fires = Vec::new();
+    for (i, a) in rules.anomalies.iter().enumerate() {
+        let (next, fire) = window_fire(df, i, a, rules, FINGERPRINT)?;
+        df = next;
+        fires.push(fire);
+    }
+    let fired: Vec<String> = (0..fires.len()).map(|i| format!("__ingot_anomaly_{i}_fired")).collect();
+    for (name, e) in fired.iter().zip(fires) {
+        df = df.with_column(name, e)?;
+    }
+    let out = flag_output(&all, rules, fired.iter().map(|f| c(f)).collect())?;
     Ok(df.select(out)?)
+}
+
+/// Name of the column [`window_fires`] gives for the `i`-th anomaly of the rules.
+pub fn window_fired_column(i: usize) -> String {
+    format!("__ingot_window_{i}_fired")
+}
+
+/// The window anomalies (`spike`, `first_seen`) of `rules` over all of `df`, which must have the
+/// columns they read and `tie`, a column ordered like `natural_key_fingerprint` (unique per row)
+/// that breaks ties of `order`. Returns the rows for which at least one fires, as `tie` and one
+/// boolean column per window anomaly ([`window_fired_column`] of its index); `None` when the rules
+/// have no window anomaly. Only the columns the windows read need to be in `df`: sorting a few
+/// narrow columns is what makes flagging a large table cheap.
+pub fn window_fires(df: DataFrame, rules: &RuleSet, tie: &str) -> Result<Option<DataFrame>> {
+    let mut df = df;
+    let mut out = vec![c(tie)];
+    let mut any: Option<Expr> = None;
+    for (i, a) in rules.anomalies.iter().enumerate() {
+        if !is_window(a) {
+            continue;
+        }
+        let (next, fire) = window_fire(df, i, a, rules, tie)?;
+        df = next.with_column(&window_fired_column(i), fire)?;
+        out.push(c(&window_fired_column(i)));
+        let f = c(&window_fired_column(i));
+        any = Some(match any {
+            None => f,
+            Some(e) => e.or(f),
+        });
+    }
+    match any {
+        None => Ok(None),
+        Some(any) => Ok(Some(df.filter(any)?.select(out)?)),
+    }
+}
+
+/// The projection that flags the rows of a table with columns `schema` (a silver table's, with or
+/// without `anomaly_flags` and `is_anomaly`): the `when` anomalies are evaluated on the row, the
+/// `i`-th anomaly, a window one, is `window(i)` (typically a lookup in the set of rows
+/// [`window_fires`] found). Same columns and values as [`flag`] over the whole table.
+pub fn flag_projection(schema: &DFSchema, rules: &RuleSet, window: impl Fn(usize) -> Expr) -> Result<Vec<Expr>> {
+    check_anomaly_columns(schema, rules)?;
+    let all: Vec<(String, Expr)> = schema
+        .iter()
+        .map(|(q, f)| (f.name().clone(), Expr::Column(Column::from((q, f)))))
+        .collect();
+    let mut fires = Vec::new();
+    for (i, a) in rules.anomalies.iter().enumerate() {
+        fires.push(match &a.kind {
+            AnomalyKind::When(e) => is_true(e.expr.clone())?,
+            _ => window(i),
+        });
+    }
+    flag_output(&all, rules, fires)
 }
 
 /// `e IS TRUE` as `CASE WHEN e THEN true ELSE false END`: the same values, but a non-null

@@ -7,3 +7,5 @@
 pub mod build;
 pub mod compile;
 pub mod json;
+pub mod keys;
+pub mod writer;

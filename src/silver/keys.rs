@@ -1,0 +1,486 @@
+//! Compact record keys of a silver build: which current bronze record to process, which row of
+//! the previous snapshot to keep, and the build's state, without joining on 64-character hex
+//! fingerprints.
+//!
+//! A record is named by the first 16 bytes of its `natural_key_fingerprint` (a `u128` read from
+//! the first 32 hex characters; SHA-256 makes two records sharing one astronomically unlikely)
+//! and a version by the bronze run that wrote it: a run holds at most one row per fingerprint, so
+//! `(fingerprint, run)` names a version exactly and a record's current version is the one of the
+//! newest run (latest `ingested_at`, then run id: the order of `bronze.<source>_current`) that
+//! has it.
+//!
+//! [`Keys`] maps every record the build deals with to an [`Entry`]: the current run
+//! (from one pass over the fingerprint column of every bronze run, newest first) and what the
+//! previous build's state says (run, outcome, rules version). From that and the [`Mode`] follow
+//! which records are processed, which snapshot rows are kept and which state rows carried over.
+//! The UDFs here ([`pick_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
+//! filter by those decisions; they hold the map read-only.
+//!
+//! Memory: about 32 bytes per record plus the hash table's slack (~300 MB for 6M records),
+//! reserved in the session's memory pool so that sorts spill earlier instead of overshooting it.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray};
+use datafusion::arrow::buffer::{Buffer, NullBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::{exec_err, plan_err};
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+
+use crate::error::{Error, Result};
+
+/// A record's key: the first 16 bytes of its fingerprint, big-endian (ordered as the hex text).
+pub type Fp = u128;
+
+/// No run (not current / not in the previous state).
+pub const NONE: u32 = u32::MAX;
+
+/// Outcomes of a record in a build's state.
+pub const PASSED: u8 = 1;
+pub const REJECTED: u8 = 2;
+pub const FILTERED: u8 = 3;
+
+pub fn outcome_name(o: u8) -> &'static str {
+    match o {
+        PASSED => "passed",
+        REJECTED => "rejected",
+        _ => "filtered",
+    }
+}
+
+pub fn outcome_of(name: &str) -> u8 {
+    match name {
+        "passed" => PASSED,
+        "rejected" => REJECTED,
+        _ => FILTERED,
+    }
+}
+
+/// Value of each hex digit, 0xff for other bytes.
+const HEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The key of a fingerprint in hex: its first 32 hex characters.
+pub fn fp_of_hex(hex: &str) -> Option<Fp> {
+    let b = hex.as_bytes().get(..32)?;
+    let (mut hi, mut lo) = (0u64, 0u64);
+    let mut bad = 0u8;
+    for &c in &b[..16] {
+        let v = HEX[c as usize];
+        bad |= v;
+        hi = (hi << 4) | (v & 0x0f) as u64;
+    }
+    for &c in &b[16..] {
+        let v = HEX[c as usize];
+        bad |= v;
+        lo = (lo << 4) | (v & 0x0f) as u64;
+    }
+    // Digits are at most 0x0f; a non-digit (0xff) sets the high bits.
+    if bad & 0xf0 != 0 {
+        return None;
+    }
+    Some(((hi as u128) << 64) | lo as u128)
+}
+
+/// Call `f(row, key)` for every row of a fingerprint column: hex text (Utf8, LargeUtf8,
+/// Utf8View) or the 16-byte keys of a state file (FixedSizeBinary(16)). `None` for a null;
+/// malformed text is an error.
+pub fn for_each_fp(array: &ArrayRef, mut f: impl FnMut(usize, Option<Fp>)) -> Result<()> {
+    let bad = |v: &str| Error::RunFailed(format!("natural_key_fingerprint \"{v}\" is not a SHA-256 in hex"));
+    match array.data_type() {
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            for i in 0..a.len() {
+                if a.is_null(i) {
+                    f(i, None);
+                } else {
+                    let v = a.value(i);
+                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
+                }
+            }
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            for i in 0..a.len() {
+                if a.is_null(i) {
+                    f(i, None);
+                } else {
+                    let v = a.value(i);
+                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
+                }
+            }
+        }
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            for i in 0..a.len() {
+                if a.is_null(i) {
+                    f(i, None);
+                } else {
+                    let v = a.value(i);
+                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
+                }
+            }
+        }
+        DataType::FixedSizeBinary(16) => {
+            let a = array.as_fixed_size_binary();
+            for i in 0..a.len() {
+                if a.is_null(i) {
+                    f(i, None);
+                } else {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(a.value(i));
+                    f(i, Some(u128::from_be_bytes(b)));
+                }
+            }
+        }
+        other => {
+            return Err(Error::RunFailed(format!(
+                "natural_key_fingerprint has type {other}, expected text"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A hasher for keys that are already uniformly random (prefixes of SHA-256).
+#[derive(Default)]
+pub struct FpHasher(u64);
+
+impl Hasher for FpHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64);
+    }
+}
+
+pub type FpBuild = BuildHasherDefault<FpHasher>;
+pub type FpSet = HashSet<Fp, FpBuild>;
+
+/// What the build knows of one record.
+#[derive(Debug)]
+pub struct Entry {
+    /// Index (in [`Keys::runs`]) of the run holding its current version, or [`NONE`].
+    pub cur: u32,
+    /// Index of the run the previous build's state names, or [`NONE`].
+    pub prev: u32,
+    /// Rules version of the previous state.
+    pub version: i32,
+    /// Outcome in the previous state (0 when none).
+    pub outcome: u8,
+}
+
+/// What a build does with the records, decided per [`Entry`].
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Every current record is processed, nothing is kept.
+    Full,
+    /// New and changed records, and the records another rules version rejected or filtered.
+    Incremental { version: i32 },
+    /// The records whose state's rules version is in `matching`.
+    Rebuild { matching: HashSet<i32> },
+}
+
+/// The records of one build; see the module documentation.
+pub struct Keys {
+    pub map: HashMap<Fp, Entry, FpBuild>,
+    /// Run ids by index: the source's committed runs with data, newest first, then run ids that
+    /// only the previous state names (undone runs).
+    pub runs: Vec<String>,
+    /// Number of current runs (the first entries of `runs`).
+    pub current_runs: usize,
+    pub mode: Mode,
+}
+
+impl Keys {
+    pub fn new(runs: Vec<String>, capacity: usize) -> Keys {
+        let current_runs = runs.len();
+        Keys {
+            map: HashMap::with_capacity_and_hasher(capacity, FpBuild::default()),
+            runs,
+            current_runs,
+            mode: Mode::Full,
+        }
+    }
+
+    /// Approximate bytes held (for the memory pool).
+    pub fn bytes(&self) -> usize {
+        self.map.capacity() * (std::mem::size_of::<(Fp, Entry)>() + 1)
+    }
+
+    /// Record that run `run` (newest first) has `fp`: its current version unless a newer run had it.
+    pub fn see_current(&mut self, fp: Fp, run: u32) {
+        let e = self.map.entry(fp).or_insert_with(|| Entry {
+            cur: NONE,
+            prev: NONE,
+            version: 0,
+            outcome: 0,
+        });
+        if e.cur == NONE {
+            e.cur = run;
+        }
+    }
+
+    /// Index of a run id, interning ids the current runs do not have.
+    pub fn run_index(&mut self, run: &str, index: &mut HashMap<String, u32>) -> u32 {
+        if let Some(i) = index.get(run) {
+            return *i;
+        }
+        let i = self.runs.len() as u32;
+        self.runs.push(run.to_string());
+        index.insert(run.to_string(), i);
+        i
+    }
+
+    /// Record a row of the previous build's state.
+    pub fn see_previous(&mut self, fp: Fp, run: u32, version: i32, outcome: u8) {
+        let e = self.map.entry(fp).or_insert_with(|| Entry {
+            cur: NONE,
+            prev: NONE,
+            version: 0,
+            outcome: 0,
+        });
+        e.prev = run;
+        e.version = version;
+        e.outcome = outcome;
+    }
+
+    /// Is the record's current version transformed by this build?
+    pub fn process(&self, e: &Entry) -> bool {
+        if e.cur == NONE {
+            return false;
+        }
+        match &self.mode {
+            Mode::Full => true,
+            Mode::Incremental { version } => e.prev != e.cur || (e.outcome != PASSED && e.version != *version),
+            Mode::Rebuild { matching } => e.prev != NONE && matching.contains(&e.version),
+        }
+    }
+
+    /// Is the previous snapshot's row of this record kept (byte-for-byte but for its flags)?
+    pub fn keep_row(&self, e: &Entry) -> bool {
+        match &self.mode {
+            Mode::Full => false,
+            Mode::Incremental { .. } => e.cur != NONE && e.prev == e.cur && e.outcome == PASSED && !self.process(e),
+            Mode::Rebuild { matching } => e.prev != NONE && e.outcome == PASSED && !matching.contains(&e.version),
+        }
+    }
+
+    /// Does the previous state's row of this record carry over into the new state?
+    pub fn carry(&self, e: &Entry) -> bool {
+        match &self.mode {
+            Mode::Full => false,
+            Mode::Incremental { .. } => e.cur != NONE && e.prev != NONE && !self.process(e),
+            Mode::Rebuild { .. } => e.prev != NONE && !self.process(e),
+        }
+    }
+
+    pub fn get(&self, fp: &Fp) -> Option<&Entry> {
+        self.map.get(fp)
+    }
+}
+
+// ---- UDFs ---------------------------------------------------------------------------------------
+
+/// Which rows a boolean key UDF keeps.
+#[derive(Clone)]
+enum Test {
+    /// The record's current version is in run `.0` and is processed.
+    Pick(Arc<Keys>, u32),
+    /// The key is in the set (whose keys' first 32 bits are in the second set: most rows are
+    /// ruled out after reading 8 hex characters).
+    InSet(Arc<FpSet>, Arc<HashSet<u32>>),
+}
+
+/// A boolean UDF over a fingerprint column; see [`pick_udf`], [`in_set_udf`].
+struct KeyTest {
+    name: String,
+    test: Test,
+    signature: Signature,
+}
+
+impl std::fmt::Debug for KeyTest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyTest").field("name", &self.name).finish()
+    }
+}
+
+impl PartialEq for KeyTest {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && match (&self.test, &other.test) {
+                (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
+                (Test::InSet(a, _), Test::InSet(b, _)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for KeyTest {}
+
+impl std::hash::Hash for KeyTest {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        let p = match &self.test {
+            Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
+            Test::InSet(a, _) => Arc::as_ptr(a) as usize,
+        };
+        p.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for KeyTest {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn return_field_from_args(&self, _: ReturnFieldArgs) -> datafusion::error::Result<FieldRef> {
+        Ok(Arc::new(Field::new(self.name(), DataType::Boolean, false)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+        let [arg] = args.args.as_slice() else {
+            return exec_err!("{} takes 1 argument", self.name);
+        };
+        let array = arg.to_array(args.number_rows)?;
+        if let (Test::InSet(set, heads), DataType::Utf8) = (&self.test, array.data_type()) {
+            let a = array.as_string::<i32>();
+            let out: BooleanArray = (0..a.len())
+                .map(|i| {
+                    if a.is_null(i) || set.is_empty() {
+                        return Some(false);
+                    }
+                    let v = a.value(i);
+                    let head = v.get(..8).and_then(|h| u32::from_str_radix(h, 16).ok());
+                    Some(match head {
+                        Some(h) if !heads.contains(&h) => false,
+                        _ => fp_of_hex(v).is_some_and(|fp| set.contains(&fp)),
+                    })
+                })
+                .collect();
+            return Ok(ColumnarValue::Array(Arc::new(out)));
+        }
+        let mut out = vec![false; array.len()];
+        let test = |fp: Fp| -> bool {
+            match &self.test {
+                Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
+                Test::InSet(set, _) => set.contains(&fp),
+            }
+        };
+        for_each_fp(&array, |i, fp| out[i] = fp.is_some_and(test))
+            .map_err(|e| datafusion::error::DataFusionError::Execution(e.to_string()))?;
+        Ok(ColumnarValue::Array(Arc::new(BooleanArray::from(out))))
+    }
+}
+
+fn key_test(name: &str, test: Test) -> ScalarUDF {
+    ScalarUDF::from(KeyTest {
+        name: name.to_string(),
+        test,
+        signature: Signature::any(1, Volatility::Immutable),
+    })
+}
+
+/// `__ingot_pick(fp)`: the row (of run `run`) is the current version of a record to process.
+pub fn pick_udf(keys: Arc<Keys>, run: u32) -> ScalarUDF {
+    key_test("__ingot_pick", Test::Pick(keys, run))
+}
+
+/// `__ingot_in_set(fp)`: the record is in `set`.
+pub fn in_set_udf(set: Arc<FpSet>) -> ScalarUDF {
+    let heads: HashSet<u32> = set.iter().map(|fp| (fp >> 96) as u32).collect();
+    key_test("__ingot_in_set", Test::InSet(set, Arc::new(heads)))
+}
+
+/// `__ingot_fp128(fp)`: the 16-byte key of a hex fingerprint (FixedSizeBinary(16), ordered as the
+/// hex text), a narrow sort key for window anomalies.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Fp128 {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for Fp128 {
+    fn name(&self) -> &str {
+        "__ingot_fp128"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> datafusion::error::Result<DataType> {
+        match arg_types {
+            [_] => Ok(DataType::FixedSizeBinary(16)),
+            _ => plan_err!("__ingot_fp128 takes 1 argument"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+        let [arg] = args.args.as_slice() else {
+            return exec_err!("__ingot_fp128 takes 1 argument");
+        };
+        let array = arg.to_array(args.number_rows)?;
+        let mut bytes = Vec::with_capacity(array.len() * 16);
+        let mut valid = Vec::with_capacity(array.len());
+        for_each_fp(&array, |_, fp| {
+            bytes.extend_from_slice(&fp.unwrap_or_default().to_be_bytes());
+            valid.push(fp.is_some());
+        })
+        .map_err(|e| datafusion::error::DataFusionError::Execution(e.to_string()))?;
+        let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
+        let out: ArrayRef = Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from(bytes), nulls)?);
+        Ok(ColumnarValue::Array(out))
+    }
+}
+
+pub fn fp128_udf() -> ScalarUDF {
+    ScalarUDF::from(Fp128 {
+        signature: Signature::any(1, Volatility::Immutable),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_order_like_the_hex_text() {
+        let a = "00ff".repeat(16);
+        let b = "0100".repeat(16);
+        assert!(fp_of_hex(&a).unwrap() < fp_of_hex(&b).unwrap());
+        assert!(a < b);
+        assert_eq!(fp_of_hex("zz"), None);
+        assert_eq!(fp_of_hex(&"f".repeat(64)), Some(u128::MAX));
+    }
+}
