@@ -151,17 +151,21 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();
     for table in &tables {
         if let Some(b) = latest_build(&all_builds, table) {
-            let rel = layout::silver_data(table, &b.build_id);
-            if !present.contains(&rel) {
-                damaged.insert(format!("silver.{table}"));
-                out.push(v(
-                    "files",
-                    rel,
-                    format!(
-                        "missing: the snapshot of build {}, current for silver.{table}",
-                        b.build_id
-                    ),
-                ));
+            match crate::silver::build::build_files(lake, table, &b.build_id).await {
+                Ok(files) => {
+                    for rel in files.into_iter().filter(|f| !present.contains(f)) {
+                        damaged.insert(format!("silver.{table}"));
+                        out.push(v(
+                            "files",
+                            rel,
+                            format!("missing: a file of build {}, current for silver.{table}", b.build_id),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    damaged.insert(format!("silver.{table}"));
+                    out.push(v("files", layout::silver_manifest(table, &b.build_id), e.to_string()));
+                }
             }
         }
     }

@@ -6,7 +6,7 @@
 //! | file | kept | removed |
 //! |---|---|---|
 //! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…` | `r` is a committed run that loaded data (`succeeded`, `succeeded_with_failures`) | `r` has no committed record (a crashed or running ingest: only once the file is older than the grace period), or `r` published nothing (`failed`, `skipped_duplicate_file`: after the grace period), or `r` was rolled back more than the grace period ago |
-//! | `silver/<t>/build_id=<b>/…` | `b` is the latest succeeded build of `t`, or a succeeded build that finished less than the retention ago (its snapshot stays queryable and undo can return to it) | `b` has no committed record (after the grace period), failed or was rolled back (after the grace period), or is an older succeeded build past the retention |
+//! | `silver/<t>/build_id=<b>/…` | a file the manifest of a kept build names (kept: the latest succeeded build of `t`, and succeeded builds that finished less than the retention ago, whose snapshots stay queryable and which undo can return to); a manifest may name files in an earlier build's folder | `b` has no committed record (after the grace period), failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
 //! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded (its rejections are audit history) | `b` has no committed record, failed or was rolled back (after the grace period) |
 //!
 //! The run and build logs themselves, locks, and anything gc does not recognise are never
@@ -15,7 +15,7 @@
 //! longer be restored by undoing the builds after it. Deleting is idempotent, so a crash during
 //! gc is repaired by running it again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, RunStatus, read_build_log, read_run_log};
@@ -152,6 +152,13 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
     }
     let builds: BTreeMap<String, &BuildRecord> = builds_all.iter().map(|b| (b.build_id.clone(), b)).collect();
     let now = chrono::Utc::now().timestamp_micros();
+    // Files the kept snapshots read (a manifest may name files of earlier builds' folders).
+    let mut live: BTreeSet<String> = BTreeSet::new();
+    for b in &builds_all {
+        if matches!(build_verdict(Some(b), true, &latest, now, opts.retain), Verdict::Keep) {
+            live.extend(crate::silver::build::build_files(lake, &b.table, &b.build_id).await?);
+        }
+    }
     let grace = opts.grace.as_micros() as i64;
     let mut report = GcReport {
         dry_run: opts.dry_run,
@@ -163,6 +170,9 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
                 continue;
             };
             let Some(owner) = owner_of(&rel) else { continue };
+            if live.contains(&rel) {
+                continue;
+            }
             let verdict = match &owner {
                 Owner::Run(id) => run_verdict(runs.get(id)),
                 Owner::Build { table, build_id } => build_verdict(

@@ -129,6 +129,15 @@ impl Lake {
         }
     }
 
+    /// Does the object `rel` exist (without reading it)?
+    pub async fn exists(&self, rel: &str) -> Result<bool> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn delete(&self, rel: &str) -> Result<()> {
         match self.store.delete(&self.path(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

@@ -130,7 +130,11 @@ impl<'a> Shell<'a> {
                 match result {
                     Ok(rows) => {
                         if self.timing {
-                            eprintln!("{rows} row{} in {:.3}s", if rows == 1 { "" } else { "s" }, start.elapsed().as_secs_f64());
+                            eprintln!(
+                                "{rows} row{} in {:.3}s",
+                                if rows == 1 { "" } else { "s" },
+                                start.elapsed().as_secs_f64()
+                            );
                         }
                     }
                     Err(e) => {
@@ -190,7 +194,12 @@ impl<'a> Shell<'a> {
         for (source, c) in &self.catalog.contracts.contracts {
             let d = c.description.clone().unwrap_or_default();
             rows.push(["bronze".into(), source.clone(), "every version".into(), d.clone()]);
-            rows.push(["bronze".into(), format!("{source}_current"), "latest version per key".into(), d]);
+            rows.push([
+                "bronze".into(),
+                format!("{source}_current"),
+                "latest version per key".into(),
+                d,
+            ]);
         }
         let silver = self
             .catalog
@@ -209,7 +218,10 @@ impl<'a> Shell<'a> {
         }
         for (t, d) in [
             ("ingestion_run_log", "one row per ingestion run (its commit record)"),
-            ("row_failure_log", "every rejected row, bronze and silver, with its raw payload"),
+            (
+                "row_failure_log",
+                "every rejected row, bronze and silver, with its raw payload",
+            ),
             ("silver_build_log", "one row per silver build"),
         ] {
             rows.push(["audit".into(), t.into(), "audit".into(), d.into()]);
@@ -253,7 +265,10 @@ impl<'a> Shell<'a> {
 
 fn rows_batch<const N: usize>(names: &[&str; N], rows: Vec<[String; N]>) -> Result<RecordBatch> {
     let schema = Arc::new(Schema::new(
-        names.iter().map(|n| Field::new(*n, DataType::Utf8, false)).collect::<Vec<_>>(),
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
     ));
     let cols: Vec<ArrayRef> = (0..N)
         .map(|i| Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r[i].as_str()))) as ArrayRef)

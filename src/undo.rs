@@ -178,13 +178,25 @@ async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) 
             build.build_id, build.table, later.build_id
         )));
     }
-    crate::failpoint::hit("undo.after_lock")?;
     let restored = ours
         .iter()
         .filter(succeeded)
         .filter(|b| b.seq < build.seq)
         .max_by_key(|b| b.seq)
         .map(|b| (*b).clone());
+    if let Some(p) = &restored {
+        // the snapshot to return to must still be there (gc removes snapshots past retention)
+        for rel in crate::silver::build::build_files(&ws.lake, &p.table, &p.build_id).await? {
+            if !ws.lake.exists(&rel).await? {
+                return Err(Error::Invalid(format!(
+                    "cannot undo build {}: the snapshot of build {} it would return to is gone ({rel} was removed \
+                     by `ingot gc`); rebuild with `ingot build {} --full` instead",
+                    build.build_id, p.build_id, build.table
+                )));
+            }
+        }
+    }
+    crate::failpoint::hit("undo.after_lock")?;
     let mut record = build.clone();
     record.status = BuildStatus::RolledBack;
     record.rolled_back_at = Some(now_micros());

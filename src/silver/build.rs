@@ -375,6 +375,19 @@ pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manife
     }
 }
 
+/// Every lake file build `build_id` of `table` reads when it is the current build or the base
+/// of the next incremental build: its manifest and inputs digest, and the snapshot and state
+/// files its manifest names (possibly in earlier builds' folders). `gc` keeps these.
+pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec<String>> {
+    let m = manifest(lake, table, build_id).await?;
+    let mut out = vec![
+        layout::silver_manifest(table, build_id),
+        layout::silver_inputs(table, build_id),
+    ];
+    out.extend(m.data.iter().chain(&m.state).map(|n| manifest_rel(table, build_id, n)));
+    Ok(out)
+}
+
 /// The lake path of a file a manifest of build `build_id` names: a bare name is in the build's
 /// folder, a path (with `/`) is relative to the lake root (a file of an earlier build).
 fn manifest_rel(table: &str, build_id: &str, name: &str) -> String {

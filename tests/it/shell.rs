@@ -47,7 +47,10 @@ fn statements_end_at_semicolons_outside_quotes_and_comments() {
         ]
     );
     assert!(!r.pending());
-    assert_eq!(r.push_line("  \\d silver.bookings "), vec![Input::Command("\\d silver.bookings".into())]);
+    assert_eq!(
+        r.push_line("  \\d silver.bookings "),
+        vec![Input::Command("\\d silver.bookings".into())]
+    );
     assert_eq!(r.push_line("SELECT 3"), vec![]);
     assert_eq!(r.finish(), Some(Input::Statement("SELECT 3".into())));
     assert_eq!(r.finish(), None);
@@ -71,15 +74,24 @@ fn a_pipe_of_statements_runs_them_all_and_exits_2_when_one_failed() {
     assert!(text.starts_with("answer\n42\nruns\n2\n"), "{text}");
     assert!(text.contains("{\"s\":\"a;b\"}"), "{text}");
     // \d: every schema's tables, with the contracts' descriptions
-    assert!(text.contains("\"schema\":\"bronze\",\"table\":\"hotels_current\""), "{text}");
-    assert!(text.contains("Hotel master data exported by the property-management system"), "{text}");
+    assert!(
+        text.contains("\"schema\":\"bronze\",\"table\":\"hotels_current\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("Hotel master data exported by the property-management system"),
+        "{text}"
+    );
     assert!(text.contains("\"table\":\"ingestion_run_log\""), "{text}");
     // \d bronze.hotels: columns with types and field descriptions
     assert!(
         text.contains("{\"column\":\"hotel_code\",\"type\":\"Utf8\",\"nullable\":\"yes\",\"description\":\"Stable hotel code used by every other source, e.g. AMS01.\"}"),
         "{text}"
     );
-    assert!(text.trim_end().ends_with("{\"last\":7}"), "the last statement needs no ';': {text}");
+    assert!(
+        text.trim_end().ends_with("{\"last\":7}"),
+        "the last statement needs no ';': {text}"
+    );
 
     let ok = piped(&t, "SELECT 1 AS one;\n", &["--format", "csv"]);
     assert_eq!(ok.status.code(), Some(0));
@@ -114,7 +126,10 @@ fn the_interactive_shell_on_a_terminal_keeps_going_after_an_error() {
     assert!(text.contains("ingot sql shell"), "{text}");
     assert!(text.contains("nosuchcolumn"), "the error is shown: {text}");
     assert!(text.contains("42"), "the session went on after the error: {text}");
-    assert!(text.contains("-> "), "a continuation prompt for the second line: {text}");
+    assert!(
+        text.contains("-> "),
+        "a continuation prompt for the second line: {text}"
+    );
     assert!(text.contains("row in "), "timing is printed: {text}");
     // history is kept in ~/.ingot_history
     let history = std::fs::read_to_string(t.dir.path().join(".ingot_history")).unwrap();
