@@ -115,12 +115,54 @@ fn the_interactive_shell_on_a_terminal_keeps_going_after_an_error() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("`script` (util-linux) makes the pseudo-terminal of this test");
+    // type each line only once the shell prompts for it (input typed ahead of a prompt may be
+    // dropped when the line editor switches the terminal mode)
     let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(b"SELECT nosuchcolumn FROM bronze.hotels;\nSELECT 6 *\n7 AS answer;\n\\timing off\n\\q\n")
-        .unwrap();
+    let mut reader = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let collector = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let prompts = |s: &str| s.matches("ingot> ").count() + s.matches("     -> ").count();
+    let lines = [
+        "SELECT nosuchcolumn FROM bronze.hotels;",
+        "SELECT 6 *",
+        "7 AS answer;",
+        "\\timing off",
+        "\\q",
+    ];
+    for (i, line) in lines.iter().enumerate() {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while prompts(&seen.lock().unwrap()) <= i {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no prompt {}: {}",
+                i + 1,
+                seen.lock().unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
     drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let status = child.wait().unwrap();
+    collector.join().unwrap();
+    let text = seen.lock().unwrap().clone();
+    let out = std::process::Output {
+        status,
+        stdout: text.clone().into_bytes(),
+        stderr: Vec::new(),
+    };
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     assert!(text.contains("ingot sql shell"), "{text}");
