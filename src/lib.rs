@@ -21,6 +21,7 @@ pub mod lake;
 pub mod lock;
 pub mod nightly;
 pub mod output;
+pub mod replay;
 pub mod rules;
 pub mod session;
 pub mod shell;

@@ -60,8 +60,32 @@ pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
     let ws = cli.workspace()?;
     let catalog = crate::catalog::open(&ws).await?;
     let mut df = catalog.ctx.table("audit.row_failure_log").await?;
+    let mut columns = vec!["run_id", "source", "source_row_number", "rule", "reason", "raw_payload"];
     if let Some(r) = &args.run {
         df = df.filter(col("run_id").eq(lit(r.as_str())))?;
+        // which of its rows a later replay loaded
+        let done = crate::replay::replayed_by(&ws.lake, &catalog.ctx, &catalog.runs, r).await?;
+        let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
+            (
+                "__row",
+                std::sync::Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
+                    done.keys().copied(),
+                )) as datafusion::arrow::array::ArrayRef,
+            ),
+            (
+                "replayed_by",
+                std::sync::Arc::new(datafusion::arrow::array::StringArray::from_iter_values(done.values())),
+            ),
+        ])?;
+        let replays = catalog.ctx.read_batch(batch)?;
+        df = df.join_on(
+            replays,
+            datafusion::logical_expr::JoinType::Left,
+            [col("source_row_number")
+                .eq(col("__row"))
+                .and(col("layer").eq(lit("bronze")))],
+        )?;
+        columns.push("replayed_by");
     }
     if let Some(s) = &args.source {
         df = df.filter(col("source").eq(lit(s.as_str())))?;
@@ -72,7 +96,7 @@ pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
             col("run_id").sort(true, true),
             col("source_row_number").sort(true, true),
         ])?
-        .select_columns(&["run_id", "source", "source_row_number", "rule", "reason", "raw_payload"])?
+        .select_columns(&columns)?
         .limit(0, Some(args.limit))?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)

@@ -8,7 +8,7 @@ mod build;
 mod check;
 mod explain;
 mod gc;
-mod ingest;
+pub(crate) mod ingest;
 mod run;
 mod sql;
 mod undo;
@@ -104,6 +104,13 @@ pub enum Command {
     /// (only a table's latest build can be undone). The run or build is marked rolled_back in its
     /// audit log; its files stay until `ingot gc`. Undoing twice is a no-op that says so.
     Undo(undo::UndoArgs),
+    /// Push a run's failed rows again, from their raw payload, through the current contract.
+    ///
+    /// The rows become a new run with replay_of set (e.g. after adding a missing allowed value
+    /// to the contract); each keeps its record number in the original file. Only rows no earlier
+    /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
+    /// shows which rows a replay loaded (replayed_by).
+    Replay(undo::ReplayArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
     /// Removes the files of runs and builds that never committed, failed or were rolled back
@@ -187,6 +194,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Runs(args) => audit_views::runs(&cli, args).await,
         Command::Failures(args) => audit_views::failures(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
+        Command::Replay(args) => undo::replay(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
     }

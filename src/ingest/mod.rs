@@ -64,8 +64,9 @@ pub struct IngestOptions {
     pub lock_ttl: std::time::Duration,
     /// Show a progress bar (the CLI sets this when stdout is a terminal).
     pub progress: bool,
-    /// Set `replay_of` on the run (used by replay, a later feature).
-    pub replay_of: Option<String>,
+    /// This run replays another run's failed rows (see [`crate::replay`]): sets `replay_of`
+    /// and `file_path`, never skips the input as a duplicate, and numbers rows as the original.
+    pub replay: Option<Arc<crate::replay::Replay>>,
 }
 
 impl Default for IngestOptions {
@@ -74,7 +75,7 @@ impl Default for IngestOptions {
             batch_size: 8 * 1024,
             lock_ttl: crate::lock::default_ttl(),
             progress: false,
-            replay_of: None,
+            replay: None,
         }
     }
 }
@@ -146,7 +147,10 @@ pub async fn ingest_file(
         run_id: run_id.clone(),
         source: contract.source.clone(),
         contract_version: contract.version as i32,
-        file_path: path.display().to_string(),
+        file_path: match &opts.replay {
+            Some(r) => r.file_path.clone(),
+            None => path.display().to_string(),
+        },
         file_hash: None,
         file_bytes,
         started_at,
@@ -157,7 +161,7 @@ pub async fn ingest_file(
         rows_updated: 0,
         rows_unchanged: 0,
         rows_failed: 0,
-        replay_of: opts.replay_of.clone(),
+        replay_of: opts.replay.as_ref().map(|r| r.of.clone()),
         error: None,
         ingot_version: crate::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
@@ -209,9 +213,10 @@ async fn run(
     // Only a file of the same size can repeat a loaded one. Otherwise the file is hashed on a
     // thread of its own while it is loaded (the hash is needed first by the bronze writer, and
     // the row count comes from a sample instead of a counting pass).
-    let maybe_duplicate = runs
-        .iter()
-        .any(|r| r.status.is_loaded() && r.file_bytes == record.file_bytes);
+    let maybe_duplicate = opts.replay.is_none()
+        && runs
+            .iter()
+            .any(|r| r.status.is_loaded() && r.file_bytes == record.file_bytes);
     let (digest, lines) = if maybe_duplicate {
         let (file_hash, lines) = file_digest(path).await?;
         record.file_hash = Some(file_hash.clone());
@@ -250,6 +255,7 @@ async fn run(
     }
     result?;
     before.check(path)?;
+    crate::replay::keep_run_files(&ws.lake, contract, path, record, opts).await?;
     commit_run(&ws.lake, record).await
 }
 

@@ -9,6 +9,7 @@ mod ingest;
 mod kill;
 mod nightly;
 mod ops;
+mod replay;
 mod rules;
 mod shell;
 mod silver_build;
