@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The bronze story on the bundled hotel-marketing data, run by run. Called by `make demo`.
+# The whole story on the bundled hotel-marketing data, run by run: bronze, silver, and an
+# incident (undo, replay, doctor, gc). Called by `make demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INGOT="${INGOT:-ingot}"
@@ -68,5 +69,31 @@ run sql "SELECT hotel_code, day, channel, campaign, spend_eur, anomaly_flags FRO
 say "11. What the rules compile to: ingot explain prints the steps and the DataFusion plan"
 printf '$ ingot explain bookings | head -30\n'
 "$INGOT" explain bookings | head -30 || true
+
+say "12. An incident: the corrected re-delivery (step 4) turns out to be wrong. Undo that run"
+CORRECTED=$("$INGOT" sql "SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%corrected%'" --format csv | tail -n 1)
+run undo "$CORRECTED"
+echo "   -> its 4 new records are gone and its 3 corrections are back to day one's version; the"
+echo "      next build follows (silver still has them until then, which doctor points out):"
+run doctor || true
+run build bookings
+run doctor
+run sql "SELECT status, count(*) AS runs FROM audit.ingestion_run_log GROUP BY 1 ORDER BY 1"
+
+say "13. Rows rejected by a too-strict contract: allow booking_status 'tentative', replay day one"
+FIXED=$(mktemp -d)
+trap 'rm -rf "$FIXED"' EXIT
+cp contracts/*.yaml "$FIXED/"
+sed -i 's/allowed: \[confirmed, cancelled, no_show\]/allowed: [confirmed, cancelled, no_show, tentative]/' "$FIXED/bookings.yaml"
+DAY_ONE=$("$INGOT" sql "SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%11-01_bookings.csv' AND replay_of IS NULL" --format csv | tail -n 1)
+printf '$ ingot --contracts <contracts with tentative allowed> replay %s\n' "$DAY_ONE"
+"$INGOT" --contracts "$FIXED" replay "$DAY_ONE"
+echo "   -> only the one tentative booking loaded (keeping its record number 151); the other 7 still"
+echo "      fail, and a second replay with the same contract adds nothing:"
+"$INGOT" --contracts "$FIXED" replay "$DAY_ONE"
+run failures --run "$DAY_ONE" --format csv
+
+say "14. Housekeeping: files no committed run reads any more (the undone run's), what gc would remove"
+run gc --dry-run --grace 0s
 
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""
