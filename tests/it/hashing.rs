@@ -824,26 +824,7 @@ async fn sql_errors_name_the_function_argument_and_type() {
 // ---------------------------------------------------------------------------------------
 // independent recomputation with Python
 
-/// Deterministic xorshift64* generator: the vectors are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next() % ((hi - lo) as u64 + 1)) as i64
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::util::Rng;
 
 const TYPES: &[&str] = &[
     "utf8",

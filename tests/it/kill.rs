@@ -13,25 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{TestLake, assert_ok, id_names, normalize_rows, repo, stderr};
+use crate::util::{Rng, TestLake, assert_ok, id_names, normalize_rows, repo, stderr};
 
 type Row = BTreeMap<String, Value>;
-
-/// xorshift64*: deterministic, good enough to spread kill moments.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 const MODES: &[&str] = &["AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK"];
 

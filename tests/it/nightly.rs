@@ -18,7 +18,8 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn nightly(t: &TestLake) -> std::process::Output {
+/// `ingot run` over the landing folder of the test directory, with the repository's rules.
+pub fn nightly(t: &TestLake) -> std::process::Output {
     let landing = t.dir.path().join("landing");
     t.command()
         .arg("--landing")

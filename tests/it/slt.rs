@@ -98,16 +98,7 @@ fn sqllogictest_files_over_the_demo_lake() {
     let t = TestLake::new();
     let landing = t.dir.path().join("landing");
     crate::nightly::copy_dir(&repo().join("data/landing"), &landing);
-    let out = t
-        .command()
-        .arg("--landing")
-        .arg(&landing)
-        .arg("--rules")
-        .arg(repo().join("rules"))
-        .arg("run")
-        .output()
-        .unwrap();
-    assert_ok(&out);
+    assert_ok(&crate::nightly::nightly(&t));
     let ws = ingot::session::Workspace {
         lake: ingot::lake::Lake::open(&t.lake().display().to_string()).unwrap(),
         contracts_dir: t.contracts(),

@@ -239,3 +239,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     let d = sha2::Sha256::digest(bytes);
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Deterministic xorshift64* generator: the same sequence on every run for a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % ((hi - lo) as u64 + 1)) as i64
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
