@@ -44,11 +44,20 @@ pub struct Catalog {
 
 /// Open a session over the lake with all tables registered.
 pub async fn open(ws: &Workspace) -> Result<Catalog> {
+    open_as_of(ws, None).await
+}
+
+/// [`open`], with `silver.<table>` as it was at `as_of` (a build id, or a UTC time such as
+/// `2026-11-30T10:00:00Z` or `2026-11-30`): the snapshot of the table's build that was current
+/// then (a build later rolled back counts until its undo). Tables without a build then are empty.
+/// Bronze and audit tables are as they are now.
+pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> {
     let ctx = ws.session()?;
     let mut problems = Problems::default();
     let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
     let runs = read_run_log(&ws.lake).await?;
     let builds = read_build_log(&ws.lake).await?;
+    let cutoff = as_of.map(|a| as_of_micros(a, &builds)).transpose()?;
     let catalog = ctx
         .catalog("ingot")
         .ok_or_else(|| Error::Invalid("the default catalog \"ingot\" is missing".into()))?;
@@ -79,7 +88,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
         .map(|b| ws.lake.url(&layout::build_record(&b.table, b.seq)))
         .collect();
     ctx.register_table("audit.silver_build_log", table_over(build_files, build_log_schema())?)?;
-    register_silver(&ctx, ws, &contracts, &builds).await?;
+    register_silver(&ctx, ws, &contracts, &builds, cutoff).await?;
     ctx.register_table(
         "audit.row_failure_log",
         table_over(failure_files, failure_log_schema())?,
@@ -126,6 +135,45 @@ pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord
     runs.iter().filter(|r| r.source == source && r.has_data()).collect()
 }
 
+/// The build of `table` that was current at `t` (microseconds, UTC): the latest that had finished
+/// by then and was not rolled back before it.
+pub fn current_at<'a>(builds: &'a [BuildRecord], table: &str, t: i64) -> Option<&'a BuildRecord> {
+    builds
+        .iter()
+        .filter(|b| b.table == table && b.finished_at <= t)
+        .filter(|b| match b.status {
+            BuildStatus::Succeeded => true,
+            BuildStatus::RolledBack => b.rolled_back_at.is_some_and(|r| r > t),
+            BuildStatus::Failed => false,
+        })
+        .max_by_key(|b| (b.finished_at, b.seq))
+}
+
+/// `--as-of`: a build id (the moment it finished) or a UTC time.
+fn as_of_micros(as_of: &str, builds: &[BuildRecord]) -> Result<i64> {
+    if let Some(b) = builds.iter().find(|b| b.build_id == as_of) {
+        return Ok(b.finished_at);
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(as_of) {
+        return Ok(t.timestamp_micros());
+    }
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(as_of, format) {
+            return Ok(t.and_utc().timestamp_micros());
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(as_of, "%Y-%m-%d") {
+        // the end of that day
+        if let Some(t) = d.and_hms_micro_opt(23, 59, 59, 999_999) {
+            return Ok(t.and_utc().timestamp_micros());
+        }
+    }
+    Err(Error::Invalid(format!(
+        "--as-of \"{as_of}\": not a build id of audit.silver_build_log nor a UTC time; use e.g. \
+         2026-11-30T10:00:00Z, \"2026-11-30 10:00:00\" or 2026-11-30 (the end of that day)"
+    )))
+}
+
 /// The latest succeeded build of `table`, if any.
 pub fn latest_build<'a>(builds: &'a [BuildRecord], table: &str) -> Option<&'a BuildRecord> {
     builds
@@ -142,13 +190,27 @@ async fn register_silver(
     ws: &Workspace,
     contracts: &ContractSet,
     builds: &[BuildRecord],
+    as_of: Option<i64>,
 ) -> Result<()> {
     let mut tables: Vec<&str> = builds.iter().map(|b| b.table.as_str()).collect();
     tables.dedup();
     let mut built = std::collections::HashSet::new();
     for table in tables {
-        if let Some(b) = latest_build(builds, table) {
-            let provider = crate::silver::build::snapshot_table(ctx, &ws.lake, table, &b.build_id).await?;
+        let chosen = match as_of {
+            None => latest_build(builds, table),
+            Some(t) => current_at(builds, table, t),
+        };
+        if let Some(b) = chosen {
+            let provider = crate::silver::build::snapshot_table(ctx, &ws.lake, table, &b.build_id)
+                .await
+                .map_err(|e| match as_of {
+                    Some(_) => Error::Invalid(format!(
+                        "silver.{table} as of then is build {}, whose snapshot is no longer readable (removed by \
+                         `ingot gc` after its retention?): {e}",
+                        b.build_id
+                    )),
+                    None => e,
+                })?;
             ctx.register_table(format!("silver.{table}").as_str(), provider)?;
             built.insert(table.to_string());
         }

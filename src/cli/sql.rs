@@ -10,13 +10,18 @@ pub struct SqlArgs {
     /// interactive shell on a terminal (\? for its commands), or statements read from stdin
     /// (ended by ';') when stdin is a pipe.
     pub query: Option<String>,
+    /// Show silver.* as it was at this build id or UTC time (e.g. 2026-11-30T10:00:00Z, or a
+    /// date for the end of that day), until `ingot gc` removes that snapshot. Bronze and audit
+    /// tables are as they are now.
+    #[arg(long)]
+    pub as_of: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
 pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
     let ws = cli.workspace()?;
-    let catalog = crate::catalog::open(&ws).await?;
+    let catalog = crate::catalog::open_as_of(&ws, args.as_of.as_deref()).await?;
     for p in &catalog.problems.items {
         eprintln!("warning: {p} (its tables are not available)");
     }

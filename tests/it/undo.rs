@@ -356,3 +356,63 @@ fn every_undo_failpoint_crash_then_rerun_equals_one_clean_undo() {
         }
     }
 }
+
+// ---- silver as of a moment ---------------------------------------------------------------------
+
+#[test]
+fn sql_as_of_shows_silver_as_it_was_then_including_a_build_later_rolled_back() {
+    let t = TestLake::new();
+    seed(&t);
+    build(&t, &[]);
+    let first = silver(&t);
+    t.ingest_ok("bookings", &landing(CORRECTED));
+    build(&t, &[]);
+    let second = silver(&t);
+    assert_ne!(first, second);
+    let log =
+        t.query("SELECT build_id, CAST(finished_at AS VARCHAR) AS at FROM audit.silver_build_log ORDER BY started_at");
+    let (b1, b2) = (
+        log[0]["build_id"].as_str().unwrap(),
+        log[1]["build_id"].as_str().unwrap(),
+    );
+    let as_of = |when: &str| -> Vec<Row> {
+        let out = t
+            .command()
+            .args([
+                "sql",
+                "SELECT * FROM silver.bookings ORDER BY natural_key_fingerprint",
+                "--format",
+                "json",
+                "--as-of",
+                when,
+            ])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    assert_eq!(as_of(b1), first, "as of the first build");
+    assert_eq!(as_of(b2), second, "as of the second build");
+    assert_eq!(as_of("2000-01-01"), Vec::<Row>::new(), "before any build: empty");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let before_undo = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    undo(&t, b2);
+    assert_eq!(silver(&t), first, "now: the first build again");
+    assert_eq!(
+        as_of(&before_undo),
+        second,
+        "before the undo the second build was current"
+    );
+    let out = t
+        .command()
+        .args(["sql", "SELECT 1", "--as-of", "last tuesday"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("not a build id of audit.silver_build_log nor a UTC time"),
+        "{}",
+        stderr(&out)
+    );
+}
