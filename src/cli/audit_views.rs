@@ -50,6 +50,8 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
             "rows_unchanged",
             "rows_failed",
             "file_path",
+            "replay_of",
+            "rolled_back_at",
             "error",
         ])?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
