@@ -7,11 +7,14 @@ export CARGO_TARGET_DIR
 CARGO ?= cargo
 PYTHON ?= python3
 INGOT := $(CARGO_TARGET_DIR)/debug/ingot
+# demo, test and lint share one debug build with the optional parts enabled (`make bench` builds
+# its own release binary without them)
+FEATURES ?= flight
 
 .PHONY: build demo test bench lint data clean-lake fuzz
 
 build:
-	$(CARGO) build --bin ingot
+	$(CARGO) build --bin ingot --features "$(FEATURES)"
 
 ## demo: run the whole bronze story on the bundled data in data/landing (lake in data/lake)
 demo: build
@@ -19,8 +22,8 @@ demo: build
 
 ## test: every test (one integration-test binary; the CLI binary is built alongside)
 test:
-	$(CARGO) build --bin ingot
-	$(CARGO) test --test it -- --test-threads 2
+	$(CARGO) build --bin ingot --features "$(FEATURES)"
+	$(CARGO) test --test it --features "$(FEATURES)" -- --test-threads 2
 
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
 ## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check.
@@ -31,12 +34,12 @@ bench:
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON
 ## loader); failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`
 fuzz:
-	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} $(CARGO) test --test it -- fuzz:: --test-threads 2
+	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: --test-threads 2
 
 ## lint: formatting and clippy
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features "$(FEATURES)" -- -D warnings
 
 ## data: regenerate the deterministic sample files in data/landing and data/bad
 data:

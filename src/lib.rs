@@ -23,6 +23,8 @@ pub mod nightly;
 pub mod output;
 pub mod replay;
 pub mod rules;
+#[cfg(feature = "flight")]
+pub mod serve;
 pub mod session;
 pub mod shell;
 pub mod silver;

@@ -117,6 +117,13 @@ pub enum Command {
     /// (once older than --grace), and snapshots of older builds past --retain (the latest
     /// snapshot of every table always stays). Logs and locks are never touched. --dry-run lists.
     Gc(gc::GcArgs),
+    /// Serve the catalog over Arrow Flight SQL (read-only), for Python, BI tools and notebooks.
+    ///
+    /// Clients connect with ADBC or JDBC Flight SQL drivers to grpc://ADDR. Every call sees the
+    /// lake as it is then; DDL, DML, COPY and SET are refused. With --token (or INGOT_TOKEN) each
+    /// call must send "authorization: Bearer <token>". Binds to loopback by default.
+    #[cfg(feature = "flight")]
+    Serve(ServeArgs),
     /// Check the lake's invariants; print every violation with its location, exit 1 if any.
     ///
     /// Checks that committed runs and builds have their files, that counts reconcile with the
@@ -124,6 +131,17 @@ pub enum Command {
     /// silver fingerprint is current in bronze, and that rules files match the SHA-256 their
     /// builds recorded. Files that belong to no committed run or build are listed as orphans.
     Doctor,
+}
+
+#[cfg(feature = "flight")]
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: String,
+    /// Require this bearer token on every call.
+    #[arg(long, env = "INGOT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// Output options shared by commands that print rows.
@@ -197,5 +215,10 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Replay(args) => undo::replay(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
+        #[cfg(feature = "flight")]
+        Command::Serve(args) => {
+            crate::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;
+            Ok(0)
+        }
     }
 }

@@ -3,6 +3,8 @@
 mod bad_input;
 mod contracts;
 mod crash;
+#[cfg(feature = "flight")]
+mod flight;
 mod fuzz;
 mod hashing;
 mod ingest;

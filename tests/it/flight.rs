@@ -1,0 +1,139 @@
+//! `ingot serve` (Arrow Flight SQL) tested with a real client: the ADBC Flight SQL driver for
+//! Python from PyPI, in a venv this test creates (`.venv-test`, pinned versions), against a
+//! server on a free loopback port over the demo lake: queries (compared with `ingot sql`),
+//! a prepared statement with a parameter, catalog browsing, refusal of DDL and DML, refusal
+//! without the token, and ten concurrent clients.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+use crate::util::{TestLake, assert_ok, repo};
+
+const ADBC: &str = "adbc-driver-flightsql==1.13.0";
+const PYARROW: &str = "pyarrow==26.0.1";
+
+/// The test venv's python, created (and its packages installed) on first use.
+fn venv_python() -> PathBuf {
+    let venv = repo().join(".venv-test");
+    let python = venv.join("bin/python");
+    let ready = python.exists()
+        && Command::new(&python)
+            .args(["-c", "import adbc_driver_flightsql, pyarrow"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ready {
+        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
+        assert!(status.success(), "python3 -m venv {}", venv.display());
+        let status = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", ADBC, PYARROW])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pip install {ADBC} {PYARROW}");
+    }
+    python
+}
+
+/// Kills the server when the test ends, pass or fail.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_real_flight_sql_client_queries_browses_and_is_refused_what_it_may_not_do() {
+    let python = venv_python();
+    let t = TestLake::new();
+    crate::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&crate::nightly::nightly(&t));
+    let mut child = t
+        .command()
+        .arg("--rules")
+        .arg(repo().join("rules"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--token", "s3cret"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let server = Server(child);
+    let mut first = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut first).unwrap();
+    let addr = first
+        .strip_prefix("listening on ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "loopback: {addr}");
+
+    let out = Command::new(&python)
+        .arg(repo().join("tests/py/flight_client.py"))
+        .arg(format!("grpc://{addr}"))
+        .arg("s3cret")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = |sql: &str| -> Value {
+        let q = t.query(sql);
+        Value::Array(
+            q.iter()
+                .map(|r| Value::Array(r.values().cloned().collect()))
+                .collect(),
+        )
+    };
+    // the same answers as `ingot sql` over the same lake
+    assert_eq!(got["current"], rows("SELECT count(*) AS n FROM bronze.bookings_current"));
+    assert_eq!(
+        got["runs"],
+        rows("SELECT status, count(*) AS n FROM audit.ingestion_run_log GROUP BY 1 ORDER BY 1")
+    );
+    assert_eq!(
+        got["silver"],
+        rows("SELECT rules_version AS a, count(*) AS b FROM silver.bookings GROUP BY 1 ORDER BY 1")
+    );
+    assert_eq!(
+        got["udf"],
+        rows("SELECT natural_key_fingerprint(1, 'AMS01', 'BK1') AS f")
+    );
+    assert_eq!(
+        got["prepared"],
+        rows("SELECT count(*) AS n FROM silver.bookings WHERE rules_version = 2"),
+        "a prepared statement with a parameter"
+    );
+    // catalog browsing
+    let objects: Vec<&str> = got["objects"].as_array().unwrap_or_else(|| panic!("{got}")).iter().filter_map(Value::as_str).collect();
+    for want in ["ingot.silver.bookings", "ingot.bronze.hotels_current", "ingot.audit.row_failure_log"] {
+        assert!(objects.contains(&want), "{want} not in {objects:?}");
+    }
+    let columns: Vec<&str> = got["table_schema"].as_array().unwrap_or_else(|| panic!("{got}")).iter().filter_map(Value::as_str).collect();
+    for want in ["natural_key_fingerprint", "rules_version", "anomaly_flags", "is_anomaly"] {
+        assert!(columns.contains(&want), "{want} not in {columns:?}");
+    }
+    // refusals
+    for (step, what) in [("ddl", "CREATE TABLE"), ("insert", "INSERT")] {
+        let e = got[step]["error"].as_str().unwrap_or_else(|| panic!("{what} was accepted: {got}"));
+        assert!(e.contains("not supported") || e.contains("read-only"), "{what}: {e}");
+    }
+    let e = got["no_token"]["error"].as_str().unwrap_or_else(|| panic!("no token accepted: {got}"));
+    assert!(e.contains("bearer token is required"), "{e}");
+    // ten clients at once, each with its own answer
+    let n = rows("SELECT count(*) AS n FROM bronze.bookings")[0][0].clone();
+    let concurrent = got["concurrent"].as_array().unwrap();
+    assert_eq!(concurrent.len(), 10);
+    for (i, r) in concurrent.iter().enumerate() {
+        assert_eq!(r, &Value::Array(vec![Value::from(i), n.clone()]), "client {i}");
+    }
+    drop(server);
+}
