@@ -10,10 +10,18 @@ INGOT := $(CARGO_TARGET_DIR)/debug/ingot
 # demo, test and lint share one debug build with the optional parts enabled (`make bench` builds
 # its own release binary without them)
 FEATURES ?= flight
+# the `flight` feature's build needs protoc: PyPI's grpcio-tools in .venv-build, see scripts/protoc
+export PROTOC := $(CURDIR)/scripts/protoc
 
-.PHONY: build demo test bench lint data clean-lake fuzz
+.PHONY: build demo test bench lint data clean-lake fuzz protoc
 
-build:
+.venv-build/bin/python:
+	$(PYTHON) -m venv .venv-build
+	.venv-build/bin/pip install --quiet --disable-pip-version-check grpcio-tools==1.76.0
+
+protoc: .venv-build/bin/python
+
+build: protoc
 	$(CARGO) build --bin ingot --features "$(FEATURES)"
 
 ## demo: run the whole bronze story on the bundled data in data/landing (lake in data/lake)
@@ -21,7 +29,7 @@ demo: build
 	INGOT=$(INGOT) bash scripts/demo.sh
 
 ## test: every test (one integration-test binary; the CLI binary is built alongside)
-test:
+test: protoc
 	$(CARGO) build --bin ingot --features "$(FEATURES)"
 	$(CARGO) test --test it --features "$(FEATURES)" -- --test-threads 2
 
@@ -37,7 +45,7 @@ fuzz:
 	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: --test-threads 2
 
 ## lint: formatting and clippy
-lint:
+lint: protoc
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --features "$(FEATURES)" -- -D warnings
 

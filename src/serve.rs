@@ -53,15 +53,16 @@ pub async fn serve(ws: Workspace, addr: &str, token: Option<String>) -> Result<(
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io(format!("--addr {addr}"), e))?;
-    let bound = listener.local_addr().map_err(|e| Error::io(format!("--addr {addr}"), e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::io(format!("--addr {addr}"), e))?;
     // open the catalog once now, so a broken lake fails at start and not on the first call
     crate::catalog::open(&ws).await?;
     let sessions = LakeSessions {
         ws: Arc::new(ws),
         token,
     };
-    let service =
-        FlightSqlService::new_with_provider(Box::new(sessions)).with_sql_options(crate::sql::read_only());
+    let service = FlightSqlService::new_with_provider(Box::new(sessions)).with_sql_options(crate::sql::read_only());
     println!("listening on {bound} (Arrow Flight SQL, read-only)");
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -41,7 +41,7 @@ with connect() as conn:
     step("runs", lambda: query("SELECT status, count(*) AS n FROM audit.ingestion_run_log GROUP BY 1 ORDER BY 1"))
     step("silver", lambda: query("SELECT rules_version, count(*) FROM silver.bookings GROUP BY 1 ORDER BY 1"))
     step("udf", lambda: query("SELECT natural_key_fingerprint(1, 'AMS01', 'BK1')"))
-    step("prepared", lambda: query("SELECT count(*) FROM silver.bookings WHERE rules_version = ?", (2,)))
+    step("prepared", lambda: query("SELECT count(*) FROM silver.bookings WHERE rules_version = $1", (2,)))
 
     def objects():
         tree = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
