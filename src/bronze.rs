@@ -128,13 +128,16 @@ impl RunStamp {
     }
 }
 
-/// Streams batches to one run-scoped Parquet object (bronze data, failure rows), created on the
-/// first non-empty batch: a run that writes no rows leaves no file.
+/// Streams batches to one run- or build-scoped Parquet object (bronze data, failure rows, silver
+/// parts), created on the first non-empty batch: a writer that gets no rows leaves no file.
 pub struct RunFileWriter {
     lake: Lake,
     rel: String,
     schema: SchemaRef,
     writer: Option<AsyncArrowWriter<BufWriter>>,
+    /// Close a row group once its encoded size passes this (a writer holds its open row group in
+    /// memory; silver builds run one writer per partition at once).
+    row_group_bytes: Option<usize>,
     pub rows: u64,
 }
 
@@ -145,8 +148,15 @@ impl RunFileWriter {
             rel,
             schema,
             writer: None,
+            row_group_bytes: None,
             rows: 0,
         }
+    }
+
+    /// Close row groups once their encoded size passes `bytes`.
+    pub fn with_row_group_bytes(mut self, bytes: usize) -> RunFileWriter {
+        self.row_group_bytes = Some(bytes);
+        self
     }
 
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -163,6 +173,9 @@ impl RunFileWriter {
         }
         if let Some(w) = self.writer.as_mut() {
             w.write(batch).await?;
+            if self.row_group_bytes.is_some_and(|limit| w.in_progress_size() > limit) {
+                w.flush().await?;
+            }
         }
         self.rows += batch.num_rows() as u64;
         Ok(())

@@ -74,7 +74,7 @@
 //!
 //! So bronze is read twice (narrow for the windows, whole for the output) and nothing is joined
 //! on hex strings. Memory: the key map, the window pass's sort (bounded by the pool, spills) and
-//! one row group per part writer ([`super::writer`]); glibc's arenas are limited and trimmed
+//! one row group per part writer (row groups closed at 24 MB); glibc's arenas are limited and trimmed
 //! between the passes so that freed sort memory does not add to the output pass's peak.
 //!
 //! An incremental build that finds nothing to do (no record to process, none removed, the same
@@ -118,8 +118,8 @@ use super::keys::{
     FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, outcome_name, outcome_of,
     pick_udf,
 };
-use super::writer::PartWriter;
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
+use crate::bronze::RunFileWriter;
 use crate::catalog::{Catalog, file_schema, latest_build, table_over};
 use crate::contract::{Contract, ContractSet};
 use crate::error::{Error, Result};
@@ -398,6 +398,14 @@ fn manifest_rel(table: &str, build_id: &str, name: &str) -> String {
     }
 }
 
+/// Encoded bytes after which a silver part writer closes its row group.
+const ROW_GROUP_BYTES: usize = 24 << 20;
+
+/// A writer of one build-scoped Parquet file with bounded row groups.
+fn part_writer(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
+    RunFileWriter::new(lake, rel, schema).with_row_group_bytes(ROW_GROUP_BYTES)
+}
+
 /// A listing table over the files `names` of build `build_id` (schema of the first).
 async fn table_over_build_files(
     ctx: &SessionContext,
@@ -658,7 +666,7 @@ fn state_rows(fp: &ArrayRef, run: &ArrayRef, outcome: u8, version: i32) -> Resul
 async fn write_carried(lake: &Lake, rel: &str, keys: &Keys) -> Result<u64> {
     const CHUNK: usize = 1 << 16;
     let schema = state_schema();
-    let mut w = PartWriter::new(lake, rel.to_string(), schema.clone());
+    let mut w = part_writer(lake, rel.to_string(), schema.clone());
     let mut fps = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
     let mut runs = StringDictionaryBuilder::<Int32Type>::new();
     let mut outcomes = StringDictionaryBuilder::<Int32Type>::new();
@@ -747,14 +755,14 @@ struct PartCtx {
     version: i32,
     actions: Arc<HashMap<String, Action>>,
     failures: Arc<Failures>,
-    fail_w: Arc<tokio::sync::Mutex<PartWriter>>,
+    fail_w: Arc<tokio::sync::Mutex<RunFileWriter>>,
 }
 
 impl PartCtx {
     /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
     async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = part_writer(&self.lake, rel, self.flagger.schema.clone());
         let mut out = PartOut::default();
         while let Some(b) = stream.next().await {
             let (b, f) = self.flagger.apply(&b?)?;
@@ -777,9 +785,9 @@ impl PartCtx {
         state_part: String,
     ) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = PartWriter::new(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = part_writer(&self.lake, rel, self.flagger.schema.clone());
         let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
-        let mut sw = PartWriter::new(&self.lake, state_rel, state_schema());
+        let mut sw = part_writer(&self.lake, state_rel, state_schema());
         let mut out = PartOut::default();
         let width = self.width;
         while let Some(b) = stream.next().await {
@@ -1107,7 +1115,7 @@ async fn run(
     // One pass, one task per partition: kept rows, then the transform's rows split into the
     // snapshot, the failures and the state.
     let failures_rel = layout::silver_failures(&build_id);
-    let fail_w = Arc::new(tokio::sync::Mutex::new(PartWriter::new(
+    let fail_w = Arc::new(tokio::sync::Mutex::new(part_writer(
         lake,
         failures_rel.clone(),
         failure_log_schema(),
@@ -1167,7 +1175,7 @@ async fn run(
     };
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
-        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
         let mut stream = rr.execute_stream().await?;
         while let Some(b) = stream.next().await {
             let b = b?;
@@ -1187,7 +1195,7 @@ async fn run(
     let mut filtered = 0u64;
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
-        let mut sw = PartWriter::new(lake, layout::silver_file(&table, &build_id, &st), state_schema());
+        let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
         let mut stream = f.execute_stream().await?;
         while let Some(b) = stream.next().await {
             let b = b?;

@@ -8,4 +8,3 @@ pub mod build;
 pub mod compile;
 pub mod json;
 pub mod keys;
-pub mod writer;
