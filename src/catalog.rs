@@ -11,6 +11,11 @@
 //! an uncommitted (crashed) run is invisible by construction and the same plans can later be
 //! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
 //! `natural_key_fingerprint` (newest `ingested_at`, then run id).
+//!
+//! DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
+//! are two small tables of their own in the default schema: `table_descriptions` (schema, table,
+//! kind, description) and `column_descriptions` (schema, table, column, type, nullable,
+//! description). The shell's `\d` reads them; so can any SQL or Flight SQL client.
 
 use std::sync::Arc;
 
@@ -93,6 +98,7 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         "audit.row_failure_log",
         table_over(failure_files, failure_log_schema())?,
     )?;
+    register_descriptions(&ctx, ws, &contracts).await?;
     Ok(Catalog {
         ctx,
         contracts,
@@ -262,4 +268,96 @@ pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn Table
         .with_listing_options(options)
         .with_schema(schema);
     Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+/// `table_descriptions` and `column_descriptions` (see the module docs), from the contracts, the
+/// rules' descriptions and the registered tables' schemas.
+async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contracts: &ContractSet) -> Result<()> {
+    let mut tables: Vec<[String; 4]> = Vec::new();
+    for (source, c) in &contracts.contracts {
+        let d = c.description.clone().unwrap_or_default();
+        tables.push(["bronze".into(), source.clone(), "every version".into(), d.clone()]);
+        tables.push([
+            "bronze".into(),
+            format!("{source}_current"),
+            "latest version per key".into(),
+            d,
+        ]);
+    }
+    let mut silver = ctx
+        .catalog("ingot")
+        .and_then(|c| c.schema("silver"))
+        .map(|s| s.table_names())
+        .unwrap_or_default();
+    silver.sort();
+    let mut ignored = Problems::default();
+    let rules = crate::rules::RulesSet::load(&ws.rules_dir, contracts, &mut ignored);
+    for t in silver {
+        let d = rules.latest(&t).and_then(|r| r.description.clone()).unwrap_or_default();
+        tables.push(["silver".into(), t, "latest succeeded build".into(), d]);
+    }
+    for (t, d) in [
+        ("ingestion_run_log", "one row per ingestion run (its commit record)"),
+        (
+            "row_failure_log",
+            "every rejected row, bronze and silver, with its raw payload",
+        ),
+        ("silver_build_log", "one row per silver build"),
+    ] {
+        tables.push(["audit".into(), t.into(), "audit".into(), d.into()]);
+    }
+    let mut columns: Vec<[String; 6]> = Vec::new();
+    for [schema, table, _, _] in &tables {
+        let provider = ctx.table_provider(format!("{schema}.{table}").as_str()).await?;
+        // bronze and silver columns named like a contract field carry its description
+        let source = match schema.as_str() {
+            "bronze" => Some(table.strip_suffix("_current").unwrap_or(table)),
+            "silver" => Some(table.as_str()),
+            _ => None,
+        };
+        let contract = source.and_then(|s| contracts.contracts.get(s));
+        for f in provider.schema().fields() {
+            let d = contract
+                .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
+                .and_then(|x| x.description.clone())
+                .unwrap_or_default();
+            columns.push([
+                schema.clone(),
+                table.clone(),
+                f.name().clone(),
+                f.data_type().to_string(),
+                if f.is_nullable() { "yes" } else { "no" }.to_string(),
+                d,
+            ]);
+        }
+    }
+    ctx.register_table(
+        "table_descriptions",
+        strings_table(&["schema", "table", "kind", "description"], &tables)?,
+    )?;
+    ctx.register_table(
+        "column_descriptions",
+        strings_table(
+            &["schema", "table", "column", "type", "nullable", "description"],
+            &columns,
+        )?,
+    )?;
+    Ok(())
+}
+
+/// A small in-memory table of non-null strings, one row per array.
+fn strings_table<const N: usize>(names: &[&str; N], rows: &[[String; N]]) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let cols: Vec<ArrayRef> = (0..N)
+        .map(|i| Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r[i].as_str()))) as ArrayRef)
+        .collect();
+    let batch = RecordBatch::try_new(schema.clone(), cols)?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }

@@ -33,9 +33,9 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
             ));
         }
         return if std::io::stdin().is_terminal() {
-            crate::shell::run_interactive(&catalog, &ws.rules_dir, args.output.format).await
+            crate::shell::run_interactive(&catalog, args.output.format).await
         } else {
-            crate::shell::run_piped(&catalog, &ws.rules_dir, args.output.format).await
+            crate::shell::run_piped(&catalog, args.output.format).await
         };
     };
     let df = crate::sql::query(&catalog.ctx, query).await?;
