@@ -36,7 +36,7 @@ test: protoc
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
 ## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check.
 ## Writes bench/results-sf$(SF).md.
-bench:
+bench: protoc
 	bash scripts/bench.sh
 
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON

@@ -1,6 +1,7 @@
-//! Writing query results for people (`table`) and for scripts (`csv`, `json`, `parquet`).
+//! Writing query results for people (`table`) and for scripts (`csv`, `json`, `parquet`,
+//! `arrow`).
 //!
-//! `csv`, `json` and `parquet` stream batch by batch; `table` has to see every row to size its
+//! `csv`, `json`, `parquet` and `arrow` stream batch by batch; `table` has to see every row to size its
 //! columns, so it is meant for the bounded results people read.
 
 use std::io::Write;
@@ -23,6 +24,8 @@ pub enum OutputFormat {
     Json,
     /// A Parquet file (needs --output).
     Parquet,
+    /// An Arrow IPC stream (to a file or a pipe, e.g. `pyarrow.ipc.open_stream`).
+    Arrow,
 }
 
 /// Run `df` and write its rows to `output` (stdout when `None`). Returns the number of rows.
@@ -93,6 +96,15 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
                 w.write(&b)?;
             }
             w.close()?;
+        }
+        OutputFormat::Arrow => {
+            let mut w = datafusion::arrow::ipc::writer::StreamWriter::try_new(&mut sink, &schema)?;
+            while let Some(b) = stream.next().await {
+                let b = b?;
+                rows += b.num_rows() as u64;
+                w.write(&b)?;
+            }
+            w.finish()?;
         }
     }
     sink.flush().map_err(io)?;

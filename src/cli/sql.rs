@@ -27,9 +27,10 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
     }
     let Some(query) = &args.query else {
         use std::io::IsTerminal;
-        if args.output.output.is_some() || args.output.format == crate::output::OutputFormat::Parquet {
+        use crate::output::OutputFormat;
+        if args.output.output.is_some() || matches!(args.output.format, OutputFormat::Parquet | OutputFormat::Arrow) {
             return Err(crate::Error::Invalid(
-                "--output and --format parquet need a QUERY; the shell prints to the terminal".into(),
+                "--output and --format parquet|arrow need a QUERY; the shell prints table, csv or json".into(),
             ));
         }
         return if std::io::stdin().is_terminal() {
