@@ -3,7 +3,7 @@
 
     tpch_queries.py duckdb LAKE BUILD_ID QUERY.sql OUT.csv RUNS
         DuckDB runs the query RUNS times over the build's snapshot files (the Parquet files
-        silver.lineitem reads), writes the result as CSV and prints "best SECONDS" (the fastest
+        silver.lineitem reads, without the rows later delta layers deleted), writes the result as CSV and prints "best SECONDS" (the fastest
         run: execute and fetch every row, timed inside the process, like `ingot sql`'s \\timing).
     tpch_queries.py same A.csv B.csv
         Exit 0 when both CSV results have the same rows: text equal, numbers equal up to the
@@ -15,14 +15,14 @@ import math
 import sys
 import time
 
-from silver_duckdb import snapshot_files
+from silver_duckdb import snapshot_relation
 
 
 def duckdb_run(lake: str, build_id: str, query_file: str, out_csv: str, runs: int) -> int:
     import duckdb
 
     con = duckdb.connect()
-    con.execute(f"CREATE VIEW lineitem AS SELECT * FROM read_parquet({snapshot_files(lake, build_id)})")
+    con.execute(f"CREATE VIEW lineitem AS {snapshot_relation(lake, build_id)}")
     query = open(query_file).read()
     best, rows, names = math.inf, None, None
     for _ in range(runs):

@@ -26,8 +26,8 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
         eprintln!("warning: {p} (its tables are not available)");
     }
     let Some(query) = &args.query else {
-        use std::io::IsTerminal;
         use crate::output::OutputFormat;
+        use std::io::IsTerminal;
         if args.output.output.is_some() || matches!(args.output.format, OutputFormat::Parquet | OutputFormat::Arrow) {
             return Err(crate::Error::Invalid(
                 "--output and --format parquet|arrow need a QUERY; the shell prints table, csv or json".into(),

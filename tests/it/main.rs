@@ -16,6 +16,7 @@ mod rules;
 mod shell;
 mod silver_build;
 mod silver_compile;
+mod silver_delta;
 mod slt;
 mod undo;
 mod util;
