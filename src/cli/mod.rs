@@ -9,6 +9,7 @@ mod check;
 mod explain;
 mod gc;
 pub(crate) mod ingest;
+mod rekey;
 mod run;
 mod sql;
 mod undo;
@@ -111,6 +112,16 @@ pub enum Command {
     /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
     /// shows which rows a replay loaded (replayed_by).
     Replay(undo::ReplayArgs),
+    /// Move a source's bronze to the contract's new natural key, as one committed run.
+    ///
+    /// Needed after natural_key (its fields or version) changed in contracts/<source>.yaml: until
+    /// then ingest of the source is refused. Every current record is written again under the new
+    /// fingerprint, with the old one in previous_natural_key_fingerprint; older versions stay as
+    /// they were. Records the new key makes collide with different contents are logged to
+    /// audit.row_failure_log (rule rekey_conflict) and are not current until delivered again.
+    /// `ingot undo <run_id>` of the rekey run restores the old keys. Running it again after it
+    /// committed does nothing.
+    Rekey(rekey::RekeyArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
     /// Removes the files of runs and builds that never committed, failed or were rolled back
@@ -213,6 +224,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Failures(args) => audit_views::failures(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
         Command::Replay(args) => undo::replay(&cli, args).await,
+        Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
         #[cfg(feature = "flight")]

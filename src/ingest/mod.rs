@@ -41,7 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::audit::{RunRecord, RunStatus, commit_run, read_run_log};
-use crate::contract::{Contract, Format};
+use crate::contract::{Contract, Delivery, Format};
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lake::layout;
@@ -166,13 +166,19 @@ pub async fn ingest_file(
         ingot_version: crate::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
         rolled_back_at: None,
+        rows_deleted: 0,
+        natural_key_version: Some(contract.natural_key.version as i32),
+        previous_natural_key_version: None,
         seq: 0,
     };
     let lock = crate::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
     let outcome = match read_run_log(&ws.lake).await {
         Ok(runs) => {
             record.seq = crate::audit::next_seq(&runs, &contract.source);
-            run(ws, &contract, path, opts, &mut record, &runs).await
+            match crate::rekey::check_key_version(ws, &runs, &contract).await {
+                Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
+                Err(e) => Err(e),
+            }
         }
         Err(e) => Err(e),
     };
@@ -187,6 +193,7 @@ pub async fn ingest_file(
             record.rows_updated = 0;
             record.rows_unchanged = 0;
             record.rows_failed = 0;
+            record.rows_deleted = 0;
             record.finished_at = now_micros();
             commit_run(&ws.lake, &record).await.map(|_| record)
         }
@@ -274,16 +281,14 @@ async fn load(
 ) -> Result<()> {
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
-    let committed: Vec<String> = runs
+    let current = crate::catalog::current_runs(runs.iter().copied(), &contract.source);
+    let committed: Vec<String> = current
         .iter()
-        .filter(|r| r.has_data())
         .map(|r| ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
         .collect();
-    let current_keys: u64 = runs
-        .iter()
-        .filter(|r| r.status.is_loaded())
-        .map(|r| r.rows_inserted as u64)
-        .sum();
+    let current_keys: u64 = current.iter().map(|r| r.rows_inserted.max(0) as u64).sum();
+    // A replay holds only the failed rows of its run: it never deletes.
+    let full = contract.delivery == Delivery::Full && opts.replay.is_none();
     // Deliveries mostly re-send keys the source already has (corrections, full re-deliveries), so
     // the index is sized for the larger of the two sets. If the file brings mostly new keys the
     // map grows past the budget, by at most the budget again (documented in README "Memory").
@@ -298,6 +303,8 @@ async fn load(
         record: &snapshot,
         hashers: &hashers,
         digest,
+        ctx: &ctx,
+        delete_from: full.then_some(committed.as_slice()),
     };
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
@@ -332,7 +339,7 @@ async fn load(
             index_budget(ws),
             1u32 << bits
         );
-        let mut planned = spill::plan(&ctx, &input, &committed, bits).await?;
+        let mut planned = spill::plan(&ctx, &input, &committed, bits, full).await?;
         let keep_raw = !planned.conflicts.is_empty();
         match write_pass(&input, &mut planned, keep_raw).await? {
             PassOutcome::Done(stats) => stats,
@@ -344,6 +351,7 @@ async fn load(
     record.rows_updated = stats.updated as i64;
     record.rows_unchanged = stats.unchanged as i64;
     record.rows_failed = stats.failed as i64;
+    record.rows_deleted = stats.deleted as i64;
     record.ignored_columns = if stats.ignored.is_empty() {
         None
     } else {

@@ -39,6 +39,11 @@ pub type Fp = u128;
 /// No run (not current / not in the previous state).
 pub const NONE: u32 = u32::MAX;
 
+/// While the current runs are read: the record's latest version is a tombstone (it is not
+/// current, and older versions must not make it so). [`Keys::forget_deleted`] turns it into
+/// [`NONE`].
+const DELETED: u32 = u32::MAX - 1;
+
 /// Outcomes of a record in a build's state.
 pub const PASSED: u8 = 1;
 pub const REJECTED: u8 = 2;
@@ -231,8 +236,9 @@ impl Keys {
         self.map.capacity() * (std::mem::size_of::<(Fp, Entry)>() + 1)
     }
 
-    /// Record that run `run` (newest first) has `fp`: its current version unless a newer run had it.
-    pub fn see_current(&mut self, fp: Fp, run: u32) {
+    /// Record that run `run` (newest first) has `fp`, as a tombstone when `deleted`: its current
+    /// version unless a newer run had it.
+    pub fn see_current(&mut self, fp: Fp, run: u32, deleted: bool) {
         let e = self.map.entry(fp).or_insert_with(|| Entry {
             cur: NONE,
             prev: NONE,
@@ -240,8 +246,14 @@ impl Keys {
             outcome: 0,
         });
         if e.cur == NONE {
-            e.cur = run;
+            e.cur = if deleted { DELETED } else { run };
         }
+    }
+
+    /// After the current runs were read: records whose latest version is a tombstone are not
+    /// current (and are dropped unless the previous state names them).
+    pub fn forget_deleted(&mut self) {
+        self.map.retain(|_, e| e.cur != DELETED);
     }
 
     /// Index of a run id, interning ids the current runs do not have.
