@@ -3,6 +3,7 @@
 mod bad_input;
 mod contracts;
 mod crash;
+mod deletions;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
