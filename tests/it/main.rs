@@ -12,6 +12,7 @@ mod ingest;
 mod kill;
 mod nightly;
 mod ops;
+mod rekey;
 mod replay;
 mod rules;
 mod shell;
