@@ -84,7 +84,7 @@ pub const REKEY_CONFLICT: &str = "rekey_conflict";
 #[derive(Debug, Clone)]
 pub enum Rekeyed {
     /// The committed rekey run.
-    Run(RunRecord),
+    Run(Box<RunRecord>),
     /// Nothing to do, and why.
     Nothing(String),
 }
@@ -347,7 +347,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     };
     record.finished_at = now_micros();
     commit_run_record(&ws.lake, &record, "rekey.before_commit").await?;
-    Ok(Rekeyed::Run(record))
+    Ok(Rekeyed::Run(Box::new(record)))
 }
 
 /// The current records of one bronze batch.

@@ -272,11 +272,7 @@ fn undo_of_a_rekey_restores_the_old_keys_and_undo_refuses_to_mix_versions() {
     // the run before the rekey cannot be undone alone
     let out = ingot(&t, &["undo", &ids[0]]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains(&format!("undo the rekey run first")),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("undo the rekey run first"), "{}", stderr(&out));
     // nor the rekey while a run keyed with the new key follows it
     t.ingest_ok("customers", &file(&t, "tue.csv", TUESDAY));
     let out = ingot(&t, &["undo", &ids[1]]);
