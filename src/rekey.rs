@@ -110,12 +110,16 @@ impl Rekeyed {
     }
 }
 
-/// The natural-key version of `source`'s current bronze state (`None`: it holds no records):
-/// that of its latest rekey run, or else of its newest run with data (older run records lack the
-/// column: then the run's file says).
+/// The natural-key version of `source`'s current bronze state (`None`: it holds no records and
+/// was never re-keyed): that of its latest rekey run, or of its newest run with data since (older
+/// run records lack the column: then the run's file says).
 pub async fn lake_key_version(ws: &Workspace, runs: &[RunRecord], source: &str) -> Result<Option<i32>> {
-    let current = current_runs(runs, source);
-    let Some(newest) = current.last() else {
+    let Some(newest) = runs
+        .iter()
+        .rev()
+        .filter(|r| r.source == source && r.status.is_loaded())
+        .find(|r| r.is_rekey() || r.has_data())
+    else {
         return Ok(None);
     };
     if let Some(v) = newest.natural_key_version {
@@ -168,7 +172,7 @@ pub fn undo_blocker(runs: &[RunRecord], run: &RunRecord) -> Option<String> {
     if run.is_rekey() {
         let later: Vec<&str> = loaded[pos + 1..]
             .iter()
-            .filter(|r| r.status.is_loaded() && r.rows_seen > 0)
+            .filter(|r| r.has_data())
             .map(|r| r.run_id.as_str())
             .collect();
         if !later.is_empty() {

@@ -63,8 +63,12 @@ pub enum Command {
     /// Each file is hashed first: a file a committed run already loaded is recorded as
     /// skipped_duplicate_file and not read again. Rows are typed and checked against the
     /// contract; rejected rows go to audit.row_failure_log and the rest loads. Only new and
-    /// changed records are written. A run becomes visible only when its run-log record commits,
-    /// so a crash at any point is undone by simply running the same command again.
+    /// changed records are written. When the contract says `delivery: full`, every current
+    /// record whose natural key the file lacks gets a tombstone (is_deleted) and leaves
+    /// bronze.<source>_current (rows_deleted in the run log). A run becomes visible only when its
+    /// run-log record commits, so a crash at any point is undone by simply running the same
+    /// command again. Refused (exit 2) while bronze is keyed with another natural_key version:
+    /// run `ingot rekey <source>` first.
     Ingest(ingest::IngestArgs),
     /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
     /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).

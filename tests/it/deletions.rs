@@ -459,3 +459,15 @@ fn crash_at_every_failpoint(new_lake: fn() -> TestLake) {
             .assert_same(want, &format!("{point}: crash + re-run"));
     }
 }
+
+#[test]
+fn an_unknown_delivery_is_a_located_error_listing_the_choices() {
+    let t = lake("weekly");
+    let out = ingot(&t, &["check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let said = format!("{}{}", stdout(&out), crate::util::stderr(&out));
+    assert!(
+        said.contains("customers.yaml:5:11: delivery must be one of: incremental, full; found \"weekly\""),
+        "{said}"
+    );
+}
