@@ -10,7 +10,9 @@
 //! Tables are listing tables over the explicit list of files named by committed run records, so
 //! an uncommitted (crashed) run is invisible by construction and the same plans can later be
 //! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
-//! `natural_key_fingerprint` (newest `ingested_at`, then run id).
+//! `natural_key_fingerprint` (newest `ingested_at`, then run id) over the runs since the source's
+//! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
+//! (`is_deleted`).
 //!
 //! DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
 //! are two small tables of their own in the default schema: `table_descriptions` (schema, table,
@@ -109,12 +111,15 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let files: Vec<String> = bronze_runs(runs, &contract.source)
-        .into_iter()
-        .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-        .collect();
+    let files = |runs: Vec<&RunRecord>| -> Vec<String> {
+        runs.into_iter()
+            .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+            .collect()
+    };
     let name = format!("bronze.{}", contract.source);
-    ctx.register_table(name.as_str(), table_over(files, contract.bronze_schema())?)?;
+    let all = files(bronze_runs(runs, &contract.source));
+    ctx.register_table(name.as_str(), table_over(all, contract.bronze_schema())?)?;
+    let current_files = files(current_runs(runs, &contract.source));
     let rn = datafusion::functions_window::expr_fn::row_number()
         .partition_by(vec![col("natural_key_fingerprint")])
         .order_by(vec![
@@ -124,10 +129,10 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
         .build()?
         .alias("__ingot_rn");
     let current = ctx
-        .table(name.as_str())
-        .await?
+        .read_table(table_over(current_files, contract.bronze_schema())?)?
         .window(vec![rn])?
         .filter(col("__ingot_rn").eq(lit(1u64)))?
+        .filter(col(crate::bronze::IS_DELETED).is_not_true())?
         .drop_columns(&["__ingot_rn"])?;
     ctx.register_table(
         format!("bronze.{}_current", contract.source).as_str(),
@@ -136,9 +141,23 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     Ok(())
 }
 
-/// The runs whose bronze data file is part of `bronze.<source>` (silver builds read the same).
+/// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,
+/// including the history from before a rekey.
 pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
     runs.iter().filter(|r| r.source == source && r.has_data()).collect()
+}
+
+/// The runs that make up the current state of `source` (`bronze.<source>_current`, change
+/// detection, silver builds): the runs with data from the source's latest `ingot rekey` run on,
+/// or all of them when it was never re-keyed. The rekey run wrote every current record again
+/// under the new natural key, so nothing before it decides what is current.
+pub fn current_runs<'a>(runs: impl IntoIterator<Item = &'a RunRecord>, source: &str) -> Vec<&'a RunRecord> {
+    let loaded: Vec<&RunRecord> = runs
+        .into_iter()
+        .filter(|r| r.source == source && r.status.is_loaded())
+        .collect();
+    let from = loaded.iter().rposition(|r| r.is_rekey()).unwrap_or(0);
+    loaded[from..].iter().copied().filter(|r| r.has_data()).collect()
 }
 
 /// The build of `table` that was current at `t` (microseconds, UTC): the latest that had finished

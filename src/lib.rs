@@ -4,7 +4,7 @@
 //! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
 //! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
 //! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`silver`] (rules to silver builds), [`nightly`],
-//! [`undo`], [`gc`], [`doctor`], [`cli`].
+//! [`undo`], [`rekey`], [`gc`], [`doctor`], [`cli`].
 
 pub mod audit;
 pub mod bronze;
@@ -21,6 +21,7 @@ pub mod lake;
 pub mod lock;
 pub mod nightly;
 pub mod output;
+pub mod rekey;
 pub mod replay;
 pub mod rules;
 #[cfg(feature = "flight")]

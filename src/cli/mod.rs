@@ -9,6 +9,7 @@ mod check;
 mod explain;
 mod gc;
 pub(crate) mod ingest;
+mod rekey;
 mod run;
 mod sql;
 mod undo;
@@ -62,8 +63,12 @@ pub enum Command {
     /// Each file is hashed first: a file a committed run already loaded is recorded as
     /// skipped_duplicate_file and not read again. Rows are typed and checked against the
     /// contract; rejected rows go to audit.row_failure_log and the rest loads. Only new and
-    /// changed records are written. A run becomes visible only when its run-log record commits,
-    /// so a crash at any point is undone by simply running the same command again.
+    /// changed records are written. When the contract says `delivery: full`, every current
+    /// record whose natural key the file lacks gets a tombstone (is_deleted) and leaves
+    /// bronze.<source>_current (rows_deleted in the run log). A run becomes visible only when its
+    /// run-log record commits, so a crash at any point is undone by simply running the same
+    /// command again. Refused (exit 2) while bronze is keyed with another natural_key version:
+    /// run `ingot rekey <source>` first.
     Ingest(ingest::IngestArgs),
     /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
     /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).
@@ -111,6 +116,16 @@ pub enum Command {
     /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
     /// shows which rows a replay loaded (replayed_by).
     Replay(undo::ReplayArgs),
+    /// Move a source's bronze to the contract's new natural key, as one committed run.
+    ///
+    /// Needed after natural_key (its fields or version) changed in contracts/<source>.yaml: until
+    /// then ingest of the source is refused. Every current record is written again under the new
+    /// fingerprint, with the old one in previous_natural_key_fingerprint; older versions stay as
+    /// they were. Records the new key makes collide with different contents are logged to
+    /// audit.row_failure_log (rule rekey_conflict) and are not current until delivered again.
+    /// `ingot undo <run_id>` of the rekey run restores the old keys. Running it again after it
+    /// committed does nothing.
+    Rekey(rekey::RekeyArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
     /// Removes the files of runs and builds that never committed, failed or were rolled back
@@ -213,6 +228,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Failures(args) => audit_views::failures(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
         Command::Replay(args) => undo::replay(&cli, args).await,
+        Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
         #[cfg(feature = "flight")]

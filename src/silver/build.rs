@@ -620,7 +620,7 @@ pub async fn snapshot_table(
 
 /// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
 fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
-    let mut runs = crate::catalog::bronze_runs(&catalog.runs, source);
+    let mut runs = crate::catalog::current_runs(&catalog.runs, source);
     runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
     runs
 }
@@ -633,7 +633,7 @@ fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dy
 }
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
-/// run of every record.
+/// run of every record (none for a record whose latest version is a tombstone).
 async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
     let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(
@@ -643,14 +643,18 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
     for (i, run) in runs.iter().enumerate() {
         let mut stream = ctx
             .read_table(run_table(lake, contract, run)?)?
-            .select(vec![c(FP)])?
+            .select(vec![c(FP), c(crate::bronze::IS_DELETED)])?
             .execute_stream()
             .await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
-            for_each_fp(b.column(0), |_, fp| match fp {
-                Some(fp) => keys.see_current(fp, i as u32),
+            let deleted = b.column(1).as_boolean_opt();
+            for_each_fp(b.column(0), |row, fp| match fp {
+                Some(fp) => {
+                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
+                    keys.see_current(fp, i as u32, tombstone)
+                }
                 None => missing = true,
             })?;
             if missing {
@@ -661,6 +665,7 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
             }
         }
     }
+    keys.forget_deleted();
     Ok(keys)
 }
 
@@ -1164,7 +1169,8 @@ async fn run(
         let keys = current_keys(ctx, lake, &contract, &d.new_runs).await?;
         let deleted_before: u64 = d.manifest.deltas.iter().map(|x| x.deleted_keys).sum();
         // compaction: past a fraction of the table deleted, a build rewrites the whole snapshot
-        if (deleted_before + keys.map.len() as u64) as f64 <= delta_limit()? * d.rows as f64 {
+        let touched = (keys.map.len() + keys.tombstones.len()) as u64;
+        if (deleted_before + touched) as f64 <= delta_limit()? * d.rows as f64 {
             delta_keys = Some(keys);
         } else {
             delta = None;
@@ -1176,7 +1182,11 @@ async fn run(
     };
     let keys = if let Some(keys) = delta_keys {
         Some(keys)
-    } else if matches!(mode, Mode::Full) && previous_build.is_none() && runs.len() <= 1 {
+    } else if matches!(mode, Mode::Full)
+        && previous_build.is_none()
+        && runs.len() <= 1
+        && runs.iter().all(|r| r.rows_deleted == 0)
+    {
         None
     } else {
         let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
@@ -1235,7 +1245,7 @@ async fn run(
             continue;
         }
         let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
-        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_inserted + run.rows_updated);
+        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_written());
         if let Some(keys) = keys.as_ref().filter(|_| !whole) {
             rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
         }
@@ -1263,7 +1273,8 @@ async fn run(
     let mut delta_sets = None;
     let mut kept_delta = None;
     if let (Some(d), Some(prev), Some(keys)) = (&delta, previous_build, &keys) {
-        let processed: Arc<FpSet> = Arc::new(keys.map.keys().copied().collect());
+        // records with a new version or a tombstone in the new runs
+        let processed: Arc<FpSet> = Arc::new(keys.map.keys().chain(&keys.tombstones).copied().collect());
         let view = layers(ctx, lake, &table, &prev.build_id, Side::Data)
             .await?
             .ok_or_else(|| Error::RunFailed(format!("build {} of \"{table}\" names no files", prev.build_id)))?;

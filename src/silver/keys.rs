@@ -40,6 +40,11 @@ pub type Fp = u128;
 /// No run (not current / not in the previous state).
 pub const NONE: u32 = u32::MAX;
 
+/// While the current runs are read: the record's latest version is a tombstone (it is not
+/// current, and older versions must not make it so). [`Keys::forget_deleted`] turns it into
+/// [`NONE`].
+const DELETED: u32 = u32::MAX - 1;
+
 /// Outcomes of a record in a build's state.
 pub const PASSED: u8 = 1;
 pub const REJECTED: u8 = 2;
@@ -214,6 +219,8 @@ pub struct Keys {
     /// Number of current runs (the first entries of `runs`).
     pub current_runs: usize,
     pub mode: Mode,
+    /// Records whose latest version is a tombstone (dropped from `map` by [`Keys::forget_deleted`]).
+    pub tombstones: FpSet,
 }
 
 impl Keys {
@@ -224,6 +231,7 @@ impl Keys {
             runs,
             current_runs,
             mode: Mode::Full,
+            tombstones: FpSet::default(),
         }
     }
 
@@ -232,8 +240,9 @@ impl Keys {
         self.map.capacity() * (std::mem::size_of::<(Fp, Entry)>() + 1)
     }
 
-    /// Record that run `run` (newest first) has `fp`: its current version unless a newer run had it.
-    pub fn see_current(&mut self, fp: Fp, run: u32) {
+    /// Record that run `run` (newest first) has `fp`, as a tombstone when `deleted`: its current
+    /// version unless a newer run had it.
+    pub fn see_current(&mut self, fp: Fp, run: u32, deleted: bool) {
         let e = self.map.entry(fp).or_insert_with(|| Entry {
             cur: NONE,
             prev: NONE,
@@ -241,8 +250,20 @@ impl Keys {
             outcome: 0,
         });
         if e.cur == NONE {
-            e.cur = run;
+            e.cur = if deleted { DELETED } else { run };
         }
+    }
+
+    /// After the current runs were read: records whose latest version is a tombstone are not
+    /// current (and are dropped unless the previous state names them).
+    pub fn forget_deleted(&mut self) {
+        let tombstones = &mut self.tombstones;
+        self.map.retain(|fp, e| {
+            if e.cur == DELETED {
+                tombstones.insert(*fp);
+            }
+            e.cur != DELETED
+        });
     }
 
     /// Index of a run id, interning ids the current runs do not have.

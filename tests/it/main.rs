@@ -3,6 +3,7 @@
 mod bad_input;
 mod contracts;
 mod crash;
+mod deletions;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
@@ -11,6 +12,7 @@ mod ingest;
 mod kill;
 mod nightly;
 mod ops;
+mod rekey;
 mod replay;
 mod rules;
 mod shell;
