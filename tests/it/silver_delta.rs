@@ -58,8 +58,12 @@ struct Lake {
 
 impl Lake {
     fn new(delta: bool) -> Lake {
+        Lake::with_contract(delta, CONTRACT)
+    }
+
+    fn with_contract(delta: bool, contract: &str) -> Lake {
         let t = TestLake::new();
-        std::fs::write(t.contracts().join("events.yaml"), CONTRACT).unwrap();
+        std::fs::write(t.contracts().join("events.yaml"), contract).unwrap();
         let rules = t.dir.path().join("rules");
         std::fs::create_dir_all(rules.join("events")).unwrap();
         std::fs::write(rules.join("events/v1.yaml"), RULES).unwrap();
@@ -244,4 +248,60 @@ fn undoing_a_delta_build_restores_the_previous_snapshot_and_the_next_build_conti
     full.ok(&["build", "events", "--full"]);
     assert_eq!(inc.silver(), full.silver());
     assert_eq!(inc.counts(), full.counts());
+}
+
+/// Full snapshots (`delivery: full`): each delivery is the whole source with a few records
+/// changed, added or left out; left-out records get tombstones and leave silver. Delta builds
+/// give what full builds give.
+#[test]
+fn delta_builds_after_full_snapshot_deliveries_with_deletions_equal_full_builds() {
+    let contract = CONTRACT.replace("format: csv\n", "format: csv\ndelivery: full\n");
+    let mut rng = Rng(99);
+    let inc = Lake::with_contract(true, &contract);
+    let full = Lake::with_contract(false, &contract);
+    let dir = inc.t.dir.path().join("landing");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut records: BTreeMap<String, String> = (0..100)
+        .map(|i| {
+            let id = format!("e{i}");
+            let r = row(&mut rng, &id);
+            (id, r)
+        })
+        .collect();
+    let mut next_id = 100;
+    let mut layers_seen = 0;
+    for step in 0..10 {
+        let body: String = records.values().cloned().collect();
+        let file = dir.join(format!("full{step:02}.csv"));
+        std::fs::write(&file, format!("id,grp,day,val\n{body}")).unwrap();
+        for l in [&inc, &full] {
+            l.ingest(&file);
+        }
+        inc.ok(&["build", "events"]);
+        full.ok(&["build", "events", "--full"]);
+        layers_seen = layers_seen.max(inc.layers());
+        assert_eq!(inc.silver(), full.silver(), "step {step}");
+        assert_eq!(inc.counts(), full.counts(), "step {step}: rows_flagged, rows");
+        // the next snapshot: a few records changed, a few new, a few gone
+        for _ in 0..rng.range(1, 3) {
+            let victim = records.keys().nth(rng.below(records.len() as u64) as usize).cloned();
+            if let Some(v) = victim {
+                records.remove(&v);
+            }
+        }
+        for _ in 0..rng.range(0, 3) {
+            let id = records.keys().nth(rng.below(records.len() as u64) as usize).cloned().unwrap();
+            let r = row(&mut rng, &id);
+            records.insert(id, r);
+        }
+        for _ in 0..rng.range(0, 2) {
+            let id = format!("e{next_id}");
+            next_id += 1;
+            let r = row(&mut rng, &id);
+            records.insert(id, r);
+        }
+    }
+    assert!(layers_seen >= 3, "delta layers were used ({layers_seen})");
+    let deleted = inc.t.query("SELECT sum(rows_deleted) AS n FROM audit.ingestion_run_log");
+    assert!(deleted[0]["n"].as_i64().unwrap() > 5, "{deleted:?}");
 }
