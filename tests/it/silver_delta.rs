@@ -290,7 +290,11 @@ fn delta_builds_after_full_snapshot_deliveries_with_deletions_equal_full_builds(
             }
         }
         for _ in 0..rng.range(0, 3) {
-            let id = records.keys().nth(rng.below(records.len() as u64) as usize).cloned().unwrap();
+            let id = records
+                .keys()
+                .nth(rng.below(records.len() as u64) as usize)
+                .cloned()
+                .unwrap();
             let r = row(&mut rng, &id);
             records.insert(id, r);
         }
@@ -302,6 +306,64 @@ fn delta_builds_after_full_snapshot_deliveries_with_deletions_equal_full_builds(
         }
     }
     assert!(layers_seen >= 3, "delta layers were used ({layers_seen})");
-    let deleted = inc.t.query("SELECT sum(rows_deleted) AS n FROM audit.ingestion_run_log");
+    let deleted = inc
+        .t
+        .query("SELECT sum(rows_deleted) AS n FROM audit.ingestion_run_log");
     assert!(deleted[0]["n"].as_i64().unwrap() > 5, "{deleted:?}");
+}
+
+/// A crash at every build failpoint of a delta build, then the same command again: the state of
+/// one clean delta build (and nothing of the crashed build visible before its commit).
+#[test]
+fn every_build_failpoint_of_a_delta_build_crash_then_rerun_equals_one_clean_build() {
+    let mut rng = Rng(5);
+    let first: String = (0..80).map(|i| row(&mut rng, &format!("e{i}"))).collect();
+    let second: String = (0..5).map(|i| row(&mut rng, &format!("e{}", i * 9))).collect();
+    let seed = |l: &Lake| -> (PathBuf, PathBuf) {
+        let dir = l.t.dir.path().join("landing");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.csv"), dir.join("b.csv"));
+        std::fs::write(&a, format!("id,grp,day,val\n{first}")).unwrap();
+        std::fs::write(&b, format!("id,grp,day,val\n{second}")).unwrap();
+        l.ingest(&a);
+        l.ok(&["build", "events"]);
+        l.ingest(&b);
+        (a, b)
+    };
+    let clean = |noop: bool| {
+        let l = Lake::new(true);
+        seed(&l);
+        l.ok(&["build", "events"]);
+        assert_eq!(l.layers(), 1, "a delta build");
+        if noop {
+            l.ok(&["build", "events"]);
+        }
+        (l.silver(), l.counts(), l.layers())
+    };
+    let (once, then_noop) = (clean(false), clean(true));
+    for point in ingot::failpoint::BUILD {
+        let l = Lake::new(true);
+        seed(&l);
+        let before = (l.silver(), l.counts());
+        let mut c = l.t.command();
+        c.env("INGOT_FAILPOINT", point)
+            .env("INGOT_SILVER_DELTA_LIMIT", "1")
+            .arg("--rules")
+            .arg(&l.rules)
+            .args(["build", "events"]);
+        let out = c.output().unwrap();
+        assert!(!out.status.success(), "{point}: the process should have crashed");
+        let committed = *point == "build.after_commit";
+        if !committed {
+            assert_eq!(
+                (l.silver(), l.counts()),
+                before,
+                "{point}: nothing of the crashed build is visible"
+            );
+        }
+        l.ok(&["build", "events"]);
+        let want = if committed { &then_noop } else { &once };
+        assert_eq!(&(l.silver(), l.counts(), l.layers()), want, "{point}: crash + re-run");
+        l.ok(&["doctor"]);
+    }
 }
