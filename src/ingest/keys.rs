@@ -82,13 +82,19 @@ fn bad_column(url: &str, col: &str) -> Error {
     ))
 }
 
-/// Stream the (fingerprint, row-hash) pairs of one committed bronze file, in file order.
-pub async fn scan_versions(ctx: &SessionContext, url: &str, mut f: impl FnMut(Fp, u64) -> Result<()>) -> Result<()> {
+/// Stream the (fingerprint, row-hash) pairs of one committed bronze file, in file order; the scan
+/// runs on `cluster` when given (see [`crate::exec`]).
+pub async fn scan_versions(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    url: &str,
+    mut f: impl FnMut(Fp, u64) -> Result<()>,
+) -> Result<()> {
     let df = ctx
         .read_parquet(url, Default::default())
         .await?
         .select_columns(&["natural_key_fingerprint", "row_hash"])?;
-    let mut stream = df.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, df, "ingest: committed versions").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;

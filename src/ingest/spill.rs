@@ -114,7 +114,7 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
     // the newest version of each key.
     let mut current = Spill::create(dir.path(), "current", parts)?;
     for url in committed_urls {
-        scan_versions(ctx, url, |fp, rh| {
+        scan_versions(ctx, input.ws.cluster.as_deref(), url, |fp, rh| {
             current.push(partition_of(fp, bits), &[fp.0, fp.1, rh])
         })
         .await?;

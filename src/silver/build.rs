@@ -82,6 +82,14 @@
 //! to the lake root). Hazard: a future `gc` must keep every file a succeeded build's manifest
 //! names, not only the files in the build's own folder.
 //!
+//! On a cluster (`--cluster`, [`crate::exec`]): every plan above goes to the cluster unless it
+//! calls `__ingot_pick` / `__ingot_in_set` (the key map and key sets live in this process), in
+//! which case it runs here; the partition tasks that write the snapshot, the failures and the
+//! state always run here, reading the plan's rows as one stream from the cluster. So a build
+//! whose input needs no key lookups (the first build, or a `--full` build over bronze whose runs are
+//! each current as a whole) sends its transform and windows to the cluster; an incremental build
+//! sends its key scans.
+//!
 //! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
 //! get their recomputed flags) and recomputes the windows over the whole table, so on a large
 //! table it costs about as much as a full build plus the key passes. Writing only new and
@@ -449,18 +457,21 @@ fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dy
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
 /// run of every record.
-async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
+async fn current_keys(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[&RunRecord],
+) -> Result<Keys> {
     let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(
         runs.iter().map(|r| r.run_id.clone()).collect(),
         usize::try_from(capacity).unwrap_or(0),
     );
     for (i, run) in runs.iter().enumerate() {
-        let mut stream = ctx
-            .read_table(run_table(lake, contract, run)?)?
-            .select(vec![c(FP)])?
-            .execute_stream()
-            .await?;
+        let fps = ctx.read_table(run_table(lake, contract, run)?)?.select(vec![c(FP)])?;
+        let mut stream = crate::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
@@ -480,7 +491,14 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
 }
 
 /// Add the previous build's state to `keys`.
-async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, table: &str, build_id: &str) -> Result<()> {
+async fn previous_state(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    keys: &mut Keys,
+    table: &str,
+    build_id: &str,
+) -> Result<()> {
     let m = manifest(lake, table, build_id).await?;
     let mut index: HashMap<String, u32> = keys
         .runs
@@ -492,7 +510,7 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
     let df = ctx
         .read_table(provider)?
         .select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
-    let mut stream = df.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, df, "build: previous state").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
@@ -912,6 +930,8 @@ async fn run(
     record: &mut BuildRecord,
 ) -> Result<Built> {
     let ctx = &catalog.ctx;
+    // Plans run here or on the cluster (`--cluster`): see crate::exec for which.
+    let cluster = ws.cluster.as_deref();
     let lake = &ws.lake;
     let table = record.table.clone();
     let build_id = record.build_id.clone();
@@ -957,9 +977,9 @@ async fn run(
     let keys = if matches!(mode, Mode::Full) && previous_build.is_none() && runs.len() <= 1 {
         None
     } else {
-        let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+        let mut keys = current_keys(ctx, cluster, lake, &contract, &runs).await?;
         if let Some(prev) = previous_build {
-            previous_state(ctx, lake, &mut keys, &table, &prev.build_id).await?;
+            previous_state(ctx, cluster, lake, &mut keys, &table, &prev.build_id).await?;
         }
         keys.mode = match &rebuild_expr {
             Some(expr) => Mode::Rebuild {
@@ -1108,7 +1128,7 @@ async fn run(
 
     // Window anomalies over the few columns they read, of the whole new table: the rows for which
     // each fires, as sets of keys.
-    let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
+    let sets = window_sets(cluster, rules, &base, &split, kept.as_ref()).await?;
     release_free_memory();
     let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
 
@@ -1148,18 +1168,14 @@ async fn run(
         format!("{prefix}-{:05}.parquet", n_part - 1)
     };
     if let Some(k) = kept {
-        let handles = k
-            .execute_stream_partitioned()
+        let handles = crate::exec::streams(cluster, k, "build: kept rows")
             .await?
             .into_iter()
             .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
             .collect();
         join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
-    let handles = split
-        .rows
-        .clone()
-        .execute_stream_partitioned()
+    let handles = crate::exec::streams(cluster, split.rows.clone(), "build: transform")
         .await?
         .into_iter()
         .map(|s| {
@@ -1176,7 +1192,7 @@ async fn run(
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = rr.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, rr, "build: resolve rejections").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             if b.num_rows() == 0 {
@@ -1196,7 +1212,7 @@ async fn run(
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = f.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, f, "build: filtered rows").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             filtered += b.num_rows() as u64;
@@ -1335,6 +1351,7 @@ fn release_free_memory() {
 /// rows), computed over only the columns they read: for each window anomaly, the keys of the
 /// rows it fires on.
 async fn window_sets(
+    cluster: Option<&str>,
     rules: &RuleSet,
     base: &SchemaRef,
     split: &Split,
@@ -1389,7 +1406,7 @@ async fn window_sets(
     };
     let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
     let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
-    let mut stream = fires.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, fires, "build: window anomalies").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let mut fps = Vec::with_capacity(b.num_rows());
