@@ -27,7 +27,7 @@ use datafusion::logical_expr::{EmptyRelation, Expr, LogicalPlan};
 use crate::error::{Error, Result};
 
 /// UDFs that hold state of the client process (a build's key map and key sets): a plan calling
-/// one cannot be sent to a cluster.
+/// one cannot be sent to a cluster (a build on a cluster joins with key files instead).
 pub const LOCAL_ONLY_UDFS: [&str; 2] = ["__ingot_pick", "__ingot_in_set"];
 
 /// Why `plan` must run in this process, if it must.

@@ -19,14 +19,16 @@
 //!
 //! * `ingot sql`: the whole query runs on the cluster (`information_schema` queries and the
 //!   shell's `\d` stay local: they only read the catalog).
-//! * `ingot build`: see [`crate::exec`]; every plan of the build runs on the cluster — the scans
-//!   of bronze fingerprints and of the previous state, the rules transform (resolve joins, steps,
-//!   validations, `to_json_row` payloads), the window-anomaly sort, the filtered-row and
-//!   resolve-rejection plans and the output pass — except plans that hold the build's in-memory
-//!   key sets (`__ingot_pick`, `__ingot_in_set`: which records of an incremental build or of a
-//!   partly superseded run to process, and which kept rows to drop): those run in the client.
-//!   The client splits the output rows into the snapshot, the failures and the state and writes
-//!   them (streamed, never collected), then commits.
+//! * `ingot build`: every plan of the build runs on the cluster — the scans of bronze
+//!   fingerprints and of the previous state, the selection of the records to process and of the
+//!   rows to keep, the rules transform (resolve joins, steps, validations, `to_json_row`
+//!   payloads), the window-anomaly sort, and the filtered-row and resolve-rejection plans. The
+//!   selections, which run locally as lookups in the build's in-memory key map
+//!   (`__ingot_pick`, `__ingot_in_set`), become joins with build-scoped files of 16-byte keys
+//!   that the client writes (`keys-*.parquet`, deleted before the commit). The client keeps the
+//!   decisions (the key map, from the scans' streams), re-computes flags on the streamed output
+//!   rows, splits them into the snapshot, the failures and the state, writes them (streamed,
+//!   never collected) and commits.
 //! * `ingot ingest`: the scan of the source's committed bronze files (fingerprint and row hash
 //!   of every version, the input of change detection) runs on the cluster. Reading, typing and
 //!   hashing the landing file is ingot's own streaming code (CSV/NDJSON parser, typed columns,
@@ -91,7 +93,9 @@ pub fn session_state(
     udfs: &[ScalarUDF],
 ) -> datafusion::error::Result<SessionState> {
     let base = ballista_core::utils::default_session_builder(config)?;
-    let runtime = RuntimeEnvBuilder::new().with_object_store_registry(stores).build_arc()?;
+    let runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(stores)
+        .build_arc()?;
     let mut state = SessionStateBuilder::new_from_existing(base)
         .with_runtime_env(runtime)
         .build();
@@ -159,7 +163,10 @@ mod tests {
         assert_eq!(e.host, "127.0.0.1");
         assert_eq!(e.port, 50050);
         assert_eq!(e.df_url(), "df://127.0.0.1:50050");
-        assert_eq!(Endpoint::parse("[::1]:7", "--scheduler").unwrap().grpc_url(), "http://[::1]:7");
+        assert_eq!(
+            Endpoint::parse("[::1]:7", "--scheduler").unwrap().grpc_url(),
+            "http://[::1]:7"
+        );
         assert!(Endpoint::parse("localhost", "--cluster").is_err());
         assert!(Endpoint::parse("df://h:x", "--cluster").is_err());
     }

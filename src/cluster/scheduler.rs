@@ -37,9 +37,7 @@ pub async fn serve(listener: TcpListener, lake: &str, udfs: Vec<ScalarUDF>) -> R
         bind_host: addr.ip().to_string(),
         bind_port: addr.port(),
         external_host: addr.ip().to_string(),
-        override_session_builder: Some(Arc::new(move |cfg| {
-            super::session_state(cfg, stores.clone(), &udfs)
-        })),
+        override_session_builder: Some(Arc::new(move |cfg| super::session_state(cfg, stores.clone(), &udfs))),
         ..Default::default()
     };
     let config = Arc::new(config);

@@ -82,13 +82,13 @@
 //! to the lake root). Hazard: a future `gc` must keep every file a succeeded build's manifest
 //! names, not only the files in the build's own folder.
 //!
-//! On a cluster (`--cluster`, [`crate::exec`]): every plan above goes to the cluster unless it
-//! calls `__ingot_pick` / `__ingot_in_set` (the key map and key sets live in this process), in
-//! which case it runs here; the partition tasks that write the snapshot, the failures and the
-//! state always run here, reading the plan's rows as one stream from the cluster. So a build
-//! whose input needs no key lookups (the first build, or a `--full` build over bronze whose runs are
-//! each current as a whole) sends its transform and windows to the cluster; an incremental build
-//! sends its key scans.
+//! On a cluster (`--cluster`, [`crate::exec`]) every plan above runs there. The key map stays in
+//! this process, so the two selections that look it up — the rows of a partly superseded run to
+//! process (`__ingot_pick`) and the kept rows to drop (`__ingot_in_set`) — become a semi-join and
+//! an anti-join on `__ingot_fp128(fp)` with build-scoped files of 16-byte keys
+//! (`keys-pick-NNNNN.parquet`, `keys-dropped.parquet`; written before, deleted after the output
+//! pass, never named by a manifest). The partition tasks that write the snapshot, the failures
+//! and the state run here, reading the plan's rows as one stream from the cluster.
 //!
 //! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
 //! get their recomputed flags) and recomputes the windows over the whole table, so on a large
@@ -112,7 +112,7 @@ use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::logical_expr::{Expr, ExprSchemable, lit};
+use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -607,6 +607,42 @@ impl Flagger {
     }
 }
 
+/// The column of a key file: 16-byte fingerprint keys.
+const KEY: &str = "__ingot_key";
+
+/// Write `keys` (16-byte fingerprint keys) to the build-scoped file `rel`, for [`join_keys`]
+/// (no keys: no file). Returns the number of keys.
+async fn write_keys(lake: &Lake, rel: &str, keys: impl Iterator<Item = super::keys::Fp>) -> Result<u64> {
+    const CHUNK: usize = 1 << 16;
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let mut w = part_writer(lake, rel.to_string(), schema.clone());
+    let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
+    let mut n = 0usize;
+    for fp in keys {
+        b.append_value(fp.to_be_bytes())?;
+        n += 1;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish())])?)
+                .await?;
+        }
+    }
+    if !n.is_multiple_of(CHUNK) {
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(b.finish())])?)
+            .await?;
+    }
+    w.finish().await
+}
+
+/// `rows` semi- or anti-joined on their fingerprint's key with the key file `rel`: the portable
+/// form of `__ingot_pick` / `NOT __ingot_in_set` (a run holds one row per fingerprint, so the
+/// rows are the same).
+fn join_keys(ctx: &SessionContext, lake: &Lake, rows: DataFrame, rel: &str, how: JoinType) -> Result<DataFrame> {
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let keys = ctx.read_table(table_over(vec![lake.url(rel)], schema)?)?;
+    let key = Arc::new(fp128_udf()).call(vec![c(FP)]);
+    Ok(rows.join_on(keys, how, [key.eq(c(KEY))])?)
+}
+
 /// Failure-log rows of this build.
 struct Failures {
     build_id: String,
@@ -1046,7 +1082,10 @@ async fn run(
     }
 
     // The records to process: the current rows of the runs that hold any (all rows of a run
-    // whose rows are all to be processed, without looking them up).
+    // whose rows are all to be processed, without looking them up). On a cluster the key sets
+    // cannot be UDFs over this process's memory: they are written as build-scoped files of keys
+    // that the plans join with (deleted before the commit).
+    let mut key_files: Vec<String> = Vec::new();
     let mut input: Option<DataFrame> = None;
     for (i, run) in runs.iter().enumerate() {
         if per_run[i] == 0 {
@@ -1055,7 +1094,23 @@ async fn run(
         let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
         let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_inserted + run.rows_updated);
         if let Some(keys) = keys.as_ref().filter(|_| !whole) {
-            rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+            rows = match cluster {
+                None => rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?,
+                Some(_) => {
+                    let picked = keys
+                        .map
+                        .iter()
+                        .filter(|(_, e)| e.cur == i as u32 && keys.process(e))
+                        .map(|(fp, _)| *fp);
+                    let rel = layout::silver_file(&table, &build_id, &format!("keys-pick-{i:05}.parquet"));
+                    if write_keys(lake, &rel, picked).await? == 0 {
+                        rows.filter(lit(false))?
+                    } else {
+                        key_files.push(rel.clone());
+                        join_keys(ctx, lake, rows, &rel, JoinType::LeftSemi)?
+                    }
+                }
+            };
         }
         input = Some(match input {
             None => rows,
@@ -1117,11 +1172,20 @@ async fn run(
                 .filter(|(_, e)| e.prev != NONE && e.outcome == PASSED && !keys.keep_row(e))
                 .map(|(fp, _)| *fp)
                 .collect();
-            let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
-            Some(
-                snap.filter(Expr::Not(Box::new(dropped)))?
-                    .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
-            )
+            let snap = match cluster {
+                _ if dropped.is_empty() => snap,
+                None => {
+                    let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
+                    snap.filter(Expr::Not(Box::new(dropped)))?
+                }
+                Some(_) => {
+                    let rel = layout::silver_file(&table, &build_id, "keys-dropped.parquet");
+                    write_keys(lake, &rel, dropped.into_iter()).await?;
+                    key_files.push(rel.clone());
+                    join_keys(ctx, lake, snap, &rel, JoinType::LeftAnti)?
+                }
+            };
+            Some(snap.select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?)
         }
         _ => None,
     };
@@ -1228,6 +1292,9 @@ async fn run(
     }
     drop(reservation);
     drop(part);
+    for rel in &key_files {
+        lake.delete(rel).await?;
+    }
     let fail_w = Arc::try_unwrap(fail_w)
         .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
         .into_inner();
