@@ -35,7 +35,8 @@ test: protoc
 	$(CARGO) test --test it --features "$(FEATURES)" -- --test-threads 2
 
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
-## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check.
+## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check,
+## CLUSTER=1 the silver build on a loopback cluster (release build with --features cluster).
 ## Writes bench/results-sf$(SF).md.
 bench:
 	bash scripts/bench.sh
