@@ -175,8 +175,7 @@ fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
     let local = TestLake::new();
     let remote = TestLake::new();
     let (_rt, url) = loopback(&remote, ingot::cluster::udfs());
-    let url = Some(url.as_str());
-    for (t, cluster) in [(&local, None), (&remote, url)] {
+    for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
         // day one: one run per source, so the first builds send their whole transform
         for f in ["hotels/2026-11-01_hotels.csv", "bookings/2026-11-01_bookings.csv"] {
             let source = f.split('/').next().unwrap();
@@ -234,7 +233,7 @@ fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
         ok(t, cluster, &["build", "web_sessions"]);
     }
     assert_same_lake(&local, &remote);
-    same_queries(&remote, url.unwrap_or_default());
+    same_queries(&remote, &url);
 }
 
 /// A child process killed (by its id) when the guard is dropped, also when the test fails.
