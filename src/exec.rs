@@ -110,12 +110,50 @@ pub async fn stream(cluster: Option<&str>, df: DataFrame, stage: &str) -> Result
     }
 }
 
-/// Run `df` with one stream per output partition (a plan run on a cluster has one).
+/// Run `df` with one stream per output partition. A plan run on a cluster returns one stream;
+/// its batches are dealt round-robin to `target_partitions` streams, so that the consumers (a
+/// build's part writers) still work in parallel.
 pub async fn streams(cluster: Option<&str>, df: DataFrame, stage: &str) -> Result<Vec<SendableRecordBatchStream>> {
+    let n = df.task_ctx().session_config().target_partitions().max(1);
     match place(cluster, df, stage).await? {
         Placed::Here(df) => Ok(df.execute_stream_partitioned().await?),
-        Placed::Cluster(url, df) => Ok(vec![remote::stream(&url, df).await?]),
+        Placed::Cluster(url, df) => Ok(deal(remote::stream(&url, df).await?, n)),
     }
+}
+
+/// `input`'s batches dealt round-robin to `n` streams (bounded channels: a slow consumer holds
+/// the others back rather than letting batches pile up). An error ends the stream it is dealt to.
+fn deal(mut input: SendableRecordBatchStream, n: usize) -> Vec<SendableRecordBatchStream> {
+    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+    use futures::StreamExt;
+    if n <= 1 {
+        return vec![input];
+    }
+    let schema = input.schema();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| tokio::sync::mpsc::channel(2)).unzip();
+    tokio::spawn(async move {
+        let mut i = 0usize;
+        while let Some(item) = input.next().await {
+            let failed = item.is_err();
+            if senders[i % n].send(item).await.is_err() || failed {
+                break;
+            }
+            i += 1;
+        }
+    });
+    receivers
+        .into_iter()
+        .map(|rx| {
+            let s = tokio_stream_from(rx);
+            Box::pin(RecordBatchStreamAdapter::new(schema.clone(), s)) as SendableRecordBatchStream
+        })
+        .collect()
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 enum Placed {
