@@ -6,6 +6,9 @@
 #   SF10=1          also ingest scale factor 10 into a fresh lake and report its peak memory
 #   SILVER=0        skip the silver part (default 1: silver builds of bench/rules/lineitem/v1.yaml
 #                   vs the same rules as DuckDB SQL, full and after a 1% re-delivery)
+#   CLUSTER=1       also the full silver build on a loopback cluster of ingot processes (one
+#                   scheduler, two executors with one task each) against the same build in-process;
+#                   builds the release binary with --features cluster (Ballista: a long first build)
 #   INGOT_BIN=PATH  use this ingot binary instead of building --release (harness development)
 #   BENCH_TARGET_DIR  cargo target dir of the release build ($HOME/.cache/ingot-target-release)
 #
@@ -65,9 +68,12 @@ else
   TARGET=${BENCH_TARGET_DIR:-$HOME/.cache/ingot-target-release}
   step "ingot: cargo build --release (target dir $TARGET)"
   # without default features (the interactive shell plays no part), with `flight` for the
-  # Flight SQL round trip; the build needs protoc (scripts/protoc, from PyPI's grpcio-tools)
+  # Flight SQL round trip (its build needs protoc: scripts/protoc, from PyPI's grpcio-tools) and,
+  # with CLUSTER=1, `cluster` for the Ballista step
   export PROTOC=${PROTOC:-$ROOT/scripts/protoc}
-  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot --no-default-features --features flight
+  FEATURES_BENCH=flight
+  if [ "${CLUSTER:-}" = 1 ]; then FEATURES_BENCH="flight cluster"; fi
+  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot --no-default-features --features "$FEATURES_BENCH"
   INGOT=$TARGET/release/ingot
 fi
 [ -x "$INGOT" ] || die "no ingot binary at $INGOT"
@@ -215,6 +221,35 @@ if [ "${SILVER:-1}" = 1 ]; then
   measure silver_duckdb "$PY" bench/silver_duckdb.py build "$SLAKE/bronze/lineitem/**/*.parquet" "$SDDB" ||
     die "DuckDB's silver job failed"
 
+  if [ "${CLUSTER:-}" = 1 ]; then
+    # The same full build on a one-scheduler, two-executor loopback cluster (bronze still has one
+    # run, so every plan of the build runs there; the client writes the snapshot and commits).
+    step "(g2) ingot: full silver build of lineitem on a loopback cluster (1 scheduler, 2 executors)"
+    CLUSTER_PIDS=()
+    stop_cluster() { for p in "${CLUSTER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+    trap stop_cluster EXIT
+    CPORT=${BENCH_CLUSTER_PORT:-50150}
+    "$INGOT" --lake "$SLAKE" cluster scheduler --bind "127.0.0.1:$CPORT" > "$MEASURE/cluster_scheduler.log" 2>&1 &
+    CLUSTER_PIDS+=($!)
+    for i in 1 2; do
+      "$INGOT" --lake "$SLAKE" cluster executor --scheduler "127.0.0.1:$CPORT" \
+        --bind "127.0.0.1:$((CPORT + 2 * i - 1))" --grpc-bind "127.0.0.1:$((CPORT + 2 * i))" \
+        --concurrent-tasks 1 --work-dir "$WORK/cluster-executor-$i" > "$MEASURE/cluster_executor_$i.log" 2>&1 &
+      CLUSTER_PIDS+=($!)
+    done
+    sleep 3
+    measure silver_cluster_full "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" --cluster "df://127.0.0.1:$CPORT" \
+      build lineitem --full || die "ingot's full silver build on the cluster failed"
+    stop_cluster
+    BUILD_C=$(build_id silver_cluster_full)
+    "$PY" bench/silver_duckdb.py check "$SLAKE" "$BUILD_C" "$SDDB" "$BRONZE_FIRST" --lineage |
+      tee "$MEASURE/silver_cluster_verify.log" || die "ingot's cluster build and DuckDB's differ (see above)"
+    CLUSTER_S=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["wall_s"])' "$MEASURE/silver_cluster_full.json")
+    LOCAL_S=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["wall_s"])' "$MEASURE/silver_ingot_full.json")
+    RATIO=$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$CLUSTER_S" "$LOCAL_S")
+    SILVER_META+=(--meta "cluster: full silver build on a loopback cluster of ingot processes (1 scheduler, 2 executors x 1 task, same machine): $CLUSTER_S s vs $LOCAL_S s in-process = ${RATIO}x (target <= 2x); its rows agree with DuckDB's ($(grep -c '^silver check: ok' "$MEASURE/silver_cluster_verify.log") checks ok)")
+  fi
+
   step "(h) ingot: ingest of the re-delivery with 1% of the rows changed ($NCHANGED)"
   measure silver_ingest_1pct "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" ingest lineitem "$ONEPCT" ||
     die "ingot's ingest of the 1% re-delivery failed"
@@ -251,7 +286,7 @@ if [ "${SILVER:-1}" = 1 ]; then
     tee -a "$MEASURE/silver_verify.log" || die "ingot's incremental silver build and DuckDB's differ (see above)"
   FLAGGED=$(sql "$SLAKE" "SELECT rows_written, rows_filtered, rows_rejected, rows_flagged FROM audit.silver_build_log WHERE build_id = '$BUILD_F'")
   SILVER_ARGS+=(--silver-changed "$NCHANGED")
-  SILVER_META=(
+  SILVER_META+=(
     --meta "silver: bench/rules/lineitem/v1.yaml (6 steps, 2 validations, anomalies when + spike) vs the same rules as DuckDB SQL (bench/silver_duckdb.py) over the bronze Parquet of one ingest (DuckDB writes the silver rows and the rejections; it needs no _current deduplication and writes no build state); full build: written,filtered,rejected,flagged = $FLAGGED"
     --meta "silver check: $(grep -c '^silver check: ok' "$MEASURE/silver_verify.log") checks ok; both builds agree with DuckDB on rows, fingerprints, anomaly_flags, disc_price, charge, l_shipmode (full build also row_hash, ingestion_run_id)"
     --meta "silver re-delivery: l_comment changed in every ${EVERY}th row ($NCHANGED rows); load average around the silver jobs: $SLOAD_BEFORE; after: $SLOAD_AFTER"

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
+use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::logical_expr::ExprFunctionExt;
@@ -47,6 +48,8 @@ pub struct Catalog {
     pub builds: Vec<BuildRecord>,
     /// Problems of contracts that could not be loaded (their tables are missing).
     pub problems: Problems,
+    /// The cluster queries run on (`--cluster`), see [`crate::exec`].
+    pub cluster: Option<String>,
 }
 
 /// Open a session over the lake with all tables registered.
@@ -107,6 +110,7 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         runs,
         builds,
         problems,
+        cluster: ws.cluster.clone(),
     })
 }
 
@@ -250,10 +254,7 @@ async fn register_silver(
             continue;
         };
         if let Ok(schema) = crate::silver::build::planned_schema(ctx, contracts, latest).await {
-            ctx.register_table(
-                format!("silver.{table}").as_str(),
-                Arc::new(MemTable::try_new(schema, vec![vec![]])?),
-            )?;
+            ctx.register_table(format!("silver.{table}").as_str(), table_over(vec![], schema)?)?;
         }
     }
     Ok(())
@@ -273,10 +274,11 @@ pub async fn table_over_file(ctx: &SessionContext, lake: &Lake, rel: &str) -> Re
     table_over(vec![lake.url(rel)], schema)
 }
 
-/// A Parquet listing table over exactly `files` (an empty table when there are none).
+/// A Parquet listing table over exactly `files` (an [`EmptyTable`] when there are none, which a
+/// plan sent to a cluster carries as an empty relation, see [`crate::exec`]).
 pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
     if files.is_empty() {
-        return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
+        return Ok(Arc::new(EmptyTable::new(schema)));
     }
     let urls = files
         .iter()

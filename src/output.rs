@@ -8,7 +8,9 @@ use std::io::Write;
 use std::path::Path;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 
@@ -30,6 +32,17 @@ pub enum OutputFormat {
 
 /// Run `df` and write its rows to `output` (stdout when `None`). Returns the number of rows.
 pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option<&Path>) -> Result<u64> {
+    let schema = df.schema().inner().clone();
+    write_stream(schema, df.execute_stream().await?, format, output).await
+}
+
+/// Write the rows of `stream` (of `schema`) to `output` (stdout when `None`). Returns the number of rows.
+pub async fn write_stream(
+    schema: SchemaRef,
+    mut stream: SendableRecordBatchStream,
+    format: OutputFormat,
+    output: Option<&Path>,
+) -> Result<u64> {
     let mut sink: Box<dyn Write + Send> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| Error::io(p.display(), e))?,
@@ -41,8 +54,6 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
             Box::new(std::io::BufWriter::new(std::io::stdout()))
         }
     };
-    let schema = df.schema().inner().clone();
-    let mut stream = df.execute_stream().await?;
     let mut rows = 0u64;
     let io = |e: std::io::Error| {
         Error::io(

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::output::{OutputFormat, write_dataframe};
+use crate::output::{OutputFormat, write_dataframe, write_stream};
 
 /// Splits input lines into complete statements and backslash commands.
 #[derive(Debug, Default)]
@@ -117,7 +117,9 @@ impl<'a> Shell<'a> {
                 let start = Instant::now();
                 let result = async {
                     let df = crate::sql::query(&self.catalog.ctx, sql).await?;
-                    write_dataframe(df, self.format, None).await
+                    let schema = df.schema().inner().clone();
+                    let rows = crate::exec::stream(self.catalog.cluster.as_deref(), df, "sql").await?;
+                    write_stream(schema, rows, self.format, None).await
                 }
                 .await;
                 match result {

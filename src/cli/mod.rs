@@ -6,6 +6,8 @@
 mod audit_views;
 mod build;
 mod check;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod explain;
 mod gc;
 pub(crate) mod ingest;
@@ -50,6 +52,10 @@ pub struct Cli {
     /// Memory for DataFusion operators before they spill to disk (e.g. 512M, 2G).
     #[arg(long, global = true, env = "INGOT_MEMORY_LIMIT", default_value = "1G")]
     pub memory_limit: String,
+    /// Run the DataFusion plans of build, sql and ingest (the bronze scan) on this ingot cluster
+    /// (see `ingot cluster`); writes and commits stay in this process.
+    #[arg(long, global = true, env = "INGOT_CLUSTER", value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -146,6 +152,10 @@ pub enum Command {
     /// silver fingerprint is current in bronze, and that rules files match the SHA-256 their
     /// builds recorded. Files that belong to no committed run or build are listed as orphans.
     Doctor,
+    /// Run a process of an ingot cluster (Apache DataFusion Ballista): `ingot cluster scheduler`
+    /// or `ingot cluster executor`; then pass --cluster df://HOST:PORT to build, sql, ingest, run.
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::ClusterArgs),
 }
 
 #[cfg(feature = "flight")]
@@ -179,6 +189,7 @@ impl Cli {
             contracts_dir: self.contracts.clone(),
             rules_dir: self.rules.clone(),
             landing_dir: self.landing.clone(),
+            cluster: self.cluster.clone(),
             memory_limit: if memory_limit == 0 {
                 DEFAULT_MEMORY_LIMIT
             } else {
@@ -217,6 +228,12 @@ pub fn report(e: &Error) {
 }
 
 async fn dispatch(cli: Cli) -> Result<u8> {
+    // Commands that run plans fail early, naming the URL, when the cluster cannot be reached.
+    if let (Some(url), Command::Ingest(_) | Command::Sql(_) | Command::Build(_) | Command::Run(_)) =
+        (&cli.cluster, &cli.command)
+    {
+        crate::exec::check_cluster(url).await?;
+    }
     match &cli.command {
         Command::Check => check::run(&cli),
         Command::Ingest(args) => ingest::run(&cli, args).await,
@@ -231,6 +248,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
+        #[cfg(feature = "cluster")]
+        Command::Cluster(args) => cluster::run(&cli, args).await,
         #[cfg(feature = "flight")]
         Command::Serve(args) => {
             crate::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;

@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, OutputArgs};
 use crate::error::Result;
-use crate::output::write_dataframe;
+use crate::output::write_stream;
 
 #[derive(Debug, clap::Args)]
 pub struct SqlArgs {
@@ -40,6 +40,8 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
         };
     };
     let df = crate::sql::query(&catalog.ctx, query).await?;
-    write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
+    let schema = df.schema().inner().clone();
+    let rows = crate::exec::stream(catalog.cluster.as_deref(), df, "sql").await?;
+    write_stream(schema, rows, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)
 }

@@ -85,9 +85,10 @@ fn bad_column(url: &str, col: &str) -> Error {
 
 /// Stream the versions of one committed bronze file, in file order: the fingerprint and the
 /// row-hash prefix, or `None` for a tombstone (`is_deleted`; files from before deletions have no
-/// such column and no tombstones).
+/// such column and no tombstones). The scan runs on `cluster` when given (see [`crate::exec`]).
 pub async fn scan_versions(
     ctx: &SessionContext,
+    cluster: Option<&str>,
     url: &str,
     mut f: impl FnMut(Fp, Option<u64>) -> Result<()>,
 ) -> Result<()> {
@@ -97,7 +98,7 @@ pub async fn scan_versions(
         Field::new(crate::bronze::IS_DELETED, DataType::Boolean, true),
     ]));
     let df = ctx.read_table(crate::catalog::table_over(vec![url.to_string()], schema)?)?;
-    let mut stream = df.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, df, "ingest: committed versions").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;

@@ -323,7 +323,7 @@ async fn load(
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
         for url in &committed {
-            scan_versions(&ctx, url, |fp, rh| {
+            scan_versions(&ctx, ws.cluster.as_deref(), url, |fp, rh| {
                 index.add_current(fp, rh);
                 Ok(())
             })

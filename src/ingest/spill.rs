@@ -125,7 +125,7 @@ pub async fn plan(
     // the newest version of each key.
     let mut current = Spill::create(dir.path(), "current", parts)?;
     for url in committed_urls {
-        scan_versions(ctx, url, |fp, rh| {
+        scan_versions(ctx, input.ws.cluster.as_deref(), url, |fp, rh| {
             // [key, row hash, 1 for a live version / 0 for a tombstone]
             current.push(
                 partition_of(fp, bits),

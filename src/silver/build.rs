@@ -100,6 +100,18 @@
 //! table deleted by the layers (`INGOT_SILVER_DELTA_LIMIT`, default 0.1) or after 8 layers, the
 //! next build writes a whole snapshot again (compaction); so does any build the conditions rule
 //! out (an undo, a rules version change, `--full`, `--rebuild-where`).
+//!
+//! On a cluster (`--cluster`, [`crate::exec`]) every plan above runs there. The key map stays in
+//! this process, so the two selections that look it up — the rows of a partly superseded run to
+//! process (`__ingot_pick`) and the kept rows to drop (`__ingot_in_set`) — become a semi-join and
+//! an anti-join on `__ingot_fp128(fp)` with build-scoped files of 16-byte keys
+//! (`keys-pick-NNNNN.parquet`, `keys-dropped.parquet`; written before, deleted after the output
+//! pass, never named by a manifest). The partition tasks that write the snapshot, the failures
+//! and the state run here, reading the plan's rows as one stream from the cluster.
+//!
+//! Delta builds use in-process key sets (`__ingot_in_set`, `__ingot_in_groups`) for the layers
+//! and the touched groups; with `--cluster` a build is never a delta build, and reading a table
+//! with delta layers runs those plans in the client (see [`crate::exec`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -117,7 +129,7 @@ use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::logical_expr::{Expr, ExprSchemable, lit};
+use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -489,7 +501,7 @@ async fn read_keys(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<FpSet
 }
 
 /// Write `keys` as a deletion file at `rel`.
-async fn write_keys(lake: &Lake, rel: String, keys: &FpSet) -> Result<()> {
+async fn write_deletions(lake: &Lake, rel: String, keys: &FpSet) -> Result<()> {
     const CHUNK: usize = 1 << 16;
     let mut w = part_writer(lake, rel, key_schema());
     let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK.min(keys.len()), 16);
@@ -634,18 +646,23 @@ fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dy
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
 /// run of every record (none for a record whose latest version is a tombstone).
-async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
+async fn current_keys(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[&RunRecord],
+) -> Result<Keys> {
     let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(
         runs.iter().map(|r| r.run_id.clone()).collect(),
         usize::try_from(capacity).unwrap_or(0),
     );
     for (i, run) in runs.iter().enumerate() {
-        let mut stream = ctx
+        let fps = ctx
             .read_table(run_table(lake, contract, run)?)?
-            .select(vec![c(FP), c(crate::bronze::IS_DELETED)])?
-            .execute_stream()
-            .await?;
+            .select(vec![c(FP), c(crate::bronze::IS_DELETED)])?;
+        let mut stream = crate::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
@@ -670,7 +687,14 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
 }
 
 /// Add the previous build's state to `keys`.
-async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, table: &str, build_id: &str) -> Result<()> {
+async fn previous_state(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    keys: &mut Keys,
+    table: &str,
+    build_id: &str,
+) -> Result<()> {
     let m = manifest(lake, table, build_id).await?;
     let mut index: HashMap<String, u32> = keys
         .runs
@@ -687,7 +711,7 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
         }
     };
     let df = df.select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
-    let mut stream = df.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, df, "build: previous state").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
@@ -782,6 +806,42 @@ impl Flagger {
         let flagged = out.column(self.is_anomaly).as_boolean().true_count() as u64;
         Ok((out, flagged))
     }
+}
+
+/// The column of a key file: 16-byte fingerprint keys.
+const KEY: &str = "__ingot_key";
+
+/// Write `keys` (16-byte fingerprint keys) to the build-scoped file `rel`, for [`join_keys`]
+/// (no keys: no file). Returns the number of keys.
+async fn write_keys(lake: &Lake, rel: &str, keys: impl Iterator<Item = super::keys::Fp>) -> Result<u64> {
+    const CHUNK: usize = 1 << 16;
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let mut w = part_writer(lake, rel.to_string(), schema.clone());
+    let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
+    let mut n = 0usize;
+    for fp in keys {
+        b.append_value(fp.to_be_bytes())?;
+        n += 1;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish())])?)
+                .await?;
+        }
+    }
+    if !n.is_multiple_of(CHUNK) {
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(b.finish())])?)
+            .await?;
+    }
+    w.finish().await
+}
+
+/// `rows` semi- or anti-joined on their fingerprint's key with the key file `rel`: the portable
+/// form of `__ingot_pick` / `NOT __ingot_in_set` (a run holds one row per fingerprint, so the
+/// rows are the same).
+fn join_keys(ctx: &SessionContext, lake: &Lake, rows: DataFrame, rel: &str, how: JoinType) -> Result<DataFrame> {
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let keys = ctx.read_table(table_over(vec![lake.url(rel)], schema)?)?;
+    let key = Arc::new(fp128_udf()).call(vec![c(FP)]);
+    Ok(rows.join_on(keys, how, [key.eq(c(KEY))])?)
 }
 
 /// Failure-log rows of this build.
@@ -1107,6 +1167,8 @@ async fn run(
     record: &mut BuildRecord,
 ) -> Result<Built> {
     let ctx = &catalog.ctx;
+    // Plans run here or on the cluster (`--cluster`): see crate::exec for which.
+    let cluster = ws.cluster.as_deref();
     let lake = &ws.lake;
     let table = record.table.clone();
     let build_id = record.build_id.clone();
@@ -1154,7 +1216,9 @@ async fn run(
     // A delta build when the previous build's layers can be extended (see `delta_base`): only the
     // runs committed since are read.
     let mut delta = match (&mode, previous_build) {
-        (Mode::Incremental { .. }, Some(prev)) => delta_base(lake, &table, prev, rules, &runs).await?,
+        (Mode::Incremental { .. }, Some(prev)) if cluster.is_none() => {
+            delta_base(lake, &table, prev, rules, &runs).await?
+        }
         _ => None,
     };
     let mut delta_keys: Option<Keys> = None;
@@ -1166,7 +1230,7 @@ async fn run(
             m.runs = Some(run_ids.clone());
             return publish_unchanged(lake, record, prev, m, &digest).await;
         }
-        let keys = current_keys(ctx, lake, &contract, &d.new_runs).await?;
+        let keys = current_keys(ctx, cluster, lake, &contract, &d.new_runs).await?;
         let deleted_before: u64 = d.manifest.deltas.iter().map(|x| x.deleted_keys).sum();
         // compaction: past a fraction of the table deleted, a build rewrites the whole snapshot
         let touched = (keys.map.len() + keys.tombstones.len()) as u64;
@@ -1189,9 +1253,9 @@ async fn run(
     {
         None
     } else {
-        let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+        let mut keys = current_keys(ctx, cluster, lake, &contract, &runs).await?;
         if let Some(prev) = previous_build {
-            previous_state(ctx, lake, &mut keys, &table, &prev.build_id).await?;
+            previous_state(ctx, cluster, lake, &mut keys, &table, &prev.build_id).await?;
         }
         keys.mode = match &rebuild_expr {
             Some(expr) => Mode::Rebuild {
@@ -1238,7 +1302,10 @@ async fn run(
     }
 
     // The records to process: the current rows of the runs that hold any (all rows of a run
-    // whose rows are all to be processed, without looking them up).
+    // whose rows are all to be processed, without looking them up). On a cluster the key sets
+    // cannot be UDFs over this process's memory: they are written as build-scoped files of keys
+    // that the plans join with (deleted before the commit).
+    let mut key_files: Vec<String> = Vec::new();
     let mut input: Option<DataFrame> = None;
     for (i, run) in work_runs.iter().enumerate() {
         if per_run[i] == 0 {
@@ -1247,7 +1314,23 @@ async fn run(
         let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
         let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_written());
         if let Some(keys) = keys.as_ref().filter(|_| !whole) {
-            rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+            rows = match cluster {
+                None => rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?,
+                Some(_) => {
+                    let picked = keys
+                        .map
+                        .iter()
+                        .filter(|(_, e)| e.cur == i as u32 && keys.process(e))
+                        .map(|(fp, _)| *fp);
+                    let rel = layout::silver_file(&table, &build_id, &format!("keys-pick-{i:05}.parquet"));
+                    if write_keys(lake, &rel, picked).await? == 0 {
+                        rows.filter(lit(false))?
+                    } else {
+                        key_files.push(rel.clone());
+                        join_keys(ctx, lake, rows, &rel, JoinType::LeftSemi)?
+                    }
+                }
+            };
         }
         input = Some(match input {
             None => rows,
@@ -1340,11 +1423,20 @@ async fn run(
                 .filter(|(_, e)| e.prev != NONE && e.outcome == PASSED && !keys.keep_row(e))
                 .map(|(fp, _)| *fp)
                 .collect();
-            let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
-            Some(
-                snap.filter(Expr::Not(Box::new(dropped)))?
-                    .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
-            )
+            let snap = match cluster {
+                _ if dropped.is_empty() => snap,
+                None => {
+                    let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
+                    snap.filter(Expr::Not(Box::new(dropped)))?
+                }
+                Some(_) => {
+                    let rel = layout::silver_file(&table, &build_id, "keys-dropped.parquet");
+                    write_keys(lake, &rel, dropped.into_iter()).await?;
+                    key_files.push(rel.clone());
+                    join_keys(ctx, lake, snap, &rel, JoinType::LeftAnti)?
+                }
+            };
+            Some(snap.select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?)
         }
         _ => None,
     };
@@ -1353,7 +1445,7 @@ async fn run(
     // each fires, as sets of keys.
     let sets = match delta_sets {
         Some(sets) => sets,
-        None => window_sets(rules, &base, &split, kept.as_ref()).await?,
+        None => window_sets(cluster, rules, &base, &split, kept.as_ref()).await?,
     };
     release_free_memory();
     let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
@@ -1394,18 +1486,14 @@ async fn run(
         format!("{prefix}-{:05}.parquet", n_part - 1)
     };
     if let Some(k) = kept {
-        let handles = k
-            .execute_stream_partitioned()
+        let handles = crate::exec::streams(cluster, k, "build: kept rows")
             .await?
             .into_iter()
             .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
             .collect();
         join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
-    let handles = split
-        .rows
-        .clone()
-        .execute_stream_partitioned()
+    let handles = crate::exec::streams(cluster, split.rows.clone(), "build: transform")
         .await?
         .into_iter()
         .map(|s| {
@@ -1422,7 +1510,7 @@ async fn run(
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = rr.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, rr, "build: resolve rejections").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             if b.num_rows() == 0 {
@@ -1442,7 +1530,7 @@ async fn run(
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = f.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, f, "build: filtered rows").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             filtered += b.num_rows() as u64;
@@ -1458,6 +1546,9 @@ async fn run(
     }
     drop(reservation);
     drop(part);
+    for rel in &key_files {
+        lake.delete(rel).await?;
+    }
     let fail_w = Arc::try_unwrap(fail_w)
         .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
         .into_inner();
@@ -1923,8 +2014,8 @@ async fn publish_delta(
         "deleted-00000.parquet".to_string(),
         "deleted-state-00000.parquet".to_string(),
     );
-    write_keys(lake, layout::silver_file(&table, &build_id, &deleted), &out.deleted).await?;
-    write_keys(
+    write_deletions(lake, layout::silver_file(&table, &build_id, &deleted), &out.deleted).await?;
+    write_deletions(
         lake,
         layout::silver_file(&table, &build_id, &deleted_state),
         &out.processed,
@@ -2006,6 +2097,7 @@ fn release_free_memory() {
 /// rows), computed over only the columns they read: for each window anomaly, the keys of the
 /// rows it fires on.
 async fn window_sets(
+    cluster: Option<&str>,
     rules: &RuleSet,
     base: &SchemaRef,
     split: &Split,
@@ -2060,7 +2152,7 @@ async fn window_sets(
     };
     let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
     let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
-    let mut stream = fires.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, fires, "build: window anomalies").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let mut fps = Vec::with_capacity(b.num_rows());

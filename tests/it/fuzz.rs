@@ -225,6 +225,7 @@ fn fuzz_the_csv_and_ndjson_loader() {
         rules_dir: repo().join("rules"),
         landing_dir: dir.path().join("landing"),
         memory_limit: 256 << 20,
+        cluster: None,
     };
     let mut ignored = Problems::default();
     let contracts = ContractSet::load(&ws.contracts_dir, &mut ignored);

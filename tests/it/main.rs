@@ -1,6 +1,8 @@
 //! The one integration-test binary (each test binary links DataFusion again).
 
 mod bad_input;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod contracts;
 mod crash;
 mod deletions;
