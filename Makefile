@@ -9,7 +9,7 @@ PYTHON ?= python3
 INGOT := $(CARGO_TARGET_DIR)/debug/ingot
 # demo, test and lint share one debug build with the optional parts enabled (`make bench` builds
 # its own release binary without them)
-FEATURES ?= flight
+FEATURES ?= flight s3
 # the `flight` feature's build needs protoc: PyPI's grpcio-tools in .venv-build, see scripts/protoc
 export PROTOC := $(CURDIR)/scripts/protoc
 

@@ -3,7 +3,7 @@
 //! The library is the pipeline; `src/main.rs` only parses arguments. Module map:
 //! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
 //! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
-//! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`silver`] (rules to silver builds), [`nightly`],
+//! and commit protocol), [`store`] (S3 and other URLs), [`lock`], [`catalog`] (SQL tables), [`session`], [`silver`] (rules to silver builds), [`nightly`],
 //! [`undo`], [`gc`], [`doctor`], [`cli`].
 
 pub mod audit;
@@ -29,6 +29,7 @@ pub mod session;
 pub mod shell;
 pub mod silver;
 pub mod sql;
+pub mod store;
 pub mod undo;
 pub mod yaml;
 
