@@ -18,6 +18,7 @@ pub mod gc;
 pub mod hash;
 pub mod ingest;
 pub mod lake;
+pub mod landing;
 pub mod lock;
 pub mod nightly;
 pub mod output;
