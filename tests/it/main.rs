@@ -13,6 +13,8 @@ mod nightly;
 mod ops;
 mod replay;
 mod rules;
+#[cfg(feature = "s3")]
+mod s3;
 mod shell;
 mod silver_build;
 mod silver_compile;
