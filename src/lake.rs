@@ -1,7 +1,7 @@
 //! The lake: where tables live, and the commit protocol that makes crashes harmless.
 //!
-//! All storage goes through `object_store`, so the local disk and S3 behave alike. Layout under
-//! the lake root:
+//! All storage goes through `object_store`, so the local disk and S3 (`s3://bucket/prefix`, feature
+//! `s3`, see [`crate::store`]) behave alike. Layout under the lake root:
 //!
 //! ```text
 //! bronze/<source>/run_id=<run>/part-00000.parquet        run-scoped data (invisible until committed)
@@ -24,8 +24,9 @@
 //! before the record leaves orphans that nothing reads (a later `gc` removes them); a crash after
 //! it leaves a complete run. The record's name is the source's next sequence number, read when the
 //! run started: if another run of the source committed in between (possible only after a lock
-//! takeover), the create-if-absent put fails and this run publishes nothing. Hazard: never write
-//! into a committed run's paths.
+//! takeover), the create-if-absent put fails and this run publishes nothing. On S3 the put is
+//! `If-None-Match: *`, so this holds across machines as long as the store honours it (AWS S3, R2,
+//! moto do; some S3 emulators do not). Hazard: never write into a committed run's paths.
 
 use std::sync::Arc;
 

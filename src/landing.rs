@@ -222,7 +222,11 @@ async fn expand_remote(stores: &mut Stores, input: &str) -> Result<Vec<RemoteFil
     let dir_end = input[..first_glob]
         .rfind('/')
         .filter(|&i| i >= scheme_end)
-        .ok_or_else(|| Error::Invalid(format!("\"{input}\": a glob may only appear in the object key, after the bucket")))?;
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "\"{input}\": a glob may only appear in the object key, after the bucket"
+            ))
+        })?;
     let (store, base, dir) = stores.open(&input[..dir_end])?;
     let key_glob = match dir.as_ref() {
         "" => input[dir_end + 1..].to_string(),

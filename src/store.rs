@@ -60,27 +60,23 @@ pub fn open_with(location: &str, options: &[(String, String)]) -> Result<Opened>
 fn open_s3(location: &str, url: &Url, options: &[(String, String)]) -> Result<Opened> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 
-    let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
-        Error::Invalid(format!(
-            "\"{location}\" names no bucket: use s3://<bucket>/<prefix>"
-        ))
-    })?;
+    let bucket = url
+        .host_str()
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| Error::Invalid(format!("\"{location}\" names no bucket: use s3://<bucket>/<prefix>")))?;
     let mut builder = AmazonS3Builder::from_env();
     for (key, value) in options {
-        let key: AmazonS3ConfigKey = key.parse().map_err(|e| {
-            Error::Invalid(format!("S3 option \"{key}\" for \"{location}\": {e}"))
-        })?;
+        let key: AmazonS3ConfigKey = key
+            .parse()
+            .map_err(|e| Error::Invalid(format!("S3 option \"{key}\" for \"{location}\": {e}")))?;
         builder = builder.with_config(key, value);
     }
-    let store = builder
-        .with_bucket_name(bucket)
-        .build()
-        .map_err(|e| {
-            Error::Invalid(format!(
-                "cannot configure S3 for \"{location}\": {e}. S3 is configured by the environment variables \
+    let store = builder.with_bucket_name(bucket).build().map_err(|e| {
+        Error::Invalid(format!(
+            "cannot configure S3 for \"{location}\": {e}. S3 is configured by the environment variables \
                  AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ALLOW_HTTP"
-            ))
-        })?;
+        ))
+    })?;
     let path = Path::from_url_path(url.path())
         .map_err(|e| Error::Invalid(format!("\"{location}\": invalid object path: {e}")))?;
     let store_url = Url::parse(&format!("s3://{bucket}"))
@@ -105,7 +101,8 @@ fn open_s3(location: &str, _url: &Url, _options: &[(String, String)]) -> Result<
 /// object store's own message, prefixed with the URL.
 pub fn explain(url: &str, e: object_store::Error) -> Error {
     let text = chain(&e);
-    let bucket_hint = "create the bucket first (e.g. `aws s3 mb s3://<bucket>`) or check AWS_ENDPOINT_URL and AWS_REGION";
+    let bucket_hint =
+        "create the bucket first (e.g. `aws s3 mb s3://<bucket>`) or check AWS_ENDPOINT_URL and AWS_REGION";
     let creds_hint = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
                       credentials), or run where an instance or container role provides them";
     if text.contains("NoSuchBucket") {
@@ -113,16 +110,21 @@ pub fn explain(url: &str, e: object_store::Error) -> Error {
     }
     match &e {
         object_store::Error::Unauthenticated { .. } | object_store::Error::PermissionDenied { .. } => {
-            return Error::Invalid(format!("{url}: access refused by the object store ({text}): {creds_hint}"));
+            return Error::Invalid(format!(
+                "{url}: access refused by the object store ({text}): {creds_hint}"
+            ));
         }
         _ => {}
     }
     if text.contains("InvalidAccessKeyId") || text.contains("SignatureDoesNotMatch") || text.contains("AccessDenied") {
-        return Error::Invalid(format!("{url}: access refused by the object store ({text}): {creds_hint}"));
+        return Error::Invalid(format!(
+            "{url}: access refused by the object store ({text}): {creds_hint}"
+        ));
     }
     // No keys in the environment: object_store asks the instance metadata service, which is
     // absent (or refused) off EC2.
-    if text.to_ascii_lowercase().contains("credential") || text.contains("/latest/api/token")
+    if text.to_ascii_lowercase().contains("credential")
+        || text.contains("/latest/api/token")
         || text.contains("/latest/meta-data/")
     {
         return Error::Invalid(format!(
