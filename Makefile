@@ -7,9 +7,10 @@ export CARGO_TARGET_DIR
 CARGO ?= cargo
 PYTHON ?= python3
 INGOT := $(CARGO_TARGET_DIR)/debug/ingot
-# demo, test and lint share one debug build with the optional parts enabled (`make bench` builds
+# demo, test and lint share one debug build with the optional parts enabled: `flight` (ingot serve)
+# and `cluster` (ingot cluster, --cluster; Ballista). (`make bench` builds
 # its own release binary without them)
-FEATURES ?= flight s3
+FEATURES ?= flight cluster s3
 # the `flight` feature's build needs protoc: PyPI's grpcio-tools in .venv-build, see scripts/protoc
 export PROTOC := $(CURDIR)/scripts/protoc
 
@@ -34,9 +35,10 @@ test: protoc
 	$(CARGO) test --test it --features "$(FEATURES)" -- --test-threads 2
 
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
-## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check.
+## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check,
+## CLUSTER=1 the silver build on a loopback cluster (release build with --features cluster).
 ## Writes bench/results-sf$(SF).md.
-bench:
+bench: protoc
 	bash scripts/bench.sh
 
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON

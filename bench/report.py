@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--sf10-rows", type=int)
     ap.add_argument("--silver-changed", type=int, help="rows changed by the silver part's re-delivery")
     ap.add_argument("--silver-retry-limit", help="--memory-limit of the incremental build's second attempt")
+    ap.add_argument("--query", action="append", default=[],
+                    help="NAME,INGOT_S,DUCKDB_S: best-of-3 times of a TPC-H query over silver.lineitem")
+    ap.add_argument("--flight", help="FLIGHT_S,IN_PROCESS_S,ROWS: the 1M-row Flight SQL round trip and the same query in-process")
     ap.add_argument("--meta", action="append", default=[])
     a = ap.parse_args()
     m = {k: load(a.measure, k) for k in
@@ -89,6 +92,18 @@ def main() -> None:
         peak = max(x["peak_rss_mb"] for x in (sf, si))  # default --memory-limit only
         rows.append(["ingot peak memory, silver builds", "", "", "", f"{peak:.0f}", "", "<=1024 MiB",
                      verdict(peak <= GIB_MB)])
+
+    for q in a.query:
+        name, ti, td = q.split(",")
+        r = float(ti) / float(td)
+        rows.append([f"TPC-H {name.upper()} over silver.lineitem (best of 3)", f"{float(ti):.3f}", f"{float(td):.3f}",
+                     f"{r:.2f}x", "", "", "<=1.0x duckdb", verdict(r <= 1.0)])
+    if a.flight:
+        tf, tp, n = (float(x) for x in a.flight.split(","))
+        rows.append([f"{n:,.0f}-row result over Flight SQL (ADBC client, best of 3)", f"{tf:.3f}", "",
+                     f"{tf / tp:.2f}x in-process", "", "", "(reference)", ""])
+        rows.append(["  the same query in-process (ingot sql --format arrow)", f"{tp:.3f}", "", "", "", "",
+                     "(reference)", ""])
 
     widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731

@@ -133,17 +133,38 @@ def build(bronze_glob: str, out_dir: str) -> int:
     return 0
 
 
-def snapshot_files(lake: str, build_id: str) -> str:
-    """The files of the build's snapshot as a DuckDB list literal: those its manifest.json names
-    (a bare name is in the build's folder, a path is relative to the lake), else its part files."""
+def snapshot_relation(lake: str, build_id: str) -> str:
+    """The build's snapshot as a DuckDB query: the files its manifest.json names (a bare name is
+    in the build's folder, a path is relative to the lake), else its part files. After delta
+    builds the manifest has layers: each layer's rows without the keys (16-byte prefixes of
+    natural_key_fingerprint) that a later layer's deletion file names."""
     folder = f"{lake}/silver/lineitem/build_id={build_id}"
     try:
         with open(os.path.join(folder, "manifest.json")) as f:
-            names = json.load(f)["data"]
+            m = json.load(f)
     except FileNotFoundError:
-        return sql_str(f"{folder}/part-*.parquet")
-    paths = [os.path.join(lake, n) if "/" in n else os.path.join(folder, n) for n in names]
-    return "[" + ", ".join(sql_str(p) for p in paths) + "]"
+        return f"SELECT * FROM read_parquet({sql_str(folder + '/part-*.parquet')}, hive_partitioning = false)"
+
+    def path(n: str) -> str:
+        return os.path.join(lake, n) if "/" in n else os.path.join(folder, n)
+
+    def files(names) -> str:
+        return "[" + ", ".join(sql_str(path(n)) for n in names) + "]"
+
+    layers = [m["data"]] + [d["data"] for d in m.get("deltas", [])]
+    deleted = [path(d["deleted"]) for d in m.get("deltas", [])]
+    parts = []
+    for i, names in enumerate(layers):
+        if not names:
+            continue
+        q = f"SELECT * FROM read_parquet({files(names)}, hive_partitioning = false)"
+        later = deleted[i:]
+        if later:
+            keys = "[" + ", ".join(sql_str(p) for p in later) + "]"
+            q += (f" WHERE substr(natural_key_fingerprint, 1, 32) NOT IN "
+                  f"(SELECT lower(hex(natural_key_fingerprint)) FROM read_parquet({keys}))")
+        parts.append(q)
+    return " UNION ALL ".join(parts)
 
 
 def check(lake: str, build_id: str, out_dir: str, bronze_glob: str, lineage: bool) -> int:
@@ -156,7 +177,7 @@ def check(lake: str, build_id: str, out_dir: str, bronze_glob: str, lineage: boo
         ok &= good
         print(f"silver check: {'ok  ' if good else 'FAIL'} {what}: {got}" + ("" if good else f" (expected {want})"))
 
-    con.execute(f"CREATE VIEW ingot AS SELECT * FROM read_parquet({snapshot_files(lake, build_id)}, hive_partitioning = false)")
+    con.execute(f"CREATE VIEW ingot AS {snapshot_relation(lake, build_id)}")
     con.execute(f"CREATE VIEW ddb AS SELECT * FROM read_parquet({sql_str(os.path.join(out_dir, 'silver.parquet'))})")
     con.execute(f"CREATE VIEW ddb_rej AS SELECT * FROM read_parquet({sql_str(os.path.join(out_dir, 'rejected.parquet'))})")
     q = lambda sql: con.execute(sql).fetchone()  # noqa: E731

@@ -6,6 +6,9 @@
 #   SF10=1          also ingest scale factor 10 into a fresh lake and report its peak memory
 #   SILVER=0        skip the silver part (default 1: silver builds of bench/rules/lineitem/v1.yaml
 #                   vs the same rules as DuckDB SQL, full and after a 1% re-delivery)
+#   CLUSTER=1       also the full silver build on a loopback cluster of ingot processes (one
+#                   scheduler, two executors with one task each) against the same build in-process;
+#                   builds the release binary with --features cluster (Ballista: a long first build)
 #   INGOT_BIN=PATH  use this ingot binary instead of building --release (harness development)
 #   BENCH_TARGET_DIR  cargo target dir of the release build ($HOME/.cache/ingot-target-release)
 #
@@ -22,6 +25,8 @@ PY=$VENV/bin/python
 CONTRACTS=$ROOT/bench/contracts
 DUCKDB_VERSION=2.0.1
 TPCHGEN_VERSION=4.0.0
+ADBC_VERSION=1.13.0
+PYARROW_VERSION=26.0.1
 HEADER='l_orderkey,l_partkey,l_suppkey,l_linenumber,l_quantity,l_extendedprice,l_discount,l_tax,l_returnflag,l_linestatus,l_shipdate,l_commitdate,l_receiptdate,l_shipinstruct,l_shipmode,l_comment'
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -33,22 +38,24 @@ esac
 command -v python3 >/dev/null || die "python3 is needed"
 
 # ---------------------------------------------------------------------------------- 1. venv
-step "venv $VENV with duckdb==$DUCKDB_VERSION and tpchgen-cli==$TPCHGEN_VERSION"
+step "venv $VENV with duckdb==$DUCKDB_VERSION, tpchgen-cli==$TPCHGEN_VERSION, adbc-driver-flightsql==$ADBC_VERSION"
 if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV" || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
 fi
-if ! "$PY" - "$DUCKDB_VERSION" "$TPCHGEN_VERSION" <<'EOF'
+if ! "$PY" - "$DUCKDB_VERSION" "$TPCHGEN_VERSION" "$ADBC_VERSION" "$PYARROW_VERSION" <<'EOF'
 import sys
 from importlib.metadata import version, PackageNotFoundError
 try:
-    ok = version("duckdb") == sys.argv[1] and version("tpchgen-cli") == sys.argv[2]
+    ok = (version("duckdb") == sys.argv[1] and version("tpchgen-cli") == sys.argv[2]
+          and version("adbc-driver-flightsql") == sys.argv[3] and version("pyarrow") == sys.argv[4])
 except PackageNotFoundError:
     ok = False
 sys.exit(0 if ok else 1)
 EOF
 then
   "$PY" -m pip install --quiet --disable-pip-version-check \
-    "duckdb==$DUCKDB_VERSION" "tpchgen-cli==$TPCHGEN_VERSION" || die "pip install failed"
+    "duckdb==$DUCKDB_VERSION" "tpchgen-cli==$TPCHGEN_VERSION" \
+    "adbc-driver-flightsql==$ADBC_VERSION" "pyarrow==$PYARROW_VERSION" || die "pip install failed"
 fi
 echo "ok: duckdb $DUCKDB_VERSION, tpchgen-cli $TPCHGEN_VERSION" >&2
 
@@ -60,8 +67,13 @@ else
   command -v cargo >/dev/null || die "cargo is needed (Rust toolchain)"
   TARGET=${BENCH_TARGET_DIR:-$HOME/.cache/ingot-target-release}
   step "ingot: cargo build --release (target dir $TARGET)"
-  # without default features: the interactive shell (rustyline) plays no part in the benchmark
-  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot --no-default-features
+  # without default features (the interactive shell plays no part), with `flight` for the
+  # Flight SQL round trip (its build needs protoc: scripts/protoc, from PyPI's grpcio-tools) and,
+  # with CLUSTER=1, `cluster` for the Ballista step
+  export PROTOC=${PROTOC:-$ROOT/scripts/protoc}
+  FEATURES_BENCH=flight
+  if [ "${CLUSTER:-}" = 1 ]; then FEATURES_BENCH="flight cluster"; fi
+  CARGO_TARGET_DIR=$TARGET cargo build --release --bin ingot --no-default-features --features "$FEATURES_BENCH"
   INGOT=$TARGET/release/ingot
 fi
 [ -x "$INGOT" ] || die "no ingot binary at $INGOT"
@@ -209,6 +221,35 @@ if [ "${SILVER:-1}" = 1 ]; then
   measure silver_duckdb "$PY" bench/silver_duckdb.py build "$SLAKE/bronze/lineitem/**/*.parquet" "$SDDB" ||
     die "DuckDB's silver job failed"
 
+  if [ "${CLUSTER:-}" = 1 ]; then
+    # The same full build on a one-scheduler, two-executor loopback cluster (bronze still has one
+    # run, so every plan of the build runs there; the client writes the snapshot and commits).
+    step "(g2) ingot: full silver build of lineitem on a loopback cluster (1 scheduler, 2 executors)"
+    CLUSTER_PIDS=()
+    stop_cluster() { for p in "${CLUSTER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+    trap stop_cluster EXIT
+    CPORT=${BENCH_CLUSTER_PORT:-50150}
+    "$INGOT" --lake "$SLAKE" cluster scheduler --bind "127.0.0.1:$CPORT" > "$MEASURE/cluster_scheduler.log" 2>&1 &
+    CLUSTER_PIDS+=($!)
+    for i in 1 2; do
+      "$INGOT" --lake "$SLAKE" cluster executor --scheduler "127.0.0.1:$CPORT" \
+        --bind "127.0.0.1:$((CPORT + 2 * i - 1))" --grpc-bind "127.0.0.1:$((CPORT + 2 * i))" \
+        --concurrent-tasks 1 --work-dir "$WORK/cluster-executor-$i" > "$MEASURE/cluster_executor_$i.log" 2>&1 &
+      CLUSTER_PIDS+=($!)
+    done
+    sleep 3
+    measure silver_cluster_full "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" --cluster "df://127.0.0.1:$CPORT" \
+      build lineitem --full || die "ingot's full silver build on the cluster failed"
+    stop_cluster
+    BUILD_C=$(build_id silver_cluster_full)
+    "$PY" bench/silver_duckdb.py check "$SLAKE" "$BUILD_C" "$SDDB" "$BRONZE_FIRST" --lineage |
+      tee "$MEASURE/silver_cluster_verify.log" || die "ingot's cluster build and DuckDB's differ (see above)"
+    CLUSTER_S=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["wall_s"])' "$MEASURE/silver_cluster_full.json")
+    LOCAL_S=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["wall_s"])' "$MEASURE/silver_ingot_full.json")
+    RATIO=$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$CLUSTER_S" "$LOCAL_S")
+    SILVER_META+=(--meta "cluster: full silver build on a loopback cluster of ingot processes (1 scheduler, 2 executors x 1 task, same machine): $CLUSTER_S s vs $LOCAL_S s in-process = ${RATIO}x (target <= 2x); its rows agree with DuckDB's ($(grep -c '^silver check: ok' "$MEASURE/silver_cluster_verify.log") checks ok)")
+  fi
+
   step "(h) ingot: ingest of the re-delivery with 1% of the rows changed ($NCHANGED)"
   measure silver_ingest_1pct "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" ingest lineitem "$ONEPCT" ||
     die "ingot's ingest of the 1% re-delivery failed"
@@ -245,11 +286,63 @@ if [ "${SILVER:-1}" = 1 ]; then
     tee -a "$MEASURE/silver_verify.log" || die "ingot's incremental silver build and DuckDB's differ (see above)"
   FLAGGED=$(sql "$SLAKE" "SELECT rows_written, rows_filtered, rows_rejected, rows_flagged FROM audit.silver_build_log WHERE build_id = '$BUILD_F'")
   SILVER_ARGS+=(--silver-changed "$NCHANGED")
-  SILVER_META=(
+  SILVER_META+=(
     --meta "silver: bench/rules/lineitem/v1.yaml (6 steps, 2 validations, anomalies when + spike) vs the same rules as DuckDB SQL (bench/silver_duckdb.py) over the bronze Parquet of one ingest (DuckDB writes the silver rows and the rejections; it needs no _current deduplication and writes no build state); full build: written,filtered,rejected,flagged = $FLAGGED"
     --meta "silver check: $(grep -c '^silver check: ok' "$MEASURE/silver_verify.log") checks ok; both builds agree with DuckDB on rows, fingerprints, anomaly_flags, disc_price, charge, l_shipmode (full build also row_hash, ingestion_run_id)"
     --meta "silver re-delivery: l_comment changed in every ${EVERY}th row ($NCHANGED rows); load average around the silver jobs: $SLOAD_BEFORE; after: $SLOAD_AFTER"
   )
+fi
+
+# ---------------------------------------------------------------------- 5c. analysts' SQL
+# TPC-H Q1 and Q6 (bench/queries) over silver.lineitem as the incremental build left it: ingot's
+# shell and DuckDB over the same snapshot files, each query run 3 times in one session, the
+# fastest run reported (timed inside each process: execute and fetch every row). Then the Flight
+# SQL round trip: a real ADBC client fetching a 1,000,000-row result from `ingot serve`, against
+# the same query run in-process by `ingot sql --format arrow` (whole process, best of 3).
+QUERY_ARGS=()
+if [ "${SILVER:-1}" = 1 ]; then
+  QDIR=$MEASURE/queries
+  mkdir -p "$QDIR"
+  for q in q1 q6; do
+    step "($q) TPC-H ${q^^} over silver.lineitem: ingot sql and DuckDB, best of 3"
+    QSQL=$(grep -v '^--' "bench/queries/$q.sql" | sed 's/\blineitem\b/silver.lineitem/')
+    printf '\\timing on\n\\format csv\n%s;\n%s;\n%s;\n' "$QSQL" "$QSQL" "$QSQL" |
+      ingot --lake "$SLAKE" sql > "$QDIR/$q.ingot.out" 2> "$QDIR/$q.ingot.err" ||
+      die "ingot sql $q failed: $(cat "$QDIR/$q.ingot.err")"
+    BEST_I=$(sed -n 's/.* rows\{0,1\} in \([0-9.]*\)s$/\1/p' "$QDIR/$q.ingot.err" | sort -g | head -n 1)
+    [ -n "$BEST_I" ] || die "no timing from ingot sql $q: $(cat "$QDIR/$q.ingot.err")"
+    # the first result of the three (header + rows up to the next header)
+    awk 'NR == 1 { h = $0 } NR > 1 && $0 == h { exit } { print }' "$QDIR/$q.ingot.out" > "$QDIR/$q.ingot.csv"
+    BEST_D=$("$PY" bench/tpch_queries.py duckdb "$SLAKE" "$BUILD_I" "bench/queries/$q.sql" "$QDIR/$q.duckdb.csv" 3 |
+      sed -n 's/^best //p') || die "DuckDB $q failed"
+    "$PY" bench/tpch_queries.py same "$QDIR/$q.ingot.csv" "$QDIR/$q.duckdb.csv" >&2 ||
+      die "ingot and DuckDB give different $q results ($QDIR/$q.*.csv)"
+    QUERY_ARGS+=(--query "$q,$BEST_I,$BEST_D")
+  done
+
+  step "(flight) Flight SQL round trip of a 1,000,000-row result vs the same query in-process"
+  FQ="SELECT l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice, l_discount, l_tax, l_shipdate, l_shipmode FROM silver.lineitem LIMIT 1000000"
+  BEST_P=
+  for _ in 1 2 3; do
+    T0=$(date +%s.%N)
+    ingot --lake "$SLAKE" sql "$FQ" --format arrow --output /dev/null || die "ingot sql --format arrow failed"
+    T=$(echo "$(date +%s.%N) - $T0" | bc)
+    if [ -z "$BEST_P" ] || [ "$(echo "$T < $BEST_P" | bc)" = 1 ]; then BEST_P=$T; fi
+  done
+  coproc SERVE { exec "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" serve --addr 127.0.0.1:0; }
+  SERVE_PID=$SERVE_PID
+  trap 'kill $SERVE_PID 2>/dev/null || true' EXIT
+  read -r -t 60 FIRST <&"${SERVE[0]}" || die "ingot serve did not start"
+  ADDR=$(echo "$FIRST" | sed -n 's/^listening on \([^ ]*\).*/\1/p')
+  [ -n "$ADDR" ] || die "ingot serve said: $FIRST"
+  FLIGHT=$("$PY" bench/flight_fetch.py "grpc://$ADDR" "$FQ" 3) || die "the Flight SQL client failed"
+  kill "$SERVE_PID" 2>/dev/null || true
+  wait "$SERVE_PID" 2>/dev/null || true
+  trap - EXIT
+  FROWS=$(echo "$FLIGHT" | sed -n 's/^rows \([0-9]*\) .*/\1/p')
+  WANT=$(sql "$SLAKE" "SELECT least(count(*), 1000000) FROM silver.lineitem")
+  [ "$FROWS" = "$WANT" ] || die "the Flight SQL client got $FROWS rows, expected $WANT"
+  QUERY_ARGS+=(--flight "$(echo "$FLIGHT" | sed -n 's/.* best //p'),$(printf '%.4f' "$BEST_P"),$FROWS")
 fi
 
 # ------------------------------------------------------------------------ 6. SF10 (opt.)
@@ -273,7 +366,7 @@ MEM_GIB=$(awk '/^MemTotal:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)
 CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
 "$PY" bench/report.py --measure "$MEASURE" --sf "$SF" --rows "$ROWS" --md "$ROOT/bench/results-sf$SF.md" \
-  "${SF10_ARGS[@]}" "${SILVER_ARGS[@]}" \
+  "${SF10_ARGS[@]}" "${SILVER_ARGS[@]}" "${QUERY_ARGS[@]}" \
   --meta "measured: $(date -u +%Y-%m-%dT%H:%MZ)" \
   --meta "machine: nproc $(nproc), memory $MEM_GIB GiB, ${CPU:-unknown CPU}, $(uname -sr)" \
   --meta "ingot: commit $COMMIT, binary $INGOT built $BIN_DATE, default --memory-limit" \

@@ -5,8 +5,15 @@
 //! a create-if-absent put (see [`crate::lake`]). Failure rows are streamed to a run-scoped Parquet
 //! file that only becomes visible through the run's committed record.
 //!
-//! Extension beyond DESIGN.md: the run log has an `ignored_columns` column (comma-separated input
-//! columns dropped under `unknown_fields: ignore`, null when none).
+//! Extensions beyond DESIGN.md: the run log has an `ignored_columns` column (comma-separated input
+//! columns dropped under `unknown_fields: ignore`, null when none), `rolled_back_at` (set by
+//! `ingot undo`), `rows_deleted` (tombstones of a `delivery: full` run), `natural_key_version`
+//! (the key version of the fingerprints the run wrote) and `previous_natural_key_version` (set only
+//! on the run of an `ingot rekey`: the key version it migrated from).
+//!
+//! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
+//! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
+//! file holds `rows_inserted + rows_updated + rows_deleted` rows (new versions, then tombstones).
 
 use std::sync::Arc;
 
@@ -91,6 +98,15 @@ pub struct RunRecord {
     pub ignored_columns: Option<String>,
     /// When `ingot undo` rolled the run back (microseconds, UTC); extension column.
     pub rolled_back_at: Option<i64>,
+    /// Tombstones written: current records whose natural key a `delivery: full` file did not
+    /// have (extension column; null in older records reads as 0).
+    pub rows_deleted: i64,
+    /// The natural-key version of the fingerprints the run wrote (extension column; null in
+    /// older records: then the run's bronze file says).
+    pub natural_key_version: Option<i32>,
+    /// Set on the runs `ingot rekey` commits: the natural-key version it migrated from
+    /// (extension column).
+    pub previous_natural_key_version: Option<i32>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -99,7 +115,17 @@ pub struct RunRecord {
 impl RunRecord {
     /// Did this run write a bronze data file?
     pub fn has_data(&self) -> bool {
-        self.status.is_loaded() && self.rows_inserted + self.rows_updated > 0
+        self.status.is_loaded() && self.rows_written() > 0
+    }
+
+    /// Rows of the run's bronze file: new versions and tombstones.
+    pub fn rows_written(&self) -> i64 {
+        self.rows_inserted + self.rows_updated + self.rows_deleted
+    }
+
+    /// Is this the run of an `ingot rekey`?
+    pub fn is_rekey(&self) -> bool {
+        self.previous_natural_key_version.is_some()
     }
 
     pub fn has_failures(&self) -> bool {
@@ -129,6 +155,9 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("ingot_version", DataType::Utf8, false),
         Field::new("ignored_columns", DataType::Utf8, true),
         Field::new("rolled_back_at", timestamp_type(), true),
+        Field::new("rows_deleted", DataType::Int64, true),
+        Field::new("natural_key_version", DataType::Int32, true),
+        Field::new("previous_natural_key_version", DataType::Int32, true),
     ]))
 }
 
@@ -186,6 +215,13 @@ impl RunRecord {
             str_array(Some(&self.ingot_version)),
             str_array(self.ignored_columns.as_deref()),
             opt_ts_array(self.rolled_back_at),
+            i64_array(self.rows_deleted),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
+                self.natural_key_version,
+            ])),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
+                self.previous_natural_key_version,
+            ])),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -220,6 +256,9 @@ impl RunRecord {
                     None => None,
                 },
                 rolled_back_at: c.opt_ts("rolled_back_at", r)?,
+                rows_deleted: c.opt_i64("rows_deleted", r)?.unwrap_or(0),
+                natural_key_version: c.opt_i32("natural_key_version", r)?,
+                previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
                 seq: 0,
             });
         }
@@ -346,6 +385,24 @@ impl<'a> LogColumns<'a> {
             return Ok(None);
         }
         let a = self.ts(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
+    }
+
+    /// A nullable int64 of a column that older records may lack (`None` then).
+    fn opt_i64(&self, name: &str, row: usize) -> Result<Option<i64>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.i64(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
+    }
+
+    /// A nullable int32 of a column that older records may lack (`None` then).
+    fn opt_i32(&self, name: &str, row: usize) -> Result<Option<i32>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.i32(name)?;
         Ok((!a.is_null(row)).then(|| a.value(row)))
     }
 

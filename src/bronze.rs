@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
+};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, ArrowRowGroupWriterFactory, compute_leaves,
@@ -34,8 +36,18 @@ pub fn meta_fields() -> Vec<Field> {
         Field::new("contract_version", DataType::Int32, true),
         Field::new("source_row_number", DataType::Int64, true),
         Field::new("ingested_at", timestamp_type(), true),
+        Field::new(IS_DELETED, DataType::Boolean, true),
+        Field::new(PREVIOUS_FINGERPRINT, DataType::Utf8, true),
     ]
 }
+
+/// Bronze column: true on a tombstone, the version that ends a record (a natural key absent from
+/// a `delivery: full` file). Files written before deletions existed lack it: null counts as false.
+pub const IS_DELETED: &str = "is_deleted";
+
+/// Bronze column: on the versions `ingot rekey` wrote, the record's fingerprint under the previous
+/// natural-key version; null on every other row.
+pub const PREVIOUS_FINGERPRINT: &str = "previous_natural_key_fingerprint";
 
 /// Parquet settings of every file ingot writes: zstd, dictionary on (the default).
 pub fn writer_properties() -> WriterProperties {
@@ -105,7 +117,8 @@ impl RunStamp {
         built.clone().map(|a| a.slice(0, n))
     }
 
-    /// Append the bronze columns to `fields` (contract columns, already filtered to the rows kept).
+    /// Append the bronze columns to `fields` (contract columns, already filtered to the rows kept);
+    /// `deleted`: the rows are tombstones.
     pub fn stamp(
         &mut self,
         schema: &SchemaRef,
@@ -113,6 +126,7 @@ impl RunStamp {
         row_hash: ArrayRef,
         fingerprint: ArrayRef,
         row_numbers: ArrayRef,
+        deleted: bool,
     ) -> Result<RecordBatch> {
         let n = row_hash.len();
         let [run_id, file_hash, key_version, contract_version, ingested_at] = self.constants(n);
@@ -124,6 +138,8 @@ impl RunStamp {
         columns.push(contract_version);
         columns.push(row_numbers);
         columns.push(ingested_at);
+        columns.push(Arc::new(BooleanArray::from(vec![deleted; n])));
+        columns.push(new_null_array(&DataType::Utf8, n));
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
 }

@@ -10,12 +10,20 @@
 //! Tables are listing tables over the explicit list of files named by committed run records, so
 //! an uncommitted (crashed) run is invisible by construction and the same plans can later be
 //! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
-//! `natural_key_fingerprint` (newest `ingested_at`, then run id).
+//! `natural_key_fingerprint` (newest `ingested_at`, then run id) over the runs since the source's
+//! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
+//! (`is_deleted`).
+//!
+//! DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
+//! are two small tables of their own in the default schema: `table_descriptions` (schema, table,
+//! kind, description) and `column_descriptions` (schema, table, column, type, nullable,
+//! description). The shell's `\d` reads them; so can any SQL or Flight SQL client.
 
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
+use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::logical_expr::ExprFunctionExt;
@@ -40,6 +48,8 @@ pub struct Catalog {
     pub builds: Vec<BuildRecord>,
     /// Problems of contracts that could not be loaded (their tables are missing).
     pub problems: Problems,
+    /// The cluster queries run on (`--cluster`), see [`crate::exec`].
+    pub cluster: Option<String>,
 }
 
 /// Open a session over the lake with all tables registered.
@@ -93,22 +103,27 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         "audit.row_failure_log",
         table_over(failure_files, failure_log_schema())?,
     )?;
+    register_descriptions(&ctx, ws, &contracts).await?;
     Ok(Catalog {
         ctx,
         contracts,
         runs,
         builds,
         problems,
+        cluster: ws.cluster.clone(),
     })
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let files: Vec<String> = bronze_runs(runs, &contract.source)
-        .into_iter()
-        .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-        .collect();
+    let files = |runs: Vec<&RunRecord>| -> Vec<String> {
+        runs.into_iter()
+            .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+            .collect()
+    };
     let name = format!("bronze.{}", contract.source);
-    ctx.register_table(name.as_str(), table_over(files, contract.bronze_schema())?)?;
+    let all = files(bronze_runs(runs, &contract.source));
+    ctx.register_table(name.as_str(), table_over(all, contract.bronze_schema())?)?;
+    let current_files = files(current_runs(runs, &contract.source));
     let rn = datafusion::functions_window::expr_fn::row_number()
         .partition_by(vec![col("natural_key_fingerprint")])
         .order_by(vec![
@@ -118,10 +133,10 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
         .build()?
         .alias("__ingot_rn");
     let current = ctx
-        .table(name.as_str())
-        .await?
+        .read_table(table_over(current_files, contract.bronze_schema())?)?
         .window(vec![rn])?
         .filter(col("__ingot_rn").eq(lit(1u64)))?
+        .filter(col(crate::bronze::IS_DELETED).is_not_true())?
         .drop_columns(&["__ingot_rn"])?;
     ctx.register_table(
         format!("bronze.{}_current", contract.source).as_str(),
@@ -130,9 +145,23 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     Ok(())
 }
 
-/// The runs whose bronze data file is part of `bronze.<source>` (silver builds read the same).
+/// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,
+/// including the history from before a rekey.
 pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
     runs.iter().filter(|r| r.source == source && r.has_data()).collect()
+}
+
+/// The runs that make up the current state of `source` (`bronze.<source>_current`, change
+/// detection, silver builds): the runs with data from the source's latest `ingot rekey` run on,
+/// or all of them when it was never re-keyed. The rekey run wrote every current record again
+/// under the new natural key, so nothing before it decides what is current.
+pub fn current_runs<'a>(runs: impl IntoIterator<Item = &'a RunRecord>, source: &str) -> Vec<&'a RunRecord> {
+    let loaded: Vec<&RunRecord> = runs
+        .into_iter()
+        .filter(|r| r.source == source && r.status.is_loaded())
+        .collect();
+    let from = loaded.iter().rposition(|r| r.is_rekey()).unwrap_or(0);
+    loaded[from..].iter().copied().filter(|r| r.has_data()).collect()
 }
 
 /// The build of `table` that was current at `t` (microseconds, UTC): the latest that had finished
@@ -225,10 +254,7 @@ async fn register_silver(
             continue;
         };
         if let Ok(schema) = crate::silver::build::planned_schema(ctx, contracts, latest).await {
-            ctx.register_table(
-                format!("silver.{table}").as_str(),
-                Arc::new(MemTable::try_new(schema, vec![vec![]])?),
-            )?;
+            ctx.register_table(format!("silver.{table}").as_str(), table_over(vec![], schema)?)?;
         }
     }
     Ok(())
@@ -248,10 +274,11 @@ pub async fn table_over_file(ctx: &SessionContext, lake: &Lake, rel: &str) -> Re
     table_over(vec![lake.url(rel)], schema)
 }
 
-/// A Parquet listing table over exactly `files` (an empty table when there are none).
+/// A Parquet listing table over exactly `files` (an [`EmptyTable`] when there are none, which a
+/// plan sent to a cluster carries as an empty relation, see [`crate::exec`]).
 pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
     if files.is_empty() {
-        return Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?));
+        return Ok(Arc::new(EmptyTable::new(schema)));
     }
     let urls = files
         .iter()
@@ -262,4 +289,96 @@ pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn Table
         .with_listing_options(options)
         .with_schema(schema);
     Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+/// `table_descriptions` and `column_descriptions` (see the module docs), from the contracts, the
+/// rules' descriptions and the registered tables' schemas.
+async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contracts: &ContractSet) -> Result<()> {
+    let mut tables: Vec<[String; 4]> = Vec::new();
+    for (source, c) in &contracts.contracts {
+        let d = c.description.clone().unwrap_or_default();
+        tables.push(["bronze".into(), source.clone(), "every version".into(), d.clone()]);
+        tables.push([
+            "bronze".into(),
+            format!("{source}_current"),
+            "latest version per key".into(),
+            d,
+        ]);
+    }
+    let mut silver = ctx
+        .catalog("ingot")
+        .and_then(|c| c.schema("silver"))
+        .map(|s| s.table_names())
+        .unwrap_or_default();
+    silver.sort();
+    let mut ignored = Problems::default();
+    let rules = crate::rules::RulesSet::load(&ws.rules_dir, contracts, &mut ignored);
+    for t in silver {
+        let d = rules.latest(&t).and_then(|r| r.description.clone()).unwrap_or_default();
+        tables.push(["silver".into(), t, "latest succeeded build".into(), d]);
+    }
+    for (t, d) in [
+        ("ingestion_run_log", "one row per ingestion run (its commit record)"),
+        (
+            "row_failure_log",
+            "every rejected row, bronze and silver, with its raw payload",
+        ),
+        ("silver_build_log", "one row per silver build"),
+    ] {
+        tables.push(["audit".into(), t.into(), "audit".into(), d.into()]);
+    }
+    let mut columns: Vec<[String; 6]> = Vec::new();
+    for [schema, table, _, _] in &tables {
+        let provider = ctx.table_provider(format!("{schema}.{table}").as_str()).await?;
+        // bronze and silver columns named like a contract field carry its description
+        let source = match schema.as_str() {
+            "bronze" => Some(table.strip_suffix("_current").unwrap_or(table)),
+            "silver" => Some(table.as_str()),
+            _ => None,
+        };
+        let contract = source.and_then(|s| contracts.contracts.get(s));
+        for f in provider.schema().fields() {
+            let d = contract
+                .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
+                .and_then(|x| x.description.clone())
+                .unwrap_or_default();
+            columns.push([
+                schema.clone(),
+                table.clone(),
+                f.name().clone(),
+                f.data_type().to_string(),
+                if f.is_nullable() { "yes" } else { "no" }.to_string(),
+                d,
+            ]);
+        }
+    }
+    ctx.register_table(
+        "table_descriptions",
+        strings_table(&["schema", "table", "kind", "description"], &tables)?,
+    )?;
+    ctx.register_table(
+        "column_descriptions",
+        strings_table(
+            &["schema", "table", "column", "type", "nullable", "description"],
+            &columns,
+        )?,
+    )?;
+    Ok(())
+}
+
+/// A small in-memory table of non-null strings, one row per array.
+fn strings_table<const N: usize>(names: &[&str; N], rows: &[[String; N]]) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let cols: Vec<ArrayRef> = (0..N)
+        .map(|i| Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r[i].as_str()))) as ArrayRef)
+        .collect();
+    let batch = RecordBatch::try_new(schema.clone(), cols)?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }

@@ -27,6 +27,8 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "contract_version",
     "source_row_number",
     "ingested_at",
+    "is_deleted",
+    "previous_natural_key_fingerprint",
     // silver
     "rules_version",
     "anomaly_flags",
@@ -45,6 +47,8 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "rows_updated",
     "rows_unchanged",
     "rows_failed",
+    "rows_deleted",
+    "previous_natural_key_version",
     "replay_of",
     "error",
     "ingot_version",
@@ -214,6 +218,20 @@ pub enum UnknownFields {
     Ignore,
 }
 
+/// What one delivered file is (contract key `delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The file holds some records (new and changed ones): nothing is ever deleted (default).
+    Incremental,
+    /// The file is the whole source: a current record whose natural key is not in it gets a
+    /// tombstone version (see [`crate::ingest`]).
+    Full,
+}
+
+impl Delivery {
+    pub const NAMES: &[&str] = &["incremental", "full"];
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnMissing {
     Reject,
@@ -248,6 +266,7 @@ pub struct Contract {
     pub format: Format,
     pub csv: CsvOptions,
     pub unknown_fields: UnknownFields,
+    pub delivery: Delivery,
     pub fields: Vec<Field>,
     pub natural_key: NaturalKey,
     pub resolve: Vec<Resolve>,
@@ -444,6 +463,7 @@ const CONTRACT_KEYS: &[&str] = &[
     "format",
     "csv",
     "unknown_fields",
+    "delivery",
     "fields",
     "natural_key",
     "resolve",
@@ -551,6 +571,20 @@ impl ContractReader<'_> {
                 }
             }),
         };
+        let delivery = match map.get("delivery") {
+            None => Some(Delivery::Incremental),
+            Some(n) => scalar_str(&file, n, "delivery", self.problems).and_then(|s| match s {
+                "incremental" => Some(Delivery::Incremental),
+                "full" => Some(Delivery::Full),
+                _ => {
+                    self.err(
+                        n.pos,
+                        format!("delivery must be one of: {}; found \"{s}\"", Delivery::NAMES.join(", ")),
+                    );
+                    None
+                }
+            }),
+        };
         let fields = match map.get("fields") {
             None => {
                 self.err(
@@ -580,6 +614,7 @@ impl ContractReader<'_> {
             format: format?,
             csv: csv?,
             unknown_fields: unknown_fields?,
+            delivery: delivery?,
             fields: fields?,
             natural_key: natural_key?,
             resolve: resolve?,

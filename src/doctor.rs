@@ -7,8 +7,9 @@
 //!    snapshot; files that belong to no committed run or build are listed as orphans (not a
 //!    violation: `ingot gc` removes them after its grace period).
 //! 2. **counts**: every run record reconciles (`rows_seen = inserted + updated + unchanged +
-//!    failed`), its bronze file has `inserted + updated` rows and its failure file `rows_failed`
-//!    rows; every build record reconciles (`rows_read = written + filtered + rejected`) and its
+//!    failed`), its bronze file has `inserted + updated + deleted` rows (new versions and
+//!    tombstones) and its failure file `rows_failed` rows; every build record reconciles
+//!    (`rows_read = written + filtered + rejected`) and its
 //!    failure file has `rows_rejected` rows.
 //! 3. **keys**: no run wrote two rows with one fingerprint, and `bronze.<source>_current` has one
 //!    row per fingerprint.
@@ -132,7 +133,7 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
                     "missing: run {} of {} committed {} written rows",
                     r.run_id,
                     r.source,
-                    r.rows_inserted + r.rows_updated
+                    r.rows_written()
                 ),
             ));
         }
@@ -228,13 +229,16 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         .await?
     };
     for r in catalog.runs.iter().filter(|r| r.status.is_loaded()) {
-        let want = r.rows_inserted + r.rows_updated;
+        let want = r.rows_written();
         let have = written.get(&r.run_id).copied().unwrap_or(0);
         if !damaged.contains(&r.source) && have != want {
             out.push(v(
                 "counts",
                 layout::bronze_data(&r.source, &r.run_id),
-                format!("has {have} rows; run {} recorded inserted + updated = {want}", r.run_id),
+                format!(
+                    "has {have} rows; run {} recorded inserted + updated + deleted = {want}",
+                    r.run_id
+                ),
             ));
         }
         let have = failed.get(&r.run_id).copied().unwrap_or(0);

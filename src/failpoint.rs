@@ -26,11 +26,20 @@ pub const BUILD: &[&str] = &["build.after_data", "build.before_commit", "build.a
 /// Every failpoint of `ingot undo` (runs and builds), in the order they are reached.
 pub const UNDO: &[&str] = &["undo.after_lock", "undo.before_commit", "undo.after_commit"];
 
+/// Every failpoint of `ingot rekey`, in the order they are reached.
+pub const REKEY: &[&str] = &[
+    "rekey.after_lock",
+    "rekey.after_data",
+    "rekey.after_failures",
+    "rekey.before_commit",
+    "rekey.after_commit",
+];
+
 /// Every failpoint of `ingot gc`.
 pub const GC: &[&str] = &["gc.after_first_delete"];
 
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, GC];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

@@ -1,13 +1,16 @@
-//! Writing query results for people (`table`) and for scripts (`csv`, `json`, `parquet`).
+//! Writing query results for people (`table`) and for scripts (`csv`, `json`, `parquet`,
+//! `arrow`).
 //!
-//! `csv`, `json` and `parquet` stream batch by batch; `table` has to see every row to size its
+//! `csv`, `json`, `parquet` and `arrow` stream batch by batch; `table` has to see every row to size its
 //! columns, so it is meant for the bounded results people read.
 
 use std::io::Write;
 use std::path::Path;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 
@@ -23,10 +26,23 @@ pub enum OutputFormat {
     Json,
     /// A Parquet file (needs --output).
     Parquet,
+    /// An Arrow IPC stream (to a file or a pipe, e.g. `pyarrow.ipc.open_stream`).
+    Arrow,
 }
 
 /// Run `df` and write its rows to `output` (stdout when `None`). Returns the number of rows.
 pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option<&Path>) -> Result<u64> {
+    let schema = df.schema().inner().clone();
+    write_stream(schema, df.execute_stream().await?, format, output).await
+}
+
+/// Write the rows of `stream` (of `schema`) to `output` (stdout when `None`). Returns the number of rows.
+pub async fn write_stream(
+    schema: SchemaRef,
+    mut stream: SendableRecordBatchStream,
+    format: OutputFormat,
+    output: Option<&Path>,
+) -> Result<u64> {
     let mut sink: Box<dyn Write + Send> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| Error::io(p.display(), e))?,
@@ -38,8 +54,6 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
             Box::new(std::io::BufWriter::new(std::io::stdout()))
         }
     };
-    let schema = df.schema().inner().clone();
-    let mut stream = df.execute_stream().await?;
     let mut rows = 0u64;
     let io = |e: std::io::Error| {
         Error::io(
@@ -93,6 +107,15 @@ pub async fn write_dataframe(df: DataFrame, format: OutputFormat, output: Option
                 w.write(&b)?;
             }
             w.close()?;
+        }
+        OutputFormat::Arrow => {
+            let mut w = datafusion::arrow::ipc::writer::StreamWriter::try_new(&mut sink, &schema)?;
+            while let Some(b) = stream.next().await {
+                let b = b?;
+                rows += b.num_rows() as u64;
+                w.write(&b)?;
+            }
+            w.finish()?;
         }
     }
     sink.flush().map_err(io)?;

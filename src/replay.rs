@@ -269,6 +269,13 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
         }
         RunStatus::Succeeded | RunStatus::SucceededWithFailures => {}
     }
+    if run.is_rekey() {
+        return Err(Error::Invalid(format!(
+            "run {} is a rekey run: its failures are records the new natural key made collide, not rows of a file; \
+             deliver those records again under the new key, or undo the rekey",
+            run.run_id
+        )));
+    }
     let contract = crate::contract::ContractSet::load_one(&ws.contracts_dir, &run.source)?;
     if contract.format == Format::Parquet {
         return Err(Error::Invalid(format!(

@@ -24,6 +24,9 @@ pub struct Workspace {
     pub rules_dir: PathBuf,
     pub landing_dir: PathBuf,
     pub memory_limit: usize,
+    /// `--cluster df://HOST:PORT`: run DataFusion plans on this Ballista cluster (see
+    /// [`crate::exec`]); `None` runs everything in this process.
+    pub cluster: Option<String>,
 }
 
 impl Workspace {

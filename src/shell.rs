@@ -13,13 +13,9 @@
 use std::io::BufRead;
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use std::sync::Arc;
-
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::output::{OutputFormat, write_dataframe};
+use crate::output::{OutputFormat, write_dataframe, write_stream};
 
 /// Splits input lines into complete statements and backslash commands.
 #[derive(Debug, Default)]
@@ -90,8 +86,6 @@ impl StatementReader {
 /// The shell's state.
 pub struct Shell<'a> {
     catalog: &'a Catalog,
-    /// Where the rules live (silver tables' descriptions).
-    rules_dir: &'a std::path::Path,
     pub format: OutputFormat,
     pub timing: bool,
     /// Statements that failed so far.
@@ -107,10 +101,9 @@ const HELP: &str = "\
   SQL statements end with ';' and may span lines. The lake is read-only here.";
 
 impl<'a> Shell<'a> {
-    pub fn new(catalog: &'a Catalog, rules_dir: &'a std::path::Path, format: OutputFormat, timing: bool) -> Shell<'a> {
+    pub fn new(catalog: &'a Catalog, format: OutputFormat, timing: bool) -> Shell<'a> {
         Shell {
             catalog,
-            rules_dir,
             format,
             timing,
             errors: 0,
@@ -124,7 +117,9 @@ impl<'a> Shell<'a> {
                 let start = Instant::now();
                 let result = async {
                     let df = crate::sql::query(&self.catalog.ctx, sql).await?;
-                    write_dataframe(df, self.format, None).await
+                    let schema = df.schema().inner().clone();
+                    let rows = crate::exec::stream(self.catalog.cluster.as_deref(), df, "sql").await?;
+                    write_stream(schema, rows, self.format, None).await
                 }
                 .await;
                 match result {
@@ -155,9 +150,9 @@ impl<'a> Shell<'a> {
         match (name, arg) {
             ("\\q" | "\\quit", _) => return Ok(false),
             ("\\?" | "\\help" | "\\h", _) => println!("{HELP}"),
-            ("\\d", None) => self.show(self.tables()?).await?,
+            ("\\d", None) => self.tables().await?,
             ("\\d", Some(table)) => match self.columns(table).await {
-                Ok(batch) => self.show(batch).await?,
+                Ok(()) => {}
                 Err(e) => {
                     self.errors += 1;
                     eprintln!("error: {e}");
@@ -182,104 +177,39 @@ impl<'a> Shell<'a> {
         Ok(true)
     }
 
-    async fn show(&self, batch: RecordBatch) -> Result<()> {
-        let df = self.catalog.ctx.read_batch(batch)?;
+    /// Every table of the catalog: schema, name, what it is, description.
+    async fn tables(&self) -> Result<()> {
+        let df = self.catalog.ctx.table("table_descriptions").await?;
         write_dataframe(df, self.format, None).await?;
         Ok(())
     }
 
-    /// Every table of the catalog: schema, name, what it is, description.
-    fn tables(&self) -> Result<RecordBatch> {
-        let mut rows: Vec<[String; 4]> = Vec::new();
-        for (source, c) in &self.catalog.contracts.contracts {
-            let d = c.description.clone().unwrap_or_default();
-            rows.push(["bronze".into(), source.clone(), "every version".into(), d.clone()]);
-            rows.push([
-                "bronze".into(),
-                format!("{source}_current"),
-                "latest version per key".into(),
-                d,
-            ]);
-        }
-        let silver = self
-            .catalog
-            .ctx
-            .catalog("ingot")
-            .and_then(|c| c.schema("silver"))
-            .map(|s| s.table_names())
-            .unwrap_or_default();
-        let mut silver = silver;
-        silver.sort();
-        let mut ignored = crate::yaml::Problems::default();
-        let rules = crate::rules::RulesSet::load(self.rules_dir, &self.catalog.contracts, &mut ignored);
-        for t in silver {
-            let d = rules.latest(&t).and_then(|r| r.description.clone()).unwrap_or_default();
-            rows.push(["silver".into(), t, "latest succeeded build".into(), d]);
-        }
-        for (t, d) in [
-            ("ingestion_run_log", "one row per ingestion run (its commit record)"),
-            (
-                "row_failure_log",
-                "every rejected row, bronze and silver, with its raw payload",
-            ),
-            ("silver_build_log", "one row per silver build"),
-        ] {
-            rows.push(["audit".into(), t.into(), "audit".into(), d.into()]);
-        }
-        rows_batch(&["schema", "table", "kind", "description"], rows)
-    }
-
     /// The columns of one table, with contract descriptions where there are some.
-    async fn columns(&self, table: &str) -> Result<RecordBatch> {
-        let provider = self
+    async fn columns(&self, table: &str) -> Result<()> {
+        let (schema, name) = table
+            .split_once('.')
+            .ok_or_else(|| Error::Invalid(format!("no table \"{table}\"; \\d lists the tables (schema.table)")))?;
+        use datafusion::prelude::{col, lit};
+        let df = self
             .catalog
             .ctx
-            .table_provider(table)
-            .await
-            .map_err(|_| Error::Invalid(format!("no table \"{table}\"; \\d lists the tables")))?;
-        let source = table
-            .strip_prefix("bronze.")
-            .map(|t| t.strip_suffix("_current").unwrap_or(t))
-            .or_else(|| table.strip_prefix("silver."));
-        let contract = source.and_then(|s| self.catalog.contracts.contracts.get(s));
-        let rows = provider
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| {
-                let d = contract
-                    .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
-                    .and_then(|x| x.description.clone())
-                    .unwrap_or_default();
-                [
-                    f.name().clone(),
-                    f.data_type().to_string(),
-                    if f.is_nullable() { "yes" } else { "no" }.to_string(),
-                    d,
-                ]
-            })
-            .collect();
-        rows_batch(&["column", "type", "nullable", "description"], rows)
+            .table("column_descriptions")
+            .await?
+            .filter(col("schema").eq(lit(schema)).and(col("table").eq(lit(name))))?
+            .select_columns(&["column", "type", "nullable", "description"])?;
+        let df = df.cache().await?;
+        if df.clone().count().await? == 0 {
+            return Err(Error::Invalid(format!("no table \"{table}\"; \\d lists the tables")));
+        }
+        write_dataframe(df, self.format, None).await?;
+        Ok(())
     }
-}
-
-fn rows_batch<const N: usize>(names: &[&str; N], rows: Vec<[String; N]>) -> Result<RecordBatch> {
-    let schema = Arc::new(Schema::new(
-        names
-            .iter()
-            .map(|n| Field::new(*n, DataType::Utf8, false))
-            .collect::<Vec<_>>(),
-    ));
-    let cols: Vec<ArrayRef> = (0..N)
-        .map(|i| Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r[i].as_str()))) as ArrayRef)
-        .collect();
-    Ok(RecordBatch::try_new(schema, cols)?)
 }
 
 /// Read statements from a non-terminal stdin and run them; returns the exit code (2 if any
 /// statement failed).
-pub async fn run_piped(catalog: &Catalog, rules_dir: &std::path::Path, format: OutputFormat) -> Result<u8> {
-    let mut shell = Shell::new(catalog, rules_dir, format, false);
+pub async fn run_piped(catalog: &Catalog, format: OutputFormat) -> Result<u8> {
+    let mut shell = Shell::new(catalog, format, false);
     let mut reader = StatementReader::default();
     let stdin = std::io::stdin();
     let mut inputs = Vec::new();
@@ -301,14 +231,14 @@ pub async fn run_piped(catalog: &Catalog, rules_dir: &std::path::Path, format: O
 /// The interactive shell on a terminal, in a build without the `shell` feature: statements from
 /// stdin as in a pipe.
 #[cfg(not(feature = "shell"))]
-pub async fn run_interactive(catalog: &Catalog, rules_dir: &std::path::Path, format: OutputFormat) -> Result<u8> {
+pub async fn run_interactive(catalog: &Catalog, format: OutputFormat) -> Result<u8> {
     eprintln!("(this ingot was built without the `shell` feature: no line editing; statements end with ';')");
-    run_piped(catalog, rules_dir, format).await
+    run_piped(catalog, format).await
 }
 
 /// The interactive shell on a terminal (line editing, history).
 #[cfg(feature = "shell")]
-pub async fn run_interactive(catalog: &Catalog, rules_dir: &std::path::Path, format: OutputFormat) -> Result<u8> {
+pub async fn run_interactive(catalog: &Catalog, format: OutputFormat) -> Result<u8> {
     use rustyline::error::ReadlineError;
     let mut editor = rustyline::DefaultEditor::new().map_err(|e| Error::Invalid(format!("terminal: {e}")))?;
     let history = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".ingot_history"));
@@ -316,7 +246,7 @@ pub async fn run_interactive(catalog: &Catalog, rules_dir: &std::path::Path, for
         let _ = editor.load_history(h);
     }
     println!("ingot sql shell: read-only SQL over bronze.*, silver.*, audit.*; \\? for help, \\q to quit");
-    let mut shell = Shell::new(catalog, rules_dir, format, true);
+    let mut shell = Shell::new(catalog, format, true);
     let mut reader = StatementReader::default();
     loop {
         let prompt = if reader.pending() { "     -> " } else { "ingot> " };

@@ -24,6 +24,12 @@
 //! itself. Undoing a rolled-back run is a no-op that says so; a run that loaded nothing (failed,
 //! skipped duplicate) has nothing to undo.
 //!
+//! A run of a `delivery: full` file also wrote tombstones for the records the file lacked: they
+//! stop counting with the rest of its file, so those records are current again (the message
+//! says how many). Around a re-key (see [`crate::rekey`]) undo refuses what would mix natural-key
+//! versions: a rekey run while runs after it exist, and a run from before a rekey that still
+//! counts.
+//!
 //! Caveat, by construction: an undo removes exactly the rows the run *wrote*. A record a later
 //! run delivered again unchanged was not written by that later run (it was `unchanged`), so
 //! undoing the run that first wrote it removes it even though the later file also had it.
@@ -62,6 +68,11 @@ impl Undone {
     /// One line for people.
     pub fn describe(&self) -> String {
         match self {
+            Undone::Run(r) if r.rows_deleted > 0 => format!(
+                "rolled back run {} of {} ({}): {} inserted and {} updated records no longer count, {} deleted records \
+                 are back, {} failure rows hidden",
+                r.run_id, r.source, r.file_path, r.rows_inserted, r.rows_updated, r.rows_deleted, r.rows_failed
+            ),
             Undone::Run(r) => format!(
                 "rolled back run {} of {} ({}): {} inserted and {} updated records no longer count, {} failure rows hidden",
                 r.run_id, r.source, r.file_path, r.rows_inserted, r.rows_updated, r.rows_failed
@@ -134,6 +145,9 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         };
         if let Some(n) = nothing_for_run(now) {
             return Ok(n);
+        }
+        if let Some(why) = crate::rekey::undo_blocker(&runs, now) {
+            return Err(Error::Invalid(why));
         }
         let mut record = now.clone();
         record.status = RunStatus::RolledBack;

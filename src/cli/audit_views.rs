@@ -49,6 +49,7 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
             "rows_updated",
             "rows_unchanged",
             "rows_failed",
+            "rows_deleted",
             "file_path",
             "replay_of",
             "rolled_back_at",

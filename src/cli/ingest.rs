@@ -63,7 +63,7 @@ pub fn describe(r: &RunRecord) -> String {
             r.run_id
         ),
         _ => format!(
-            "{} {}: {} rows seen: {} inserted, {} updated, {} unchanged, {} failed{} ({ms:.0} ms) [run {}]",
+            "{} {}: {} rows seen: {} inserted, {} updated, {} unchanged, {} failed{}{} ({ms:.0} ms) [run {}]",
             r.source,
             r.file_path,
             r.rows_seen,
@@ -71,6 +71,11 @@ pub fn describe(r: &RunRecord) -> String {
             r.rows_updated,
             r.rows_unchanged,
             r.rows_failed,
+            if r.rows_deleted > 0 {
+                format!("; {} deleted (not in this full delivery)", r.rows_deleted)
+            } else {
+                String::new()
+            },
             r.ignored_columns
                 .as_deref()
                 .map(|c| format!("; ignored columns: {c}"))
@@ -92,6 +97,7 @@ fn record_json(r: &RunRecord) -> String {
         "rows_updated": r.rows_updated,
         "rows_unchanged": r.rows_unchanged,
         "rows_failed": r.rows_failed,
+        "rows_deleted": r.rows_deleted,
         "error": r.error,
         "ignored_columns": r.ignored_columns,
     })

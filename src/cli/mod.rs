@@ -6,9 +6,12 @@
 mod audit_views;
 mod build;
 mod check;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod explain;
 mod gc;
 pub(crate) mod ingest;
+mod rekey;
 mod run;
 mod sql;
 mod undo;
@@ -51,6 +54,10 @@ pub struct Cli {
     /// Memory for DataFusion operators before they spill to disk (e.g. 512M, 2G).
     #[arg(long, global = true, env = "INGOT_MEMORY_LIMIT", default_value = "1G")]
     pub memory_limit: String,
+    /// Run the DataFusion plans of build, sql and ingest (the bronze scan) on this ingot cluster
+    /// (see `ingot cluster`); writes and commits stay in this process.
+    #[arg(long, global = true, env = "INGOT_CLUSTER", value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -64,8 +71,12 @@ pub enum Command {
     /// Each file is hashed first: a file a committed run already loaded is recorded as
     /// skipped_duplicate_file and not read again. Rows are typed and checked against the
     /// contract; rejected rows go to audit.row_failure_log and the rest loads. Only new and
-    /// changed records are written. A run becomes visible only when its run-log record commits,
-    /// so a crash at any point is undone by simply running the same command again.
+    /// changed records are written. When the contract says `delivery: full`, every current
+    /// record whose natural key the file lacks gets a tombstone (is_deleted) and leaves
+    /// bronze.<source>_current (rows_deleted in the run log). A run becomes visible only when its
+    /// run-log record commits, so a crash at any point is undone by simply running the same
+    /// command again. Refused (exit 2) while bronze is keyed with another natural_key version:
+    /// run `ingot rekey <source>` first.
     Ingest(ingest::IngestArgs),
     /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
     /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).
@@ -113,6 +124,16 @@ pub enum Command {
     /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
     /// shows which rows a replay loaded (replayed_by).
     Replay(undo::ReplayArgs),
+    /// Move a source's bronze to the contract's new natural key, as one committed run.
+    ///
+    /// Needed after natural_key (its fields or version) changed in contracts/<source>.yaml: until
+    /// then ingest of the source is refused. Every current record is written again under the new
+    /// fingerprint, with the old one in previous_natural_key_fingerprint; older versions stay as
+    /// they were. Records the new key makes collide with different contents are logged to
+    /// audit.row_failure_log (rule rekey_conflict) and are not current until delivered again.
+    /// `ingot undo <run_id>` of the rekey run restores the old keys. Running it again after it
+    /// committed does nothing.
+    Rekey(rekey::RekeyArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
     /// Removes the files of runs and builds that never committed, failed or were rolled back
@@ -133,6 +154,10 @@ pub enum Command {
     /// silver fingerprint is current in bronze, and that rules files match the SHA-256 their
     /// builds recorded. Files that belong to no committed run or build are listed as orphans.
     Doctor,
+    /// Run a process of an ingot cluster (Apache DataFusion Ballista): `ingot cluster scheduler`
+    /// or `ingot cluster executor`; then pass --cluster df://HOST:PORT to build, sql, ingest, run.
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::ClusterArgs),
 }
 
 #[cfg(feature = "flight")]
@@ -166,6 +191,7 @@ impl Cli {
             contracts_dir: self.contracts.clone(),
             rules_dir: self.rules.clone(),
             landing_dir: self.landing.clone(),
+            cluster: self.cluster.clone(),
             memory_limit: if memory_limit == 0 {
                 DEFAULT_MEMORY_LIMIT
             } else {
@@ -204,6 +230,12 @@ pub fn report(e: &Error) {
 }
 
 async fn dispatch(cli: Cli) -> Result<u8> {
+    // Commands that run plans fail early, naming the URL, when the cluster cannot be reached.
+    if let (Some(url), Command::Ingest(_) | Command::Sql(_) | Command::Build(_) | Command::Run(_)) =
+        (&cli.cluster, &cli.command)
+    {
+        crate::exec::check_cluster(url).await?;
+    }
     match &cli.command {
         Command::Check => check::run(&cli),
         Command::Ingest(args) => ingest::run(&cli, args).await,
@@ -215,8 +247,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Failures(args) => audit_views::failures(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
         Command::Replay(args) => undo::replay(&cli, args).await,
+        Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Gc(args) => gc::gc(&cli, args).await,
         Command::Doctor => gc::doctor(&cli).await,
+        #[cfg(feature = "cluster")]
+        Command::Cluster(args) => cluster::run(&cli, args).await,
         #[cfg(feature = "flight")]
         Command::Serve(args) => {
             crate::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;

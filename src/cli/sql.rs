@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, OutputArgs};
 use crate::error::Result;
-use crate::output::write_dataframe;
+use crate::output::write_stream;
 
 #[derive(Debug, clap::Args)]
 pub struct SqlArgs {
@@ -26,19 +26,22 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
         eprintln!("warning: {p} (its tables are not available)");
     }
     let Some(query) = &args.query else {
+        use crate::output::OutputFormat;
         use std::io::IsTerminal;
-        if args.output.output.is_some() || args.output.format == crate::output::OutputFormat::Parquet {
+        if args.output.output.is_some() || matches!(args.output.format, OutputFormat::Parquet | OutputFormat::Arrow) {
             return Err(crate::Error::Invalid(
-                "--output and --format parquet need a QUERY; the shell prints to the terminal".into(),
+                "--output and --format parquet|arrow need a QUERY; the shell prints table, csv or json".into(),
             ));
         }
         return if std::io::stdin().is_terminal() {
-            crate::shell::run_interactive(&catalog, &ws.rules_dir, args.output.format).await
+            crate::shell::run_interactive(&catalog, args.output.format).await
         } else {
-            crate::shell::run_piped(&catalog, &ws.rules_dir, args.output.format).await
+            crate::shell::run_piped(&catalog, args.output.format).await
         };
     };
     let df = crate::sql::query(&catalog.ctx, query).await?;
-    write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
+    let schema = df.schema().inner().clone();
+    let rows = crate::exec::stream(catalog.cluster.as_deref(), df, "sql").await?;
+    write_stream(schema, rows, args.output.format, args.output.output.as_deref()).await?;
     Ok(0)
 }

@@ -10,7 +10,8 @@
 //! bytes each, in an open-addressing table) and learns conflicts as it goes; [`Planned`] answers from row sets computed
 //! beforehand by the bounded-memory planner in [`super::spill`].
 
-use datafusion::arrow::array::{ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
@@ -82,22 +83,45 @@ fn bad_column(url: &str, col: &str) -> Error {
     ))
 }
 
-/// Stream the (fingerprint, row-hash) pairs of one committed bronze file, in file order.
-pub async fn scan_versions(ctx: &SessionContext, url: &str, mut f: impl FnMut(Fp, u64) -> Result<()>) -> Result<()> {
-    let df = ctx
-        .read_parquet(url, Default::default())
-        .await?
-        .select_columns(&["natural_key_fingerprint", "row_hash"])?;
-    let mut stream = df.execute_stream().await?;
+/// Stream the versions of one committed bronze file, in file order: the fingerprint and the
+/// row-hash prefix, or `None` for a tombstone (`is_deleted`; files from before deletions have no
+/// such column and no tombstones). The scan runs on `cluster` when given (see [`crate::exec`]).
+pub async fn scan_versions(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    url: &str,
+    mut f: impl FnMut(Fp, Option<u64>) -> Result<()>,
+) -> Result<()> {
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("row_hash", DataType::Utf8, true),
+        Field::new(crate::bronze::IS_DELETED, DataType::Boolean, true),
+    ]));
+    let df = ctx.read_table(crate::catalog::table_over(vec![url.to_string()], schema)?)?;
+    let mut stream = crate::exec::stream(cluster, df, "ingest: committed versions").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
         let rhs = StrColumn::new(batch.column(1)).ok_or_else(|| bad_column(url, "row_hash"))?;
+        let deleted = batch.column(2).as_boolean_opt();
         for i in 0..batch.num_rows() {
-            let (Some(fp), Some(rh)) = (fp_key(fps.value(i)), hex_u64(rhs.value(i).as_bytes())) else {
-                return Err(bad_column(url, "natural_key_fingerprint/row_hash"));
+            let tombstone = deleted.is_some_and(|d| d.is_valid(i) && d.value(i));
+            let Some(fp) = batch.column(0).is_valid(i).then(|| fp_key(fps.value(i))).flatten() else {
+                return Err(bad_column(url, "natural_key_fingerprint"));
             };
-            f(fp, rh)?;
+            if tombstone {
+                f(fp, None)?;
+                continue;
+            }
+            let Some(rh) = batch
+                .column(1)
+                .is_valid(i)
+                .then(|| hex_u64(rhs.value(i).as_bytes()))
+                .flatten()
+            else {
+                return Err(bad_column(url, "row_hash"));
+            };
+            f(fp, Some(rh))?;
         }
     }
     Ok(())
@@ -120,13 +144,33 @@ pub trait Classifier: Send {
     /// Conflicts found during the pass that the pass did not know about: the pass must be
     /// redone with them known (in-memory mode only).
     fn discovered(&self) -> bool;
+    /// A rejected record of the file whose key could be computed: its key counts as delivered
+    /// (a `delivery: full` file does not delete a record because today's row for it was bad).
+    fn mark_present(&mut self, _key: Fp) {}
+    /// After the pass of a `delivery: full` file: is `key` a current record the file did not
+    /// have? True once per key (the caller writes its tombstone).
+    fn take_deletion(&mut self, _key: Fp) -> bool {
+        false
+    }
 }
 
-/// Slot flags, kept in the two low bits of the second key word (keys are compared without them:
-/// 126 bits still need about 2^63 keys for a collision). A slot without flags is empty.
+/// Slot flags, kept in the four low bits of the second key word (keys are compared without them:
+/// 124 bits still need about 2^62 keys for a collision). A slot without flags is empty.
+/// The source has a live current version of the key (its row hash is the slot's third word).
 const HAS_CURRENT: u64 = 1;
+/// A valid record of the file has the key (its first row hash is the slot's fourth word).
 const IN_FILE: u64 = 2;
-const FLAGS: u64 = HAS_CURRENT | IN_FILE;
+/// The key's latest committed version is a tombstone (so it is not current).
+const DELETED: u64 = 4;
+/// The file has the key in a record that is not loaded (rejected with a computable key, or a
+/// natural-key conflict), or a tombstone was already written for it: never delete it.
+const PRESENT: u64 = 8;
+const FLAGS: u64 = HAS_CURRENT | IN_FILE | DELETED | PRESENT;
+
+/// A key as the index compares it (without the flag bits): what [`InMemory::absent_keys`] yields.
+pub fn index_key(key: Fp) -> Fp {
+    Fp(key.0, key.1 & !FLAGS)
+}
 
 /// One slot: `[key.0, key.1 & !FLAGS | flags, current row hash, first row hash in the file]`.
 type Slot = [u64; 4];
@@ -184,6 +228,22 @@ impl KeyTable {
             }
             if s[0] == key.0 && s[1] & !FLAGS == k1 {
                 return &mut self.slots[i];
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// The slot of `key`, if present.
+    fn find(&mut self, key: Fp) -> Option<&mut Slot> {
+        let k1 = key.1 & !FLAGS;
+        let mut i = self.home(key);
+        loop {
+            let s = self.slots[i];
+            if s[1] & FLAGS == 0 {
+                return None;
+            }
+            if s[0] == key.0 && s[1] & !FLAGS == k1 {
+                return Some(&mut self.slots[i]);
             }
             i = (i + 1) & self.mask;
         }
@@ -247,20 +307,34 @@ impl InMemory {
         }
     }
 
-    /// Fold a committed version into the index (later calls win).
-    pub fn add_current(&mut self, key: Fp, row_hash: u64) {
+    /// Fold a committed version into the index (later calls win); `None` is a tombstone.
+    pub fn add_current(&mut self, key: Fp, row_hash: Option<u64>) {
         let s = self.table.slot(key);
-        s[1] |= HAS_CURRENT;
-        s[2] = row_hash;
+        match row_hash {
+            Some(rh) => {
+                s[1] = (s[1] & !DELETED) | HAS_CURRENT;
+                s[2] = rh;
+            }
+            None => s[1] = (s[1] & !HAS_CURRENT) | DELETED,
+        }
     }
 
     /// Prepare a second pass that knows the conflicting keys found by the first.
     pub fn rerun_with_found(&mut self) {
         self.known.extend(self.found.drain());
         self.table.retain(|s| {
-            s[1] &= !IN_FILE;
+            s[1] &= !(IN_FILE | PRESENT);
             s[1] & HAS_CURRENT != 0
         });
+    }
+
+    /// The current keys the file did not have (after the pass): the deletions of a full delivery.
+    pub fn absent_keys(&self) -> impl Iterator<Item = Fp> + '_ {
+        self.table
+            .slots
+            .iter()
+            .filter(|s| s[1] & FLAGS & !DELETED == HAS_CURRENT)
+            .map(|s| Fp(s[0], s[1] & !FLAGS))
     }
 }
 
@@ -269,6 +343,7 @@ impl Classifier for InMemory {
     /// the key's first version in the file); otherwise new key, new version or same version.
     fn classify(&mut self, key: Fp, row_hash: u64, _row_number: u64) -> Fate {
         if !self.known.is_empty() && self.known.contains(&key) {
+            self.table.slot(key)[1] |= PRESENT;
             return Fate::Conflict;
         }
         let s = self.table.slot(key);
@@ -295,6 +370,20 @@ impl Classifier for InMemory {
 
     fn discovered(&self) -> bool {
         !self.found.is_empty()
+    }
+
+    fn mark_present(&mut self, key: Fp) {
+        self.table.slot(key)[1] |= PRESENT;
+    }
+
+    fn take_deletion(&mut self, key: Fp) -> bool {
+        match self.table.find(key) {
+            Some(s) if s[1] & FLAGS & !DELETED == HAS_CURRENT => {
+                s[1] |= PRESENT;
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -339,6 +428,10 @@ pub struct Planned {
     pub inserted: RowSet,
     pub updated: RowSet,
     pub conflicts: RowSet,
+    /// Keys to delete (a full delivery), sorted; 16 bytes each.
+    pub deletions: Vec<Fp>,
+    /// Which of `deletions` got their tombstone already (by position).
+    pub deleted: RowSet,
 }
 
 impl Classifier for Planned {
@@ -356,5 +449,15 @@ impl Classifier for Planned {
 
     fn discovered(&self) -> bool {
         false
+    }
+
+    fn take_deletion(&mut self, key: Fp) -> bool {
+        match self.deletions.binary_search(&index_key(key)) {
+            Ok(i) if !self.deleted.contains(i as u64) => {
+                self.deleted.insert(i as u64);
+                true
+            }
+            _ => false,
+        }
     }
 }

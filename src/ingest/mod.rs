@@ -2,15 +2,18 @@
 //!
 //! The sequence of a run, and where a crash can hit it:
 //!
-//! 1. take the source lock; hash the file's bytes; a file already loaded by a committed run is
+//! 1. take the source lock; refuse a contract whose natural-key version differs from the one the
+//!    source's bronze is keyed with (see [`crate::rekey`]); hash the file's bytes; a file already loaded by a committed run is
 //!    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
 //!    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
 //!    2-3 run (the bronze writer waits for the hash before its first rows);
 //! 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
-//!    bronze runs of the source, oldest first, so the newest version wins;
+//!    bronze runs of the source's current state ([`crate::catalog::current_runs`]), oldest
+//!    first, so the newest version wins (a tombstone makes its key absent);
 //! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
 //!    inserted / updated / unchanged / failed → stream new versions and failures to run-scoped
-//!    Parquet files;
+//!    Parquet files; for a `delivery: full` file, then append a **tombstone** for every current
+//!    key the file lacked (see below);
 //! 4. check the input did not change while it was read, commit the run-log record into the
 //!    source's next sequence slot (create-if-absent: a run that lost its lock to another run that
 //!    committed first publishes nothing), release the lock.
@@ -18,6 +21,17 @@
 //! In-file natural-key conflicts are found during the pass; a file that has any is processed a
 //! second time with the conflicting keys known, so that every record of a conflicting key is
 //! rejected (the first pass's run-scoped files are overwritten, never published).
+//!
+//! # Deletions (`delivery: full`)
+//!
+//! A full delivery is the whole source: a record current before the run whose natural key the
+//! file does not have is deleted by a tombstone version in the run's own data file, after its new
+//! versions: `is_deleted = true`, the record's fingerprint and natural-key fields (from its latest
+//! version), every other field, `row_hash` and `source_row_number` null. The key index already
+//! knows which current keys the file had; a rejected row whose key could be computed, and every row
+//! of a natural-key conflict, count as delivered (a malformed row today is not a deletion). The
+//! tombstones' keys and fields come from reading the current state's files once more, newest
+//! first. They count in `rows_deleted` and are undone with the run. A replay never deletes.
 //!
 //! Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
 //! the source and the file; everything else streams in batches. When the estimated keys exceed
@@ -41,7 +55,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::audit::{RunRecord, RunStatus, commit_run, read_run_log};
-use crate::contract::{Contract, Format};
+use crate::contract::{Contract, Delivery, Format};
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lake::layout;
@@ -160,13 +174,19 @@ pub async fn ingest_file(
         ingot_version: crate::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
         rolled_back_at: None,
+        rows_deleted: 0,
+        natural_key_version: Some(contract.natural_key.version as i32),
+        previous_natural_key_version: None,
         seq: 0,
     };
     let lock = crate::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
     let outcome = match read_run_log(&ws.lake).await {
         Ok(runs) => {
             record.seq = crate::audit::next_seq(&runs, &contract.source);
-            run(ws, &contract, path, opts, &mut record, &runs).await
+            match crate::rekey::check_key_version(ws, &runs, &contract).await {
+                Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
+                Err(e) => Err(e),
+            }
         }
         Err(e) => Err(e),
     };
@@ -181,6 +201,7 @@ pub async fn ingest_file(
             record.rows_updated = 0;
             record.rows_unchanged = 0;
             record.rows_failed = 0;
+            record.rows_deleted = 0;
             record.finished_at = now_micros();
             commit_run(&ws.lake, &record).await.map(|_| record)
         }
@@ -268,16 +289,14 @@ async fn load(
 ) -> Result<()> {
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
-    let committed: Vec<String> = runs
+    let current = crate::catalog::current_runs(runs.iter().copied(), &contract.source);
+    let committed: Vec<String> = current
         .iter()
-        .filter(|r| r.has_data())
         .map(|r| ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
         .collect();
-    let current_keys: u64 = runs
-        .iter()
-        .filter(|r| r.status.is_loaded())
-        .map(|r| r.rows_inserted as u64)
-        .sum();
+    let current_keys: u64 = current.iter().map(|r| r.rows_inserted.max(0) as u64).sum();
+    // A replay holds only the failed rows of its run: it never deletes.
+    let full = contract.delivery == Delivery::Full && opts.replay.is_none();
     // Deliveries mostly re-send keys the source already has (corrections, full re-deliveries), so
     // the index is sized for the larger of the two sets. If the file brings mostly new keys the
     // map grows past the budget, by at most the budget again (documented in README "Memory").
@@ -292,11 +311,13 @@ async fn load(
         record: &snapshot,
         hashers: &hashers,
         digest,
+        ctx: &ctx,
+        delete_from: full.then_some(committed.as_slice()),
     };
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
         for url in &committed {
-            scan_versions(&ctx, url, |fp, rh| {
+            scan_versions(&ctx, ws.cluster.as_deref(), url, |fp, rh| {
                 index.add_current(fp, rh);
                 Ok(())
             })
@@ -326,7 +347,7 @@ async fn load(
             index_budget(ws),
             1u32 << bits
         );
-        let mut planned = spill::plan(&ctx, &input, &committed, bits).await?;
+        let mut planned = spill::plan(&ctx, &input, &committed, bits, full).await?;
         let keep_raw = !planned.conflicts.is_empty();
         match write_pass(&input, &mut planned, keep_raw).await? {
             PassOutcome::Done(stats) => stats,
@@ -338,6 +359,7 @@ async fn load(
     record.rows_updated = stats.updated as i64;
     record.rows_unchanged = stats.unchanged as i64;
     record.rows_failed = stats.failed as i64;
+    record.rows_deleted = stats.deleted as i64;
     record.ignored_columns = if stats.ignored.is_empty() {
         None
     } else {

@@ -11,14 +11,15 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
-use datafusion::arrow::compute::take;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array, new_null_array};
+use datafusion::arrow::compute::{cast, take};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{Column, DFSchema};
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::{SessionContext, lit};
+use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -85,6 +86,18 @@ impl Hashers {
             fingerprint: ctx.create_physical_expr(fp, &schema)?,
             row_hash: ctx.create_physical_expr(rh, &schema)?,
         })
+    }
+
+    /// Fingerprints of a batch of contract fields (in [`Contract::fields_schema`]), under the
+    /// contract's natural key (`ingot rekey`).
+    pub fn fingerprint(&self, fields: &RecordBatch) -> Result<StringArray> {
+        let n = fields.num_rows();
+        self.fingerprint
+            .evaluate(fields)?
+            .into_array(n)?
+            .as_string_opt::<i32>()
+            .cloned()
+            .ok_or_else(|| Error::RunFailed("natural_key_fingerprint UDF returned a non-utf8 array".into()))
     }
 
     /// Fingerprints and row hashes of every row of the batch (rejected rows included).
@@ -250,6 +263,8 @@ struct NewRows {
     row_hash: ArrayRef,
     fingerprint: ArrayRef,
     row_numbers: ArrayRef,
+    /// Tombstones (see [`write_tombstones`]).
+    deleted: bool,
 }
 
 /// The run's data file, stamped and encoded (Parquet, zstd) on a blocking thread of its own so
@@ -280,7 +295,14 @@ impl DataWriter {
                 let Some(stamp) = ready.as_mut() else {
                     return Err(Error::RunFailed("internal error: the run stamp is missing".into()));
                 };
-                let batch = stamp.stamp(&schema, rows.columns, rows.row_hash, rows.fingerprint, rows.row_numbers)?;
+                let batch = stamp.stamp(
+                    &schema,
+                    rows.columns,
+                    rows.row_hash,
+                    rows.fingerprint,
+                    rows.row_numbers,
+                    rows.deleted,
+                )?;
                 writer.write(&batch)?;
                 if first {
                     failpoint::hit("ingest.mid_data")?;
@@ -343,6 +365,8 @@ pub struct Stats {
     pub updated: u64,
     pub unchanged: u64,
     pub failed: u64,
+    /// Tombstones written (a full delivery).
+    pub deleted: u64,
     pub ignored: Vec<String>,
 }
 
@@ -371,6 +395,10 @@ pub struct RunInput<'a> {
     pub hashers: &'a Arc<Hashers>,
     /// The input's hash (stamped on every bronze row), possibly still computing.
     pub digest: &'a FileDigest,
+    pub ctx: &'a SessionContext,
+    /// For a `delivery: full` file: the bronze files of the source's current state (oldest
+    /// first), read again after the pass to write the tombstones. `None`: nothing is deleted.
+    pub delete_from: Option<&'a [String]>,
 }
 
 /// Parse the file and write the run's data and failure files, asking `classifier` the fate of
@@ -384,6 +412,8 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         record,
         hashers,
         digest,
+        ctx,
+        delete_from,
     } = *input;
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
@@ -411,6 +441,9 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         stats.seen += batch.num_rows() as u64;
         for r in &batch.rejections {
             stats.failed += 1;
+            if r.key_ok && delete_from.is_some() {
+                classifier.mark_present(hashed.key(r.index).0);
+            }
             failures
                 .push(FailureRow {
                     source_row_number: Some(r.row_number as i64),
@@ -466,6 +499,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
                     row_hash: Arc::new(hashed.rh.clone()),
                     fingerprint: Arc::new(hashed.fp.clone()),
                     row_numbers: batch.row_numbers.clone(),
+                    deleted: false,
                 }
             } else {
                 let idx = UInt32Array::from(keep);
@@ -479,6 +513,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
                     row_hash: take(&hashed.rh, &idx, None)?,
                     fingerprint: take(&hashed.fp, &idx, None)?,
                     row_numbers: take(batch.row_numbers.as_ref(), &idx, None)?,
+                    deleted: false,
                 }
             };
             data.write(rows).await?;
@@ -498,12 +533,84 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         return Ok(PassOutcome::Rerun);
     }
     log_conflicts(contract, held, &mut failures).await?;
+    if let Some(urls) = delete_from {
+        stats.deleted = write_tombstones(ctx, contract, urls, classifier, &mut data).await?;
+    }
     data.finish().await?;
     failpoint::hit("ingest.after_data")?;
     failures.finish().await?;
     failpoint::hit("ingest.after_failures")?;
     stats.ignored = producer.ignored.await.unwrap_or_default();
     Ok(PassOutcome::Done(stats))
+}
+
+/// Write a tombstone for every current record a full delivery did not have: read the current
+/// state's bronze files newest first (so the first row of a key is its latest version) and ask the
+/// classifier for each key. A tombstone keeps the record's natural-key fields (from that latest
+/// version) and its fingerprint; every other field, `row_hash` and `source_row_number` are null,
+/// `is_deleted` is true. Returns the number written.
+async fn write_tombstones(
+    ctx: &SessionContext,
+    contract: &Contract,
+    urls: &[String],
+    classifier: &mut dyn Classifier,
+    data: &mut DataWriter,
+) -> Result<u64> {
+    let schema = contract.bronze_schema();
+    let key_names: Vec<&str> = contract
+        .natural_key
+        .fields
+        .iter()
+        .map(|&i| contract.fields[i].name.as_str())
+        .collect();
+    let mut columns = vec!["natural_key_fingerprint"];
+    columns.extend(&key_names);
+    let mut written = 0u64;
+    for url in urls.iter().rev() {
+        let df = ctx
+            .read_table(crate::catalog::table_over(vec![url.clone()], schema.clone())?)?
+            .select_columns(&columns)?;
+        let mut stream = df.execute_stream().await?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let fps = crate::ingest::keys::StrColumn::new(batch.column(0))
+                .ok_or_else(|| Error::RunFailed(format!("{url}: natural_key_fingerprint is not a string column")))?;
+            let mut pick: Vec<u32> = Vec::new();
+            for i in 0..batch.num_rows() {
+                if batch.column(0).is_valid(i)
+                    && let Some(key) = crate::ingest::keys::fp_key(fps.value(i))
+                    && classifier.take_deletion(key)
+                {
+                    pick.push(i as u32);
+                }
+            }
+            if pick.is_empty() {
+                continue;
+            }
+            let n = pick.len();
+            let idx = UInt32Array::from(pick);
+            let mut fields: Vec<ArrayRef> = contract
+                .fields
+                .iter()
+                .map(|f| new_null_array(&f.ty.arrow_type(), n))
+                .collect();
+            for (k, &i) in contract.natural_key.fields.iter().enumerate() {
+                let taken = take(batch.column(k + 1).as_ref(), &idx, None)?;
+                fields[i] = cast(&taken, &contract.fields[i].ty.arrow_type())?;
+            }
+            let fingerprint = cast(&take(batch.column(0).as_ref(), &idx, None)?, &DataType::Utf8)?;
+            data.write(NewRows {
+                columns: fields,
+                row_hash: new_null_array(&DataType::Utf8, n),
+                fingerprint,
+                row_numbers: new_null_array(&DataType::Int64, n),
+                deleted: true,
+            })
+            .await?;
+            written += n as u64;
+        }
+    }
+    Ok(written)
 }
 
 /// Log every record of each conflicting key, naming its siblings.

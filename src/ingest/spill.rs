@@ -8,6 +8,10 @@
 //! as bit sets. The write pass re-reads the input and writes exactly those records. Memory is
 //! one partition's index plus the bit sets (one bit per record); the price is a second parse of
 //! the input. [`partition_bits`] chooses the mode from the memory budget.
+//!
+//! A `delivery: full` file also spills the keys of its rejected records (they count as delivered),
+//! and each partition adds the current keys the file lacks to a sorted list of deletions (16 bytes
+//! a deleted key: the one part that grows with the data, with the number of deletions).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -96,7 +100,14 @@ fn read_records<const N: usize>(path: &Path, mut f: impl FnMut([u64; N])) -> Res
 }
 
 /// Classify every record of the file with memory bounded by one partition's keys.
-pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[String], bits: u32) -> Result<Planned> {
+/// `full`: the file is a full delivery, so the current keys it lacks become `deletions`.
+pub async fn plan(
+    ctx: &SessionContext,
+    input: &RunInput<'_>,
+    committed_urls: &[String],
+    bits: u32,
+    full: bool,
+) -> Result<Planned> {
     let RunInput {
         contract,
         path,
@@ -114,14 +125,19 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
     // the newest version of each key.
     let mut current = Spill::create(dir.path(), "current", parts)?;
     for url in committed_urls {
-        scan_versions(ctx, url, |fp, rh| {
-            current.push(partition_of(fp, bits), &[fp.0, fp.1, rh])
+        scan_versions(ctx, input.ws.cluster.as_deref(), url, |fp, rh| {
+            // [key, row hash, 1 for a live version / 0 for a tombstone]
+            current.push(
+                partition_of(fp, bits),
+                &[fp.0, fp.1, rh.unwrap_or(0), u64::from(rh.is_some())],
+            )
         })
         .await?;
     }
     let current = current.finish()?;
 
-    // Every valid row of the file, in record order.
+    // Every valid row of the file, in record order; for a full delivery also the keys of
+    // rejected rows (record number PRESENT_ONLY): they count as delivered.
     let mut rows = Spill::create(dir.path(), "file", parts)?;
     let mut producer = spawn_producer(contract, path, opts, hashers, false);
     while let Some(hashed) = producer.rx.recv().await {
@@ -130,6 +146,12 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
             let (key, rh) = hashed.key(i);
             let row = hashed.batch.row_numbers.value(i) as u64;
             rows.push(partition_of(key, bits), &[key.0, key.1, rh, row])?;
+        }
+        if full {
+            for r in hashed.batch.rejections.iter().filter(|r| r.key_ok) {
+                let (key, _) = hashed.key(r.index);
+                rows.push(partition_of(key, bits), &[key.0, key.1, 0, PRESENT_ONLY])?;
+            }
         }
     }
     producer
@@ -143,11 +165,16 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
         let mut records: Vec<[u64; 4]> = Vec::new();
         read_records::<4>(&rows[p], |r| records.push(r))?;
         let mut index = InMemory::new(records.len());
-        read_records::<3>(&current[p], |r| index.add_current(Fp(r[0], r[1]), r[2]))?;
+        read_records::<4>(&current[p], |r| {
+            index.add_current(Fp(r[0], r[1]), (r[3] == 1).then_some(r[2]))
+        })?;
         let mut fates: Vec<Fate> = records.iter().map(|r| index.classify_row(r)).collect();
         if index.has_found() {
             index.rerun_with_found();
             fates = records.iter().map(|r| index.classify_row(r)).collect();
+        }
+        if full {
+            planned.deletions.extend(index.absent_keys());
         }
         for (r, fate) in records.iter().zip(fates) {
             match fate {
@@ -158,12 +185,20 @@ pub async fn plan(ctx: &SessionContext, input: &RunInput<'_>, committed_urls: &[
             }
         }
     }
+    planned.deletions.sort_unstable();
     Ok(planned)
 }
+
+/// The record number of a spilled file record that only says its key was delivered.
+const PRESENT_ONLY: u64 = u64::MAX;
 
 impl InMemory {
     fn classify_row(&mut self, r: &[u64; 4]) -> Fate {
         use crate::ingest::keys::Classifier;
+        if r[3] == PRESENT_ONLY {
+            self.mark_present(Fp(r[0], r[1]));
+            return Fate::Unchanged;
+        }
         self.classify(Fp(r[0], r[1]), r[2], r[3])
     }
 

@@ -79,14 +79,39 @@
 //!
 //! An incremental build that finds nothing to do (no record to process, none removed, the same
 //! rules version) writes no data: its manifest names the previous build's files (paths relative
-//! to the lake root). Hazard: a future `gc` must keep every file a succeeded build's manifest
-//! names, not only the files in the build's own folder.
+//! to the lake root). Hazard: `gc` must keep every file a succeeded build's manifest names, not
+//! only the files in the build's own folder ([`build_files`] lists them, layers included).
 //!
-//! Hazard: an incremental build still rewrites the whole snapshot (kept rows are re-encoded to
-//! get their recomputed flags) and recomputes the windows over the whole table, so on a large
-//! table it costs about as much as a full build plus the key passes. Writing only new and
-//! changed rows (snapshot parts plus per-part deletions) and re-windowing only the groups that
-//! changed records touch is the next step.
+//! # Delta builds
+//!
+//! An incremental build is a *delta build* when it can extend the previous build's layers (see
+//! `delta_base`: same rules version, the previous build was full or incremental and its manifest
+//! names the runs it accounted for, none of them undone since, every run committed since is newer,
+//! fewer than 8 layers). It reads only the runs committed since, processes their records, and
+//! publishes a manifest of the previous layers plus one [`Delta`]: the new rows, the new state
+//! rows, and two deletion files of 16-byte keys, the records whose snapshot rows are replaced or
+//! gone and the records whose state rows are. Readers ([`snapshot_table`], `layers`) take each
+//! layer's rows without the keys any later layer deleted. Window anomalies are recomputed only
+//! for the groups (`by` values) a processed record was or is in, over every row of such a group,
+//! and only the kept rows whose window flags change are rewritten (into the delta, their keys
+//! deleted below it); `when` flags depend on the row alone. So a build after a small delivery
+//! costs two narrow scans of the previous snapshot (the processed records' rows, then the touched
+//! groups') plus the work on the new rows, not a rewrite of the table. Past a fraction of the
+//! table deleted by the layers (`INGOT_SILVER_DELTA_LIMIT`, default 0.1) or after 8 layers, the
+//! next build writes a whole snapshot again (compaction); so does any build the conditions rule
+//! out (an undo, a rules version change, `--full`, `--rebuild-where`).
+//!
+//! On a cluster (`--cluster`, [`crate::exec`]) every plan above runs there. The key map stays in
+//! this process, so the two selections that look it up — the rows of a partly superseded run to
+//! process (`__ingot_pick`) and the kept rows to drop (`__ingot_in_set`) — become a semi-join and
+//! an anti-join on `__ingot_fp128(fp)` with build-scoped files of 16-byte keys
+//! (`keys-pick-NNNNN.parquet`, `keys-dropped.parquet`; written before, deleted after the output
+//! pass, never named by a manifest). The partition tasks that write the snapshot, the failures
+//! and the state run here, reading the plan's rows as one stream from the cluster.
+//!
+//! Delta builds use in-process key sets (`__ingot_in_set`, `__ingot_in_groups`) for the layers
+//! and the touched groups; with `--cluster` a build is never a delta build, and reading a table
+//! with delta layers runs those plans in the client (see [`crate::exec`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -104,7 +129,7 @@ use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::logical_expr::{Expr, ExprSchemable, lit};
+use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -112,11 +137,11 @@ use sha2::Digest;
 
 use super::compile::{
     ANOMALY_FLAGS, IS_ANOMALY, RULES_VERSION, SPLIT_RULE, Split, flag, flag_projection, is_window, read_inputs,
-    transform, transform_split, window_fired_column, window_fires,
+    transform, transform_split, window_fired_column, window_fires, window_fires_with,
 };
 use super::keys::{
-    FILTERED, FpSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_set_udf, outcome_name, outcome_of,
-    pick_udf,
+    FILTERED, FpSet, GroupSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_groups_udf, in_set_udf,
+    outcome_name, outcome_of, pick_udf,
 };
 use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
 use crate::bronze::RunFileWriter;
@@ -355,11 +380,45 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
     rules.latest(table).map(|r| r.version).unwrap_or(version).max(version) + 1
 }
 
-/// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder
+/// (a name with `/` is relative to the lake root: a file of an earlier build).
+///
+/// A delta build (an incremental build that rewrote only what changed) adds a [`Delta`] layer on
+/// top of its previous build's layers: the snapshot is the base files' rows and every delta's
+/// rows, each minus the keys deleted by any later delta (see [`layers`]).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
     pub data: Vec<String>,
     pub state: Vec<String>,
+    /// Layers written by later incremental builds on top of `data` / `state`, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deltas: Vec<Delta>,
+    /// The committed runs of the source (with data) whose rows the build accounted for; `None`
+    /// in manifests written before delta builds (the next build then reads every run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<Vec<String>>,
+    /// Rows of the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u64>,
+}
+
+/// One delta layer: new snapshot and state files, and the 16-byte keys ([`key_schema`]) whose
+/// rows in earlier layers are replaced or gone: `deleted` for snapshot rows (records processed
+/// again, removed, or whose window flags changed), `deleted_state` for state rows (records
+/// processed again or removed).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Delta {
+    pub data: Vec<String>,
+    pub state: Vec<String>,
+    pub deleted: String,
+    pub deleted_state: String,
+    /// Number of keys in `deleted` (compaction is decided on it without reading the files).
+    pub deleted_keys: u64,
+}
+
+/// Schema of a deletion file: one 16-byte key per row.
+pub fn key_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(FP, DataType::FixedSizeBinary(16), false)]))
 }
 
 /// The manifest of build `build_id` of `table` (builds before manifests wrote one file of each).
@@ -371,20 +430,149 @@ pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manife
         None => Ok(Manifest {
             data: vec!["part-00000.parquet".into()],
             state: vec!["state.parquet".into()],
+            ..Manifest::default()
         }),
     }
 }
 
+/// `m` (build `build_id`'s manifest) with every name as a lake-relative path, for a later
+/// build's manifest that names the same files.
+fn relayer(m: &Manifest, table: &str, build_id: &str) -> Manifest {
+    let full = |names: &[String]| -> Vec<String> { names.iter().map(|n| manifest_rel(table, build_id, n)).collect() };
+    Manifest {
+        data: full(&m.data),
+        state: full(&m.state),
+        deltas: m
+            .deltas
+            .iter()
+            .map(|d| Delta {
+                data: full(&d.data),
+                state: full(&d.state),
+                deleted: manifest_rel(table, build_id, &d.deleted),
+                deleted_state: manifest_rel(table, build_id, &d.deleted_state),
+                deleted_keys: d.deleted_keys,
+            })
+            .collect(),
+        runs: m.runs.clone(),
+        rows: m.rows,
+    }
+}
+
 /// Every lake file build `build_id` of `table` reads when it is the current build or the base
-/// of the next incremental build: its manifest and inputs digest, and the snapshot and state
-/// files its manifest names (possibly in earlier builds' folders). `gc` keeps these.
+/// of the next incremental build: its manifest and inputs digest, and the snapshot, state and
+/// deletion files its manifest names (possibly in earlier builds' folders). `gc` keeps these.
 pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec<String>> {
-    let m = manifest(lake, table, build_id).await?;
+    let m = relayer(&manifest(lake, table, build_id).await?, table, build_id);
     let mut out = vec![
         layout::silver_manifest(table, build_id),
         layout::silver_inputs(table, build_id),
     ];
-    out.extend(m.data.iter().chain(&m.state).map(|n| manifest_rel(table, build_id, n)));
+    out.extend(m.data.into_iter().chain(m.state));
+    for d in m.deltas {
+        out.extend(d.data.into_iter().chain(d.state));
+        out.push(d.deleted);
+        out.push(d.deleted_state);
+    }
+    Ok(out)
+}
+
+/// Which files of the layers [`layers`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Data,
+    State,
+}
+
+/// The keys of a deletion file.
+async fn read_keys(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<FpSet> {
+    let mut set = FpSet::default();
+    let mut stream = ctx
+        .read_table(table_over(vec![lake.url(rel)], key_schema())?)?
+        .execute_stream()
+        .await?;
+    while let Some(b) = stream.next().await {
+        for_each_fp(b?.column(0), |_, fp| {
+            if let Some(fp) = fp {
+                set.insert(fp);
+            }
+        })?;
+    }
+    Ok(set)
+}
+
+/// Write `keys` as a deletion file at `rel`.
+async fn write_deletions(lake: &Lake, rel: String, keys: &FpSet) -> Result<()> {
+    const CHUNK: usize = 1 << 16;
+    let mut w = part_writer(lake, rel, key_schema());
+    let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK.min(keys.len()), 16);
+    let mut n = 0usize;
+    for fp in keys {
+        b.append_value(fp.to_be_bytes())?;
+        n += 1;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&RecordBatch::try_new(key_schema(), vec![Arc::new(b.finish())])?)
+                .await?;
+        }
+    }
+    w.write(&RecordBatch::try_new(key_schema(), vec![Arc::new(b.finish())])?)
+        .await?;
+    w.finish().await?;
+    Ok(())
+}
+
+/// The snapshot (`Side::Data`) or state of build `build_id`: one listing table per layer, each
+/// without the keys later layers deleted, as one plan. `None` when no layer has a file.
+async fn layers(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    side: Side,
+) -> Result<Option<DataFrame>> {
+    let m = relayer(&manifest(lake, table, build_id).await?, table, build_id);
+    let mut files: Vec<Vec<String>> = vec![match side {
+        Side::Data => m.data.clone(),
+        Side::State => m.state.clone(),
+    }];
+    let mut deleted: Vec<Arc<FpSet>> = Vec::new();
+    for d in &m.deltas {
+        files.push(match side {
+            Side::Data => d.data.clone(),
+            Side::State => d.state.clone(),
+        });
+        let rel = match side {
+            Side::Data => &d.deleted,
+            Side::State => &d.deleted_state,
+        };
+        deleted.push(Arc::new(read_keys(ctx, lake, rel).await?));
+    }
+    let mut out: Option<DataFrame> = None;
+    let mut columns: Option<Vec<Expr>> = None;
+    for (i, rels) in files.iter().enumerate() {
+        let Some(first) = rels.first() else {
+            continue;
+        };
+        let schema = file_schema(ctx, lake, first).await?;
+        let mut df = ctx.read_table(table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)?)?;
+        // the keys every later layer deleted
+        let later: Vec<&Arc<FpSet>> = deleted[i..].iter().filter(|s| !s.is_empty()).collect();
+        if !later.is_empty() {
+            let gone: Arc<FpSet> = if later.len() == 1 {
+                later[0].clone()
+            } else {
+                Arc::new(later.iter().flat_map(|s| s.iter().copied()).collect())
+            };
+            df = df.filter(Expr::Not(Box::new(Arc::new(in_set_udf(gone)).call(vec![c(FP)]))))?;
+        }
+        let cols = columns
+            .get_or_insert_with(|| df.schema().fields().iter().map(|f| c(f.name())).collect())
+            .clone();
+        let df = df.select(cols)?;
+        out = Some(match out {
+            None => df,
+            Some(o) => o.union(df)?,
+        });
+    }
     Ok(out)
 }
 
@@ -422,7 +610,8 @@ async fn table_over_build_files(
     table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)
 }
 
-/// `silver.<table>` as build `build_id` published it: a listing table over its snapshot's files.
+/// `silver.<table>` as build `build_id` published it: a listing table over its snapshot's files,
+/// or, after delta builds, the plan of [`layers`] over them.
 pub async fn snapshot_table(
     ctx: &SessionContext,
     lake: &Lake,
@@ -430,12 +619,20 @@ pub async fn snapshot_table(
     build_id: &str,
 ) -> Result<Arc<dyn TableProvider>> {
     let m = manifest(lake, table, build_id).await?;
-    table_over_build_files(ctx, lake, table, build_id, &m.data).await
+    if m.deltas.is_empty() {
+        return table_over_build_files(ctx, lake, table, build_id, &m.data).await;
+    }
+    match layers(ctx, lake, table, build_id, Side::Data).await? {
+        Some(df) => Ok(df.into_view()),
+        None => Err(Error::RunFailed(format!(
+            "build {build_id} of \"{table}\" names no files"
+        ))),
+    }
 }
 
 /// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
 fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
-    let mut runs = crate::catalog::bronze_runs(&catalog.runs, source);
+    let mut runs = crate::catalog::current_runs(&catalog.runs, source);
     runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
     runs
 }
@@ -448,24 +645,33 @@ fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dy
 }
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
-/// run of every record.
-async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Keys> {
+/// run of every record (none for a record whose latest version is a tombstone).
+async fn current_keys(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[&RunRecord],
+) -> Result<Keys> {
     let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(
         runs.iter().map(|r| r.run_id.clone()).collect(),
         usize::try_from(capacity).unwrap_or(0),
     );
     for (i, run) in runs.iter().enumerate() {
-        let mut stream = ctx
+        let fps = ctx
             .read_table(run_table(lake, contract, run)?)?
-            .select(vec![c(FP)])?
-            .execute_stream()
-            .await?;
+            .select(vec![c(FP), c(crate::bronze::IS_DELETED)])?;
+        let mut stream = crate::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
-            for_each_fp(b.column(0), |_, fp| match fp {
-                Some(fp) => keys.see_current(fp, i as u32),
+            let deleted = b.column(1).as_boolean_opt();
+            for_each_fp(b.column(0), |row, fp| match fp {
+                Some(fp) => {
+                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
+                    keys.see_current(fp, i as u32, tombstone)
+                }
                 None => missing = true,
             })?;
             if missing {
@@ -476,11 +682,19 @@ async fn current_keys(ctx: &SessionContext, lake: &Lake, contract: &Contract, ru
             }
         }
     }
+    keys.forget_deleted();
     Ok(keys)
 }
 
 /// Add the previous build's state to `keys`.
-async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, table: &str, build_id: &str) -> Result<()> {
+async fn previous_state(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    keys: &mut Keys,
+    table: &str,
+    build_id: &str,
+) -> Result<()> {
     let m = manifest(lake, table, build_id).await?;
     let mut index: HashMap<String, u32> = keys
         .runs
@@ -488,11 +702,16 @@ async fn previous_state(ctx: &SessionContext, lake: &Lake, keys: &mut Keys, tabl
         .enumerate()
         .map(|(i, r)| (r.clone(), i as u32))
         .collect();
-    let provider = table_over_build_files(ctx, lake, table, build_id, &m.state).await?;
-    let df = ctx
-        .read_table(provider)?
-        .select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
-    let mut stream = df.execute_stream().await?;
+    let df = if m.deltas.is_empty() {
+        ctx.read_table(table_over_build_files(ctx, lake, table, build_id, &m.state).await?)?
+    } else {
+        match layers(ctx, lake, table, build_id, Side::State).await? {
+            Some(df) => df,
+            None => return Ok(()),
+        }
+    };
+    let df = df.select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
+    let mut stream = crate::exec::stream(cluster, df, "build: previous state").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
@@ -587,6 +806,42 @@ impl Flagger {
         let flagged = out.column(self.is_anomaly).as_boolean().true_count() as u64;
         Ok((out, flagged))
     }
+}
+
+/// The column of a key file: 16-byte fingerprint keys.
+const KEY: &str = "__ingot_key";
+
+/// Write `keys` (16-byte fingerprint keys) to the build-scoped file `rel`, for [`join_keys`]
+/// (no keys: no file). Returns the number of keys.
+async fn write_keys(lake: &Lake, rel: &str, keys: impl Iterator<Item = super::keys::Fp>) -> Result<u64> {
+    const CHUNK: usize = 1 << 16;
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let mut w = part_writer(lake, rel.to_string(), schema.clone());
+    let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
+    let mut n = 0usize;
+    for fp in keys {
+        b.append_value(fp.to_be_bytes())?;
+        n += 1;
+        if n.is_multiple_of(CHUNK) {
+            w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish())])?)
+                .await?;
+        }
+    }
+    if !n.is_multiple_of(CHUNK) {
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(b.finish())])?)
+            .await?;
+    }
+    w.finish().await
+}
+
+/// `rows` semi- or anti-joined on their fingerprint's key with the key file `rel`: the portable
+/// form of `__ingot_pick` / `NOT __ingot_in_set` (a run holds one row per fingerprint, so the
+/// rows are the same).
+fn join_keys(ctx: &SessionContext, lake: &Lake, rows: DataFrame, rel: &str, how: JoinType) -> Result<DataFrame> {
+    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let keys = ctx.read_table(table_over(vec![lake.url(rel)], schema)?)?;
+    let key = Arc::new(fp128_udf()).call(vec![c(FP)]);
+    Ok(rows.join_on(keys, how, [key.eq(c(KEY))])?)
 }
 
 /// Failure-log rows of this build.
@@ -912,6 +1167,8 @@ async fn run(
     record: &mut BuildRecord,
 ) -> Result<Built> {
     let ctx = &catalog.ctx;
+    // Plans run here or on the cluster (`--cluster`): see crate::exec for which.
+    let cluster = ws.cluster.as_deref();
     let lake = &ws.lake;
     let table = record.table.clone();
     let build_id = record.build_id.clone();
@@ -919,6 +1176,8 @@ async fn run(
     let contract = inputs.contract.clone();
     let digest = inputs_digest(catalog, &contract)?;
     let runs = runs_newest_first(catalog, &rules.source);
+    // the runs this build accounts for, oldest first (the next build's delta starts after them)
+    let run_ids: Vec<String> = runs.iter().rev().map(|r| r.run_id.clone()).collect();
 
     // Which records to process, which snapshot rows to keep, which state rows to carry. A full
     // build over one bronze run needs none of it (every row is current and processed); otherwise
@@ -954,12 +1213,49 @@ async fn run(
             }
         }
     }
-    let keys = if matches!(mode, Mode::Full) && previous_build.is_none() && runs.len() <= 1 {
+    // A delta build when the previous build's layers can be extended (see `delta_base`): only the
+    // runs committed since are read.
+    let mut delta = match (&mode, previous_build) {
+        (Mode::Incremental { .. }, Some(prev)) if cluster.is_none() => {
+            delta_base(lake, &table, prev, rules, &runs).await?
+        }
+        _ => None,
+    };
+    let mut delta_keys: Option<Keys> = None;
+    if let Some(d) = &delta {
+        if d.new_runs.is_empty() {
+            // nothing committed since: the table is the previous one
+            let prev = previous_build.ok_or_else(|| Error::RunFailed("delta build without a previous build".into()))?;
+            let mut m = d.manifest.clone();
+            m.runs = Some(run_ids.clone());
+            return publish_unchanged(lake, record, prev, m, &digest).await;
+        }
+        let keys = current_keys(ctx, cluster, lake, &contract, &d.new_runs).await?;
+        let deleted_before: u64 = d.manifest.deltas.iter().map(|x| x.deleted_keys).sum();
+        // compaction: past a fraction of the table deleted, a build rewrites the whole snapshot
+        let touched = (keys.map.len() + keys.tombstones.len()) as u64;
+        if (deleted_before + touched) as f64 <= delta_limit()? * d.rows as f64 {
+            delta_keys = Some(keys);
+        } else {
+            delta = None;
+        }
+    }
+    let work_runs: Vec<&RunRecord> = match &delta {
+        Some(d) => d.new_runs.clone(),
+        None => runs.clone(),
+    };
+    let keys = if let Some(keys) = delta_keys {
+        Some(keys)
+    } else if matches!(mode, Mode::Full)
+        && previous_build.is_none()
+        && runs.len() <= 1
+        && runs.iter().all(|r| r.rows_deleted == 0)
+    {
         None
     } else {
-        let mut keys = current_keys(ctx, lake, &contract, &runs).await?;
+        let mut keys = current_keys(ctx, cluster, lake, &contract, &runs).await?;
         if let Some(prev) = previous_build {
-            previous_state(ctx, lake, &mut keys, &table, &prev.build_id).await?;
+            previous_state(ctx, cluster, lake, &mut keys, &table, &prev.build_id).await?;
         }
         keys.mode = match &rebuild_expr {
             Some(expr) => Mode::Rebuild {
@@ -971,11 +1267,11 @@ async fn run(
     };
     let reservation = MemoryConsumer::new("silver build keys").register(&ctx.runtime_env().memory_pool);
     reservation.grow(keys.as_ref().map(Keys::bytes).unwrap_or(0));
-    let mut per_run = vec![0u64; runs.len()];
+    let mut per_run = vec![0u64; work_runs.len()];
     let mut kept_records = 0u64;
     match &keys {
         None => {
-            for (i, r) in runs.iter().enumerate() {
+            for (i, r) in work_runs.iter().enumerate() {
                 per_run[i] = u64::try_from(r.rows_inserted + r.rows_updated).unwrap_or(0);
             }
         }
@@ -999,43 +1295,42 @@ async fn run(
         && prev.rules_version == rules.version
         && !k.map.values().any(|e| e.prev != NONE && e.cur == NONE)
     {
-        let old = manifest(lake, &table, &prev.build_id).await?;
-        let full = |names: &[String]| -> Vec<String> {
-            names.iter().map(|n| manifest_rel(&table, &prev.build_id, n)).collect()
-        };
-        let m = Manifest {
-            data: full(&old.data),
-            state: full(&old.state),
-        };
-        let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
-        lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
-            .await?;
-        let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
-        lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
-            .await?;
-        crate::failpoint::hit("build.after_data")?;
-        record.rows_flagged = prev.rows_flagged;
-        record.finished_at = now_micros();
-        commit_build(lake, record).await?;
-        crate::failpoint::hit("build.after_commit")?;
-        return Ok(Built {
-            record: record.clone(),
-            table_rows: kept_records,
-            kept_rows: kept_records,
-        });
+        let mut m = relayer(&manifest(lake, &table, &prev.build_id).await?, &table, &prev.build_id);
+        m.runs = Some(run_ids.clone());
+        m.rows = Some(kept_records);
+        return publish_unchanged(lake, record, prev, m, &digest).await;
     }
 
     // The records to process: the current rows of the runs that hold any (all rows of a run
-    // whose rows are all to be processed, without looking them up).
+    // whose rows are all to be processed, without looking them up). On a cluster the key sets
+    // cannot be UDFs over this process's memory: they are written as build-scoped files of keys
+    // that the plans join with (deleted before the commit).
+    let mut key_files: Vec<String> = Vec::new();
     let mut input: Option<DataFrame> = None;
-    for (i, run) in runs.iter().enumerate() {
+    for (i, run) in work_runs.iter().enumerate() {
         if per_run[i] == 0 {
             continue;
         }
         let mut rows = ctx.read_table(run_table(lake, &contract, run)?)?;
-        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_inserted + run.rows_updated);
+        let whole = i64::try_from(per_run[i]).ok() == Some(run.rows_written());
         if let Some(keys) = keys.as_ref().filter(|_| !whole) {
-            rows = rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?;
+            rows = match cluster {
+                None => rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?,
+                Some(_) => {
+                    let picked = keys
+                        .map
+                        .iter()
+                        .filter(|(_, e)| e.cur == i as u32 && keys.process(e))
+                        .map(|(fp, _)| *fp);
+                    let rel = layout::silver_file(&table, &build_id, &format!("keys-pick-{i:05}.parquet"));
+                    if write_keys(lake, &rel, picked).await? == 0 {
+                        rows.filter(lit(false))?
+                    } else {
+                        key_files.push(rel.clone());
+                        join_keys(ctx, lake, rows, &rel, JoinType::LeftSemi)?
+                    }
+                }
+            };
         }
         input = Some(match input {
             None => rows,
@@ -1055,8 +1350,39 @@ async fn run(
     base_fields.push(Field::new(SILVER_BUILD_ID, DataType::Utf8, true));
     let base = Arc::new(Schema::new(base_fields));
 
+    // A delta build: what the previous snapshot held of the processed records, the groups the
+    // window anomalies recompute, and the kept rows whose window flags change (rewritten).
+    let mut delta_out: Option<DeltaOut> = None;
+    let mut delta_sets = None;
+    let mut kept_delta = None;
+    if let (Some(d), Some(prev), Some(keys)) = (&delta, previous_build, &keys) {
+        // records with a new version or a tombstone in the new runs
+        let processed: Arc<FpSet> = Arc::new(keys.map.keys().chain(&keys.tombstones).copied().collect());
+        let view = layers(ctx, lake, &table, &prev.build_id, Side::Data)
+            .await?
+            .ok_or_else(|| Error::RunFailed(format!("build {} of \"{table}\" names no files", prev.build_id)))?;
+        let (out, sets, changed) = delta_windows(rules, &base, &split, &view, processed.clone()).await?;
+        if !changed.is_empty() {
+            let cols: Vec<Expr> = base.fields().iter().map(|f| c(f.name())).collect();
+            kept_delta = Some(
+                view.filter(Arc::new(in_set_udf(Arc::new(changed.clone()))).call(vec![c(FP)]))?
+                    .select(cols)?,
+            );
+        }
+        let mut deleted: FpSet = changed;
+        deleted.extend(processed.iter().copied());
+        delta_sets = Some(sets);
+        delta_out = Some(DeltaOut {
+            deleted,
+            processed,
+            prev_rows: d.rows,
+            ..out
+        });
+    }
+
     // The rows kept from the previous snapshot, in the new column order (flags recomputed).
     let kept = match (previous_build, &keys) {
+        _ if delta.is_some() => kept_delta,
         (Some(prev), Some(keys)) if kept_records > 0 => {
             let snap = ctx.read_table(snapshot_table(ctx, lake, &table, &prev.build_id).await?)?;
             let want: Vec<(String, DataType)> = base
@@ -1097,18 +1423,30 @@ async fn run(
                 .filter(|(_, e)| e.prev != NONE && e.outcome == PASSED && !keys.keep_row(e))
                 .map(|(fp, _)| *fp)
                 .collect();
-            let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
-            Some(
-                snap.filter(Expr::Not(Box::new(dropped)))?
-                    .select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?,
-            )
+            let snap = match cluster {
+                _ if dropped.is_empty() => snap,
+                None => {
+                    let dropped = Arc::new(in_set_udf(Arc::new(dropped))).call(vec![c(FP)]);
+                    snap.filter(Expr::Not(Box::new(dropped)))?
+                }
+                Some(_) => {
+                    let rel = layout::silver_file(&table, &build_id, "keys-dropped.parquet");
+                    write_keys(lake, &rel, dropped.into_iter()).await?;
+                    key_files.push(rel.clone());
+                    join_keys(ctx, lake, snap, &rel, JoinType::LeftAnti)?
+                }
+            };
+            Some(snap.select(want.iter().map(|(n, _)| c(n)).collect::<Vec<_>>())?)
         }
         _ => None,
     };
 
     // Window anomalies over the few columns they read, of the whole new table: the rows for which
     // each fires, as sets of keys.
-    let sets = window_sets(rules, &base, &split, kept.as_ref()).await?;
+    let sets = match delta_sets {
+        Some(sets) => sets,
+        None => window_sets(cluster, rules, &base, &split, kept.as_ref()).await?,
+    };
     release_free_memory();
     let flagger = Arc::new(Flagger::new(ctx, rules, base.clone(), &sets)?);
 
@@ -1148,18 +1486,14 @@ async fn run(
         format!("{prefix}-{:05}.parquet", n_part - 1)
     };
     if let Some(k) = kept {
-        let handles = k
-            .execute_stream_partitioned()
+        let handles = crate::exec::streams(cluster, k, "build: kept rows")
             .await?
             .into_iter()
             .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
             .collect();
         join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
-    let handles = split
-        .rows
-        .clone()
-        .execute_stream_partitioned()
+    let handles = crate::exec::streams(cluster, split.rows.clone(), "build: transform")
         .await?
         .into_iter()
         .map(|s| {
@@ -1176,7 +1510,7 @@ async fn run(
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = rr.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, rr, "build: resolve rejections").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             if b.num_rows() == 0 {
@@ -1196,7 +1530,7 @@ async fn run(
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = f.execute_stream().await?;
+        let mut stream = crate::exec::stream(cluster, f, "build: filtered rows").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             filtered += b.num_rows() as u64;
@@ -1205,13 +1539,16 @@ async fn run(
         }
         extra_state(sw.finish().await?, st, &mut state_files);
     }
-    if let Some(keys) = &keys {
+    if let Some(keys) = keys.as_ref().filter(|_| delta.is_none()) {
         let st = name("state");
         let n = write_carried(lake, &layout::silver_file(&table, &build_id, &st), keys).await?;
         extra_state(n, st, &mut state_files);
     }
     drop(reservation);
     drop(part);
+    for rel in &key_files {
+        lake.delete(rel).await?;
+    }
     let fail_w = Arc::try_unwrap(fail_w)
         .map_err(|_| Error::RunFailed("build: the failure writer is still in use".into()))?
         .into_inner();
@@ -1248,6 +1585,24 @@ async fn run(
             kept_rows: 0,
         });
     }
+    if let (Some(d), Some(out), Some(prev)) = (delta, delta_out, previous_build) {
+        return publish_delta(
+            lake,
+            record,
+            prev,
+            d,
+            out,
+            DeltaFiles {
+                data: data_files,
+                state: state_files,
+                run_ids,
+                digest,
+                total,
+                filtered,
+            },
+        )
+        .await;
+    }
     if data_files.is_empty() {
         let n = name("part");
         lake.put(
@@ -1269,6 +1624,9 @@ async fn run(
     let m = Manifest {
         data: data_files,
         state: state_files,
+        deltas: Vec::new(),
+        runs: Some(run_ids),
+        rows: Some(total.rows),
     };
     let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
     lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
@@ -1290,6 +1648,410 @@ async fn run(
         record: record.clone(),
         table_rows: total.rows,
         kept_rows: total.rows - total.written,
+    })
+}
+
+/// At most this many delta layers; the next build rewrites the whole snapshot (compaction).
+const MAX_DELTAS: usize = 8;
+
+/// The fraction of the snapshot's rows that delta layers may delete in all before a build
+/// rewrites the whole snapshot instead: `INGOT_SILVER_DELTA_LIMIT` (default 0.1; 0 turns delta
+/// builds off).
+fn delta_limit() -> Result<f64> {
+    match std::env::var("INGOT_SILVER_DELTA_LIMIT") {
+        Err(_) => Ok(0.1),
+        Ok(v) => v.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0).ok_or_else(|| {
+            Error::Invalid(format!(
+                "INGOT_SILVER_DELTA_LIMIT=\"{v}\": expected a fraction of the table such as 0.1 (0 turns delta builds off)"
+            ))
+        }),
+    }
+}
+
+/// The previous build's layers, extended by a delta build.
+struct DeltaBase<'a> {
+    /// The previous build's manifest, every name lake-relative.
+    manifest: Manifest,
+    /// The runs committed since the previous build, newest first.
+    new_runs: Vec<&'a RunRecord>,
+    /// Rows of the previous snapshot.
+    rows: u64,
+}
+
+/// Can this incremental build be a delta build on top of `prev`? Yes when the rules version is
+/// the previous build's and that build was a full or incremental one (so every record its state
+/// rejected or filtered was decided by this version, and nothing but new runs is to be
+/// processed), its manifest names the runs it accounted for and they are all still committed
+/// (nothing undone), every run committed since is newer than all of them (so its rows are the
+/// current versions of their records), and there are fewer than [`MAX_DELTAS`] layers.
+async fn delta_base<'a>(
+    lake: &Lake,
+    table: &str,
+    prev: &BuildRecord,
+    rules: &RuleSet,
+    runs: &[&'a RunRecord],
+) -> Result<Option<DeltaBase<'a>>> {
+    if prev.rules_version != rules.version || !(prev.mode == "full" || prev.mode == "incremental") {
+        return Ok(None);
+    }
+    let m = manifest(lake, table, &prev.build_id).await?;
+    let (Some(prev_runs), Some(rows)) = (&m.runs, m.rows) else {
+        return Ok(None);
+    };
+    if m.deltas.len() >= MAX_DELTAS {
+        return Ok(None);
+    }
+    let before: HashSet<&str> = prev_runs.iter().map(String::as_str).collect();
+    let seen: Vec<&&RunRecord> = runs.iter().filter(|r| before.contains(r.run_id.as_str())).collect();
+    if seen.len() != before.len() {
+        return Ok(None); // a run the previous build read was undone
+    }
+    let newest = seen.iter().map(|r| (r.started_at, r.run_id.as_str())).max();
+    let new_runs: Vec<&'a RunRecord> = runs
+        .iter()
+        .filter(|r| !before.contains(r.run_id.as_str()))
+        .copied()
+        .collect();
+    if new_runs
+        .iter()
+        .any(|r| newest.is_some_and(|n| (r.started_at, r.run_id.as_str()) <= n))
+    {
+        return Ok(None); // a run that started before one the previous build read
+    }
+    Ok(Some(DeltaBase {
+        manifest: relayer(&m, table, &prev.build_id),
+        new_runs,
+        rows,
+    }))
+}
+
+/// Publish a build whose table is the previous build's (nothing to do): its manifest `m` names
+/// the previous build's files.
+async fn publish_unchanged(
+    lake: &Lake,
+    record: &mut BuildRecord,
+    prev: &BuildRecord,
+    m: Manifest,
+    digest: &str,
+) -> Result<Built> {
+    let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    lake.put(&layout::silver_manifest(&record.table, &record.build_id), bytes.into())
+        .await?;
+    let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
+    lake.put(
+        &layout::silver_inputs(&record.table, &record.build_id),
+        inputs_json.into(),
+    )
+    .await?;
+    crate::failpoint::hit("build.after_data")?;
+    record.rows_flagged = prev.rows_flagged;
+    record.finished_at = now_micros();
+    commit_build(lake, record).await?;
+    crate::failpoint::hit("build.after_commit")?;
+    let rows = m.rows.unwrap_or(0);
+    Ok(Built {
+        record: record.clone(),
+        table_rows: rows,
+        kept_rows: rows,
+    })
+}
+
+/// What a delta build found in the previous snapshot.
+#[derive(Default)]
+struct DeltaOut {
+    /// The records processed (every record of the new runs).
+    processed: Arc<FpSet>,
+    /// Keys whose rows in the previous layers are gone: processed, and re-flagged.
+    deleted: FpSet,
+    prev_rows: u64,
+    /// Rows of the previous snapshot that are processed records' (replaced or gone).
+    old_rows: u64,
+    /// Of those and of the re-flagged rows, how many were flagged.
+    old_flagged: u64,
+    /// Kept rows whose window flags change (rewritten with the new flags).
+    changed_rows: u64,
+}
+
+/// The window pass of a delta build. Finds the previous snapshot's rows of the processed
+/// records (their groups, their count), then recomputes the window anomalies over only the
+/// groups (`by` values) that processed records were in or are now in: every row of such a group,
+/// kept or new. Returns the counts, the window sets for the flagger (every row of a recomputed
+/// group, and the rewritten rows' flags of groups not recomputed) and the kept rows whose window
+/// flags change.
+async fn delta_windows(
+    rules: &RuleSet,
+    base: &SchemaRef,
+    split: &Split,
+    view: &DataFrame,
+    processed: Arc<FpSet>,
+) -> Result<(DeltaOut, Vec<Option<Arc<FpSet>>>, FpSet)> {
+    const TIE: &str = "__ingot_tie";
+    let n = rules.anomalies.len();
+    let by_of = |a: &crate::rules::Anomaly| -> Vec<String> {
+        match &a.kind {
+            AnomalyKind::Spike { by, .. } | AnomalyKind::FirstSeen { by, .. } => {
+                by.iter().map(|i| i.name.clone()).collect()
+            }
+            AnomalyKind::When(_) => Vec::new(),
+        }
+    };
+    let ty = |name: &str| -> Result<DataType> {
+        Ok(base
+            .field_with_name(name)
+            .map_err(|_| {
+                Error::Invalid(format!(
+                    "{}: an anomaly reads column \"{name}\", which the table does not have",
+                    rules.path.display()
+                ))
+            })?
+            .data_type()
+            .clone())
+    };
+    let cast_col = |name: &str| -> Result<Expr> { Ok(datafusion::logical_expr::cast(c(name), ty(name)?).alias(name)) };
+    // per window anomaly with `by` columns: its groups
+    let mut groups: Vec<Option<GroupSet>> = Vec::with_capacity(n);
+    for a in &rules.anomalies {
+        let by = by_of(a);
+        groups.push(if is_window(a) && !by.is_empty() {
+            Some(GroupSet::new(by.iter().map(|b| ty(b)).collect::<Result<Vec<_>>>()?))
+        } else {
+            None
+        });
+    }
+    let mut by_cols: Vec<String> = Vec::new();
+    for (i, a) in rules.anomalies.iter().enumerate() {
+        if groups[i].is_some() {
+            for b in by_of(a) {
+                if !by_cols.contains(&b) {
+                    by_cols.push(b);
+                }
+            }
+        }
+    }
+    let positions = |names: &[String]| -> Vec<usize> {
+        names
+            .iter()
+            .filter_map(|b| by_cols.iter().position(|x| x == b))
+            .collect()
+    };
+    let add_groups = |groups: &mut Vec<Option<GroupSet>>, b: &RecordBatch, offset: usize| -> Result<()> {
+        for (i, a) in rules.anomalies.iter().enumerate() {
+            if let Some(g) = groups[i].as_mut() {
+                let cols: Vec<ArrayRef> = positions(&by_of(a))
+                    .into_iter()
+                    .map(|p| b.column(offset + p).clone())
+                    .collect();
+                g.insert(&cols, |_| true)?;
+            }
+        }
+        Ok(())
+    };
+
+    // 1. the previous snapshot's rows of the processed records
+    let mut out = DeltaOut::default();
+    let in_processed = Arc::new(in_set_udf(processed.clone())).call(vec![c(FP)]);
+    let mut cols = vec![c(IS_ANOMALY)];
+    for b in &by_cols {
+        cols.push(cast_col(b)?);
+    }
+    let mut stream = view
+        .clone()
+        .filter(in_processed.clone())?
+        .select(cols)?
+        .execute_stream()
+        .await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        out.old_rows += b.num_rows() as u64;
+        out.old_flagged += b.column(0).as_boolean().true_count() as u64;
+        add_groups(&mut groups, &b, 1)?;
+    }
+    if !rules.anomalies.iter().any(is_window) {
+        return Ok((out, vec![None; n], FpSet::default()));
+    }
+
+    // 2. the groups of the new rows
+    let passing = split.rows.clone().filter(c(SPLIT_RULE).is_null())?;
+    if !by_cols.is_empty() {
+        let cols = by_cols.iter().map(|b| cast_col(b)).collect::<Result<Vec<_>>>()?;
+        let mut stream = passing.clone().select(cols)?.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            add_groups(&mut groups, &b?, 0)?;
+        }
+    }
+    let groups: Vec<Option<Arc<GroupSet>>> = groups.into_iter().map(|g| g.map(Arc::new)).collect();
+
+    // 3. the windows over every row of those groups
+    let mut narrow: Vec<String> = Vec::new();
+    for a in rules.anomalies.iter().filter(|a| is_window(a)) {
+        let names: Vec<&str> = match &a.kind {
+            AnomalyKind::Spike { column, by, order, .. } => {
+                by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
+            }
+            AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
+            AnomalyKind::When(_) => Vec::new(),
+        };
+        for name in names {
+            if !narrow.iter().any(|x| x == name) {
+                narrow.push(name.to_string());
+            }
+        }
+    }
+    let windows: Vec<usize> = (0..n).filter(|i| is_window(&rules.anomalies[*i])).collect();
+    let in_col = |i: usize| format!("__ingot_in_{i}");
+    let had_col = |i: usize| format!("__ingot_had_{i}");
+    const OLD: &str = "__ingot_old";
+    const WAS: &str = "__ingot_was_anomaly";
+    let fp128 = Arc::new(fp128_udf());
+    let project = |df: DataFrame, old: bool| -> Result<DataFrame> {
+        let mut cols: Vec<Expr> = narrow.iter().map(|name| cast_col(name)).collect::<Result<_>>()?;
+        cols.push(fp128.call(vec![c(FP)]).alias(TIE));
+        for &i in &windows {
+            let in_group = match &groups[i] {
+                Some(g) => {
+                    let args = by_of(&rules.anomalies[i])
+                        .iter()
+                        .map(|b| cast_col(b))
+                        .collect::<Result<Vec<_>>>()?;
+                    Arc::new(in_groups_udf(g.clone())).call(args)
+                }
+                None => lit(true),
+            };
+            cols.push(in_group.alias(in_col(i)));
+            let had = if old {
+                datafusion::functions_nested::expr_fn::array_has(c(ANOMALY_FLAGS), lit(rules.anomalies[i].name.clone()))
+            } else {
+                lit(false)
+            };
+            cols.push(had.alias(had_col(i)));
+        }
+        cols.push(lit(old).alias(OLD));
+        cols.push(if old { c(IS_ANOMALY) } else { lit(false) }.alias(WAS));
+        Ok(df.select(cols)?)
+    };
+    let old_rows = view.clone().filter(Expr::Not(Box::new(in_processed)))?;
+    let all = project(old_rows, true)?.union(project(passing, false)?)?;
+    let any_in = windows
+        .iter()
+        .map(|i| c(&in_col(*i)))
+        .reduce(Expr::or)
+        .unwrap_or(lit(false));
+    let all = all.filter(any_in)?;
+    let mut extra: Vec<String> = Vec::new();
+    for &i in &windows {
+        extra.push(in_col(i));
+        extra.push(had_col(i));
+    }
+    extra.push(OLD.into());
+    extra.push(WAS.into());
+    let Some(fires) = window_fires_with(all, rules, TIE, &extra, false)? else {
+        return Ok((out, vec![None; n], FpSet::default()));
+    };
+    let mut found: Vec<FpSet> = (0..n).map(|_| FpSet::default()).collect();
+    let mut changed = FpSet::default();
+    let mut stream = fires.execute_stream().await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let schema = b.schema();
+        let col = |name: &str| -> Result<BooleanArray> {
+            let a = b.column(schema.index_of(name)?);
+            Ok(arrow_cast(a, &DataType::Boolean)?.as_boolean().clone())
+        };
+        let mut keys = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(schema.index_of(TIE)?), |_, fp| keys.push(fp))?;
+        let old = col(OLD)?;
+        let was = col(WAS)?;
+        let truth = |a: &BooleanArray, r: usize| a.is_valid(r) && a.value(r);
+        for &i in &windows {
+            let fired = col(&window_fired_column(i))?;
+            let inside = col(&in_col(i))?;
+            let had = col(&had_col(i))?;
+            for (r, key) in keys.iter().enumerate() {
+                let Some(key) = key else { continue };
+                let (f, g, h, o) = (truth(&fired, r), truth(&inside, r), truth(&had, r), truth(&old, r));
+                if (g && f) || (!g && o && h) {
+                    found[i].insert(*key);
+                }
+                if o && g && f != h && changed.insert(*key) {
+                    out.changed_rows += 1;
+                    if truth(&was, r) {
+                        out.old_flagged += 1;
+                    }
+                }
+            }
+        }
+    }
+    // a rewritten row's flags of a group not recomputed come from its stored flags, which the
+    // pass above saw only for rows inside some recomputed group: every rewritten row is one
+    let sets = (0..n)
+        .map(|i| is_window(&rules.anomalies[i]).then(|| Arc::new(std::mem::take(&mut found[i]))))
+        .collect();
+    Ok((out, sets, changed))
+}
+
+/// What a delta build wrote, for [`publish_delta`].
+struct DeltaFiles {
+    data: Vec<String>,
+    state: Vec<String>,
+    run_ids: Vec<String>,
+    digest: String,
+    total: PartOut,
+    filtered: u64,
+}
+
+/// Publish a delta build: its deletion files, then a manifest of the previous layers plus this
+/// one, then the record.
+async fn publish_delta(
+    lake: &Lake,
+    record: &mut BuildRecord,
+    prev: &BuildRecord,
+    base: DeltaBase<'_>,
+    out: DeltaOut,
+    files: DeltaFiles,
+) -> Result<Built> {
+    let (table, build_id) = (record.table.clone(), record.build_id.clone());
+    let (deleted, deleted_state) = (
+        "deleted-00000.parquet".to_string(),
+        "deleted-state-00000.parquet".to_string(),
+    );
+    write_deletions(lake, layout::silver_file(&table, &build_id, &deleted), &out.deleted).await?;
+    write_deletions(
+        lake,
+        layout::silver_file(&table, &build_id, &deleted_state),
+        &out.processed,
+    )
+    .await?;
+    let total = &files.total;
+    let table_rows = (out.prev_rows + total.rows).saturating_sub(out.old_rows + out.changed_rows);
+    let mut m = base.manifest;
+    m.deltas.push(Delta {
+        data: files.data,
+        state: files.state,
+        deleted,
+        deleted_state,
+        deleted_keys: out.deleted.len() as u64,
+    });
+    m.runs = Some(files.run_ids);
+    m.rows = Some(table_rows);
+    let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    lake.put(&layout::silver_manifest(&table, &build_id), bytes.into())
+        .await?;
+    let inputs_json = serde_json::json!({ "inputs_digest": files.digest }).to_string();
+    lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
+        .await?;
+    crate::failpoint::hit("build.after_data")?;
+    record.rows_written = total.written as i64;
+    record.rows_rejected = total.rejected as i64;
+    record.rows_filtered = files.filtered as i64;
+    record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
+    record.rows_flagged = (prev.rows_flagged + total.flagged as i64 - out.old_flagged as i64).max(0);
+    record.finished_at = now_micros();
+    commit_build(lake, record).await?;
+    crate::failpoint::hit("build.after_commit")?;
+    Ok(Built {
+        record: record.clone(),
+        table_rows,
+        kept_rows: table_rows.saturating_sub(total.written),
     })
 }
 
@@ -1335,6 +2097,7 @@ fn release_free_memory() {
 /// rows), computed over only the columns they read: for each window anomaly, the keys of the
 /// rows it fires on.
 async fn window_sets(
+    cluster: Option<&str>,
     rules: &RuleSet,
     base: &SchemaRef,
     split: &Split,
@@ -1389,7 +2152,7 @@ async fn window_sets(
     };
     let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
     let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
-    let mut stream = fires.execute_stream().await?;
+    let mut stream = crate::exec::stream(cluster, fires, "build: window anomalies").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let mut fps = Vec::with_capacity(b.num_rows());

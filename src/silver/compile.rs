@@ -928,6 +928,18 @@ pub fn window_fired_column(i: usize) -> String {
 /// have no window anomaly. Only the columns the windows read need to be in `df`: sorting a few
 /// narrow columns is what makes flagging a large table cheap.
 pub fn window_fires(df: DataFrame, rules: &RuleSet, tie: &str) -> Result<Option<DataFrame>> {
+    window_fires_with(df, rules, tie, &[], true)
+}
+
+/// [`window_fires`] with the columns `extra` of `df` carried along, and every row (`only_fired`
+/// false) or only those for which an anomaly fires.
+pub fn window_fires_with(
+    df: DataFrame,
+    rules: &RuleSet,
+    tie: &str,
+    extra: &[String],
+    only_fired: bool,
+) -> Result<Option<DataFrame>> {
     let mut df = df;
     let mut out = vec![c(tie)];
     let mut any: Option<Expr> = None;
@@ -944,9 +956,11 @@ pub fn window_fires(df: DataFrame, rules: &RuleSet, tie: &str) -> Result<Option<
             Some(e) => e.or(f),
         });
     }
+    out.extend(extra.iter().map(|e| c(e)));
     match any {
         None => Ok(None),
-        Some(any) => Ok(Some(df.filter(any)?.select(out)?)),
+        Some(any) if only_fired => Ok(Some(df.filter(any)?.select(out)?)),
+        Some(_) => Ok(Some(df.select(out)?)),
     }
 }
 

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray};
 use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{exec_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
@@ -38,6 +39,11 @@ pub type Fp = u128;
 
 /// No run (not current / not in the previous state).
 pub const NONE: u32 = u32::MAX;
+
+/// While the current runs are read: the record's latest version is a tombstone (it is not
+/// current, and older versions must not make it so). [`Keys::forget_deleted`] turns it into
+/// [`NONE`].
+const DELETED: u32 = u32::MAX - 1;
 
 /// Outcomes of a record in a build's state.
 pub const PASSED: u8 = 1;
@@ -213,6 +219,8 @@ pub struct Keys {
     /// Number of current runs (the first entries of `runs`).
     pub current_runs: usize,
     pub mode: Mode,
+    /// Records whose latest version is a tombstone (dropped from `map` by [`Keys::forget_deleted`]).
+    pub tombstones: FpSet,
 }
 
 impl Keys {
@@ -223,6 +231,7 @@ impl Keys {
             runs,
             current_runs,
             mode: Mode::Full,
+            tombstones: FpSet::default(),
         }
     }
 
@@ -231,8 +240,9 @@ impl Keys {
         self.map.capacity() * (std::mem::size_of::<(Fp, Entry)>() + 1)
     }
 
-    /// Record that run `run` (newest first) has `fp`: its current version unless a newer run had it.
-    pub fn see_current(&mut self, fp: Fp, run: u32) {
+    /// Record that run `run` (newest first) has `fp`, as a tombstone when `deleted`: its current
+    /// version unless a newer run had it.
+    pub fn see_current(&mut self, fp: Fp, run: u32, deleted: bool) {
         let e = self.map.entry(fp).or_insert_with(|| Entry {
             cur: NONE,
             prev: NONE,
@@ -240,8 +250,20 @@ impl Keys {
             outcome: 0,
         });
         if e.cur == NONE {
-            e.cur = run;
+            e.cur = if deleted { DELETED } else { run };
         }
+    }
+
+    /// After the current runs were read: records whose latest version is a tombstone are not
+    /// current (and are dropped unless the previous state names them).
+    pub fn forget_deleted(&mut self) {
+        let tombstones = &mut self.tombstones;
+        self.map.retain(|fp, e| {
+            if e.cur == DELETED {
+                tombstones.insert(*fp);
+            }
+            e.cur != DELETED
+        });
     }
 
     /// Index of a run id, interning ids the current runs do not have.
@@ -467,6 +489,116 @@ impl ScalarUDFImpl for Fp128 {
 pub fn fp128_udf() -> ScalarUDF {
     ScalarUDF::from(Fp128 {
         signature: Signature::any(1, Volatility::Immutable),
+    })
+}
+
+/// A set of group values (the `by` columns of a window anomaly), as arrow's row format: the
+/// groups an incremental build re-windows.
+#[derive(Debug)]
+pub struct GroupSet {
+    types: Vec<DataType>,
+    rows: HashSet<Box<[u8]>>,
+}
+
+impl GroupSet {
+    pub fn new(types: Vec<DataType>) -> GroupSet {
+        GroupSet {
+            types,
+            rows: HashSet::new(),
+        }
+    }
+
+    fn converter(&self) -> datafusion::error::Result<RowConverter> {
+        Ok(RowConverter::new(
+            self.types.iter().map(|t| SortField::new(t.clone())).collect(),
+        )?)
+    }
+
+    /// Add the groups of the rows of `cols` (one array per `by` column, of the set's types) for
+    /// which `take(row)` holds.
+    pub fn insert(&mut self, cols: &[ArrayRef], take: impl Fn(usize) -> bool) -> Result<()> {
+        let rows = self.converter()?.convert_columns(cols)?;
+        for i in 0..rows.num_rows() {
+            if take(i) {
+                self.rows.insert(rows.row(i).as_ref().into());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// `__ingot_in_groups(by...)`: the row's group is in the set.
+#[derive(Debug)]
+struct InGroups {
+    set: Arc<GroupSet>,
+    signature: Signature,
+}
+
+impl PartialEq for InGroups {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.set, &other.set)
+    }
+}
+
+impl Eq for InGroups {}
+
+impl std::hash::Hash for InGroups {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.set) as usize).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for InGroups {
+    fn name(&self) -> &str {
+        "__ingot_in_groups"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn return_field_from_args(&self, _: ReturnFieldArgs) -> datafusion::error::Result<FieldRef> {
+        Ok(Arc::new(Field::new(self.name(), DataType::Boolean, false)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+        if args.args.len() != self.set.types.len() {
+            return exec_err!("__ingot_in_groups takes {} arguments", self.set.types.len());
+        }
+        let mut cols = Vec::with_capacity(args.args.len());
+        for (a, t) in args.args.iter().zip(&self.set.types) {
+            let a = a.to_array(args.number_rows)?;
+            cols.push(if a.data_type() == t {
+                a
+            } else {
+                datafusion::arrow::compute::cast(&a, t)?
+            });
+        }
+        let rows = self.set.converter()?.convert_columns(&cols)?;
+        let out: BooleanArray = (0..rows.num_rows())
+            .map(|i| Some(self.set.rows.contains(rows.row(i).as_ref())))
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+/// `__ingot_in_groups(by...)` over `set`.
+pub fn in_groups_udf(set: Arc<GroupSet>) -> ScalarUDF {
+    ScalarUDF::from(InGroups {
+        set,
+        signature: Signature::variadic_any(Volatility::Immutable),
     })
 }
 

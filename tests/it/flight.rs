@@ -125,9 +125,26 @@ fn a_real_flight_sql_client_queries_browses_and_is_refused_what_it_may_not_do() 
         rows("SELECT count(*) AS n FROM silver.bookings WHERE rules_version = 2"),
         "a prepared statement with a parameter"
     );
-    // catalog browsing: a table's columns through GetTables. (Known gap, issue 5: ADBC's
-    // GetObjects asks for schemas without a catalog name, and datafusion-flight-sql-server then
-    // lists none; the client records what it got under "objects".)
+    // catalog browsing: ADBC's get_objects (GetCatalogs, then GetDbSchemas and GetTables without
+    // a catalog name) lists exactly the tables information_schema lists in-process (the
+    // information_schema views themselves are queryable but not browsed)
+    let listed: Vec<String> = t
+        .query(
+            "SELECT table_catalog || '.' || table_schema || '.' || table_name AS t \
+             FROM information_schema.tables WHERE table_schema <> 'information_schema' ORDER BY 1",
+        )
+        .iter()
+        .map(|r| r["t"].as_str().unwrap().to_string())
+        .collect();
+    for want in [
+        "ingot.silver.bookings",
+        "ingot.bronze.bookings_current",
+        "ingot.audit.ingestion_run_log",
+    ] {
+        assert!(listed.iter().any(|t| t == want), "{want} not in {listed:?}");
+    }
+    assert_eq!(got["objects"], serde_json::json!(listed), "get_objects");
+    // and a table's columns through GetTables with its schema
     let columns: Vec<&str> = got["table_schema"]
         .as_array()
         .unwrap_or_else(|| panic!("{got}"))

@@ -241,6 +241,26 @@ fn output_formats_for_scripts() {
     let file = std::fs::File::open(&parquet).unwrap();
     let reader = ingot_parquet_rows(file);
     assert_eq!(reader, 20);
+
+    // an Arrow IPC stream on stdout holds the same rows as the JSON lines of the same query
+    let q = "SELECT hotel_code, hotel_id, name, rooms, opened_on, row_hash FROM bronze.hotels ORDER BY hotel_code";
+    let out = t.run(&["sql", q, "--format", "arrow"]);
+    assert_ok(&out);
+    let reader = datafusion::arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(out.stdout), None).unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    let mut json = datafusion::arrow::json::LineDelimitedWriter::new(Vec::new());
+    for b in &batches {
+        json.write(b).unwrap();
+    }
+    json.finish().unwrap();
+    let from_arrow: Vec<BTreeMap<String, Value>> = String::from_utf8(json.into_inner())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rows = t.query(q);
+    assert_eq!(rows.len(), 20);
+    assert_eq!(from_arrow, rows);
 }
 
 fn ingot_parquet_rows(file: std::fs::File) -> usize {
@@ -343,7 +363,7 @@ fn runs_and_failures_views_for_people_and_scripts() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,file_path,replay_of,rolled_back_at,error"
+        "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,rows_deleted,file_path,replay_of,rolled_back_at,error"
     );
     assert_eq!(lines.len(), 2, "{text}");
     assert!(

@@ -1,8 +1,11 @@
 //! The one integration-test binary (each test binary links DataFusion again).
 
 mod bad_input;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod contracts;
 mod crash;
+mod deletions;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
@@ -11,6 +14,7 @@ mod ingest;
 mod kill;
 mod nightly;
 mod ops;
+mod rekey;
 mod replay;
 mod rules;
 #[cfg(feature = "s3")]
@@ -18,6 +22,7 @@ mod s3;
 mod shell;
 mod silver_build;
 mod silver_compile;
+mod silver_delta;
 mod slt;
 mod undo;
 mod util;

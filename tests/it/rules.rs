@@ -63,7 +63,7 @@ natural_key:
 
 /// The bronze columns every source has after its contract fields.
 const META: &str = "ingestion_run_id, file_hash, row_hash, natural_key_fingerprint, natural_key_version, \
-                    contract_version, source_row_number, ingested_at";
+                    contract_version, source_row_number, ingested_at, is_deleted, previous_natural_key_fingerprint";
 
 fn write_contracts(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();

@@ -1065,6 +1065,7 @@ async fn marketing_spend_v1_over_the_demo_data_flags_the_refund_and_lis01_after_
         rules_dir: repo().join("rules"),
         landing_dir: repo().join("data/landing"),
         memory_limit: DEFAULT_MEMORY_LIMIT,
+        cluster: None,
     };
     let catalog = ingot::catalog::open(&ws).await.unwrap();
     let mut problems = Problems::default();

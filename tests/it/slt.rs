@@ -105,6 +105,7 @@ fn sqllogictest_files_over_the_demo_lake() {
         rules_dir: repo().join("rules"),
         landing_dir: landing,
         memory_limit: 256 << 20,
+        cluster: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

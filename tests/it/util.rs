@@ -129,7 +129,7 @@ impl TestLake {
             tables.insert(
                 format!("bronze.{s}"),
                 norm(self.query(&format!(
-                    "SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"
+                    "SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number, natural_key_fingerprint"
                 ))),
             );
             tables.insert(

@@ -1,0 +1,29 @@
+//! `ingot cluster scheduler [--bind HOST:PORT]`.
+
+use std::io::Write;
+
+use crate::cli::Cli;
+use crate::cluster::scheduler::{bind, serve};
+use crate::error::Result;
+
+#[derive(Debug, clap::Args)]
+pub struct SchedulerArgs {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed). Use
+    /// 0.0.0.0:PORT to accept executors and clients from other machines.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50050")]
+    pub bind: String,
+}
+
+pub async fn run(cli: &Cli, args: &SchedulerArgs) -> Result<u8> {
+    let listener = bind(&args.bind).await?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| crate::Error::RunFailed(format!("--bind {}: {e}", args.bind)))?;
+    println!(
+        "ingot cluster scheduler listening on {addr} (clients: --cluster df://{addr}; executors: --scheduler {addr}); lake {}",
+        cli.lake
+    );
+    let _ = std::io::stdout().flush();
+    serve(listener, &cli.lake, crate::cluster::udfs()).await?;
+    Ok(0)
+}

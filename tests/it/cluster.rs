@@ -1,0 +1,365 @@
+//! `--cluster`: the same commands on a lake with and without an ingot cluster (Apache DataFusion
+//! Ballista) give the same lake — whole rows of bronze, silver and the audit tables, hashes
+//! included — on an in-process loopback cluster (scheduler and executor tasks of this test, on
+//! free ports) and on a cluster of separate `ingot cluster` processes; an executor that lacks a
+//! UDF fails the query with an error naming it; an unreachable cluster is named.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::nightly::copy_dir;
+use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+
+type Row = BTreeMap<String, Value>;
+
+const SOURCES: [&str; 4] = ["bookings", "hotels", "marketing_spend", "web_sessions"];
+
+/// `ingot ...` on `t` with the repository's rules, on `cluster` when given (with the placement
+/// trace on).
+fn ingot(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
+    let mut c = t.command();
+    c.arg("--rules").arg(repo().join("rules"));
+    c.arg("--landing").arg(t.dir.path().join("landing"));
+    if let Some(url) = cluster {
+        c.arg("--cluster").arg(url).env("INGOT_CLUSTER_TRACE", "1");
+    } else {
+        c.env_remove("INGOT_CLUSTER");
+    }
+    c.args(args).output().unwrap()
+}
+
+/// Run and insist on exit 0; on a cluster, also that every plan ran there.
+fn ok(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
+    let out = ingot(t, cluster, args);
+    assert_ok(&out);
+    if cluster.is_some() {
+        let trace = stderr(&out);
+        assert!(
+            !trace.contains(": in this process"),
+            "{args:?}: a plan ran in the client:\n{trace}"
+        );
+    }
+    out
+}
+
+/// Rows of a query as JSON objects, run on `cluster` when given.
+fn query(t: &TestLake, cluster: Option<&str>, sql: &str) -> Vec<Row> {
+    let out = ok(t, cluster, &["sql", sql, "--format", "json"]);
+    if cluster.is_some() {
+        assert!(
+            stderr(&out).contains("cluster: sql: on the cluster"),
+            "the query did not run on the cluster: {}",
+            stderr(&out)
+        );
+    }
+    stdout(&out)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The whole lake, every table ordered and with ids (runs and builds, by start order), clock
+/// values and the test directory normalized: bronze, `_current`, silver and the audit tables.
+fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
+    let names = id_names(t);
+    let dir = t.dir.path().display().to_string();
+    let mut queries: Vec<(String, String)> = vec![
+        (
+            "audit.ingestion_run_log".into(),
+            "SELECT * FROM audit.ingestion_run_log ORDER BY started_at, run_id".into(),
+        ),
+        (
+            "audit.row_failure_log".into(),
+            "SELECT * FROM audit.row_failure_log ORDER BY source, failed_at, source_row_number, rule".into(),
+        ),
+        (
+            "audit.silver_build_log".into(),
+            "SELECT * FROM audit.silver_build_log ORDER BY \"table\", started_at".into(),
+        ),
+    ];
+    for s in SOURCES {
+        queries.push((
+            format!("bronze.{s}"),
+            format!("SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"),
+        ));
+        queries.push((
+            format!("bronze.{s}_current"),
+            format!("SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"),
+        ));
+    }
+    for table in ["bookings", "marketing_spend", "web_sessions"] {
+        queries.push((
+            format!("silver.{table}"),
+            format!("SELECT * FROM silver.{table} ORDER BY natural_key_fingerprint"),
+        ));
+    }
+    queries
+        .into_iter()
+        .map(|(name, q)| {
+            let mut rows = normalize_rows(t.query(&q), &names);
+            for row in &mut rows {
+                for v in row.values_mut() {
+                    if let Value::String(s) = v
+                        && s.contains(&dir)
+                    {
+                        *v = Value::String(s.replace(&dir, "<dir>"));
+                    }
+                }
+            }
+            (name, rows)
+        })
+        .collect()
+}
+
+fn assert_same_lake(local: &TestLake, remote: &TestLake) {
+    let a = whole_lake(local);
+    let b = whole_lake(remote);
+    for (name, rows) in &a {
+        let theirs = &b[name];
+        for (i, (x, y)) in rows.iter().zip(theirs).enumerate() {
+            assert_eq!(x, y, "{name} differs at row {i}, local vs cluster");
+        }
+        assert_eq!(rows.len(), theirs.len(), "{name}: row count, local vs cluster");
+    }
+    for name in ["silver.bookings", "audit.row_failure_log", "bronze.bookings"] {
+        assert!(a[name].len() > 10, "the comparison must cover real rows of {name}");
+    }
+}
+
+/// Queries analysts run, with the hashing UDFs recomputing what bronze stored.
+const QUERIES: [&str; 3] = [
+    "SELECT natural_key_fingerprint, row_hash, \
+       natural_key_fingerprint(1, upper(trim(hotel_code)), upper(trim(booking_ref))) AS fp_again, \
+       canonical_text(check_in) AS day, canonical_text(amount) AS amount \
+     FROM bronze.bookings_current ORDER BY natural_key_fingerprint",
+    "SELECT rules_version, count(*) AS n, count(DISTINCT natural_key_fingerprint) AS fps, \
+       sum(CASE WHEN is_anomaly THEN 1 ELSE 0 END) AS flagged, min(row_hash) AS low, max(row_hash) AS high \
+     FROM silver.bookings GROUP BY rules_version ORDER BY 1",
+    "SELECT r.source, r.status, count(f.rule) AS failures FROM audit.ingestion_run_log r \
+     LEFT JOIN audit.row_failure_log f ON f.run_id = r.run_id GROUP BY r.source, r.status ORDER BY 1, 2",
+];
+
+fn same_queries(t: &TestLake, cluster: &str) {
+    for q in QUERIES {
+        let here = query(t, None, q);
+        let there = query(t, Some(cluster), q);
+        assert!(!here.is_empty(), "{q}: no rows");
+        assert_eq!(here, there, "{q}: local vs cluster");
+    }
+}
+
+/// A runtime whose worker threads serve an in-process loopback cluster while the test thread
+/// runs `ingot` processes against it.
+fn loopback(
+    t: &TestLake,
+    executor_udfs: Vec<datafusion::logical_expr::ScalarUDF>,
+) -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let lake = t.lake().display().to_string();
+    let cluster = rt
+        .block_on(ingot::cluster::loopback::start(&lake, 1, 2, executor_udfs))
+        .unwrap();
+    (rt, cluster.url)
+}
+
+#[test]
+fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
+    let local = TestLake::new();
+    let remote = TestLake::new();
+    let (_rt, url) = loopback(&remote, ingot::cluster::udfs());
+    for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
+        // day one: one run per source, so the first builds send their whole transform
+        for f in ["hotels/2026-11-01_hotels.csv", "bookings/2026-11-01_bookings.csv"] {
+            let source = f.split('/').next().unwrap();
+            ok(t, cluster, &["ingest", source, landing(f).to_str().unwrap()]);
+        }
+        let out = ok(t, cluster, &["build", "bookings"]);
+        if cluster.is_some() {
+            let trace = stderr(&out);
+            for stage in ["build: transform", "build: resolve rejections", "build: filtered rows"] {
+                assert!(
+                    trace.contains(&format!("cluster: {stage}: on the cluster")),
+                    "{stage} did not run on the cluster:\n{trace}"
+                );
+            }
+        }
+        // later deliveries: change detection scans committed bronze on the cluster
+        for f in [
+            "bookings/2026-11-02_bookings_resend.csv",
+            "hotels/2026-11-03_hotels.csv",
+            "bookings/2026-11-03_bookings.csv",
+            "bookings/2026-11-04_bookings_corrected.csv",
+        ] {
+            let source = f.split('/').next().unwrap();
+            let out = ok(t, cluster, &["ingest", source, landing(f).to_str().unwrap()]);
+            if cluster.is_some() && !stdout(&out).contains("skipped") {
+                assert!(
+                    stderr(&out).contains("cluster: ingest: committed versions: on the cluster"),
+                    "{}",
+                    stderr(&out)
+                );
+            }
+        }
+        let out = ok(t, cluster, &["build", "bookings"]);
+        if cluster.is_some() {
+            assert!(
+                stderr(&out).contains("cluster: build: bronze fingerprints: on the cluster"),
+                "{}",
+                stderr(&out)
+            );
+        }
+        ok(t, cluster, &["build", "bookings", "--full"]);
+        ok(
+            t,
+            cluster,
+            &["build", "bookings", "--rebuild-where", "rules_version >= 2"],
+        );
+        for f in [
+            "marketing_spend/2026-10-13_marketing_spend.csv",
+            "marketing_spend/2026-10-23_marketing_spend.csv",
+            "marketing_spend/2026-11-02_marketing_spend.csv.gz",
+        ] {
+            ok(t, cluster, &["ingest", "marketing_spend", landing(f).to_str().unwrap()]);
+        }
+        ok(t, cluster, &["build", "marketing_spend"]);
+        ok(t, cluster, &["build", "web_sessions"]);
+    }
+    assert_same_lake(&local, &remote);
+    same_queries(&remote, &url);
+}
+
+/// A child process killed (by its id) when the guard is dropped, also when the test fails.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawn `ingot <args>` and return it with the first line it prints.
+fn spawn(args: &[&str]) -> (Killed, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .env_remove("INGOT_CLUSTER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let guard = Killed(child);
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).unwrap();
+    (guard, line)
+}
+
+#[test]
+fn a_cluster_of_ingot_processes_runs_the_nightly_job_like_one_process() {
+    let local = TestLake::new();
+    let remote = TestLake::new();
+    let lake = remote.lake().display().to_string();
+    let (_scheduler, line) = spawn(&["--lake", &lake, "cluster", "scheduler", "--bind", "127.0.0.1:0"]);
+    let addr = line
+        .split_whitespace()
+        .nth(5)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    let mut executors = Vec::new();
+    for _ in 0..2 {
+        let (e, line) = spawn(&[
+            "--lake",
+            &lake,
+            "--memory-limit",
+            "256M",
+            "cluster",
+            "executor",
+            "--scheduler",
+            &addr,
+            "--bind",
+            "127.0.0.1:0",
+            "--grpc-bind",
+            "127.0.0.1:0",
+            "--concurrent-tasks",
+            "1",
+        ]);
+        assert!(line.contains("ingot cluster executor"), "{line}");
+        executors.push(e);
+    }
+    let url = format!("df://{addr}");
+    for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
+        copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+        let out = ok(t, cluster, &["run"]);
+        if cluster.is_some() {
+            assert!(
+                stderr(&out).contains("cluster: build: transform: on the cluster"),
+                "{}",
+                stderr(&out)
+            );
+        }
+    }
+    assert_same_lake(&local, &remote);
+    same_queries(&remote, &url);
+}
+
+#[test]
+fn an_executor_without_a_udf_fails_the_query_naming_it() {
+    let t = TestLake::new();
+    ok(
+        &t,
+        None,
+        &[
+            "ingest",
+            "hotels",
+            landing("hotels/2026-11-01_hotels.csv").to_str().unwrap(),
+        ],
+    );
+    let udfs = ingot::cluster::udfs()
+        .into_iter()
+        .filter(|u| u.name() != "canonical_text")
+        .collect();
+    let (_rt, url) = loopback(&t, udfs);
+    let out = ingot(
+        &t,
+        Some(&url),
+        &["sql", "SELECT canonical_text(hotel_code) FROM bronze.hotels"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "the cluster at {url} cannot run the function \"canonical_text\""
+        )),
+        "{err}"
+    );
+    assert!(err.contains("does not register it"), "{err}");
+    // the other UDFs are there
+    ok(
+        &t,
+        Some(&url),
+        &["sql", "SELECT row_hash(hotel_code) FROM bronze.hotels"],
+    );
+}
+
+#[test]
+fn an_unreachable_cluster_is_named() {
+    let t = TestLake::new();
+    let out = ingot(&t, Some("df://127.0.0.1:1"), &["sql", "SELECT 1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot reach the ingot cluster scheduler at df://127.0.0.1:1"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ingot(&t, Some("127.0.0.1"), &["sql", "SELECT 1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
