@@ -10,7 +10,7 @@ INGOT := $(CARGO_TARGET_DIR)/debug/ingot
 # demo, test and lint share one debug build with the optional parts enabled: `flight` (ingot serve)
 # and `cluster` (ingot cluster, --cluster; Ballista). (`make bench` builds
 # its own release binary without them)
-FEATURES ?= flight cluster
+FEATURES ?= flight cluster s3
 # the `flight` feature's build needs protoc: PyPI's grpcio-tools in .venv-build, see scripts/protoc
 export PROTOC := $(CURDIR)/scripts/protoc
 

@@ -62,6 +62,14 @@ pub enum Error {
     #[error("object store: {0}")]
     ObjectStore(#[from] object_store::Error),
 
+    /// An object-store failure on a known URL (the lake or a landing file).
+    #[error("{url}: {source}")]
+    Storage {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+
     #[error(transparent)]
     DataFusion(#[from] datafusion::error::DataFusionError),
 

@@ -3,8 +3,8 @@
 //! The library is the pipeline; `src/main.rs` only parses arguments. Module map:
 //! [`contract`] (source contracts), [`hash`] (hashing kernels and SQL UDFs), [`ingest`] (files
 //! to bronze runs), [`bronze`] and [`audit`] (tables and their writers), [`lake`] (object store
-//! and commit protocol), [`lock`], [`catalog`] (SQL tables), [`session`], [`exec`] (where plans run: here or on a
-//! cluster, `cluster`), [`silver`] (rules to silver builds), [`nightly`],
+//! and commit protocol), [`store`] (S3 and other URLs), [`lock`], [`catalog`] (SQL tables), [`session`], [`exec`] (where
+//! plans run: here or on a cluster, `cluster`), [`silver`] (rules to silver builds), [`nightly`],
 //! [`undo`], [`rekey`], [`gc`], [`doctor`], [`cli`].
 
 pub mod audit;
@@ -22,6 +22,7 @@ pub mod gc;
 pub mod hash;
 pub mod ingest;
 pub mod lake;
+pub mod landing;
 pub mod lock;
 pub mod nightly;
 pub mod output;
@@ -34,6 +35,7 @@ pub mod session;
 pub mod shell;
 pub mod silver;
 pub mod sql;
+pub mod store;
 pub mod undo;
 pub mod yaml;
 

@@ -1,14 +1,21 @@
 //! One ingest per source at a time: a lock object in the lake.
 //!
-//! The lock is taken with a create-if-absent put of `_locks/<source>.lock` and kept alive by a
-//! heartbeat that rewrites it every third of its time-to-live. A second ingest of the same source
-//! fails at once with a message naming the holder. A lock whose heartbeat is older than its TTL,
-//! or whose process is gone (same host, pid not alive), is stale: it is removed and taken over,
-//! so a crashed process never blocks the source for longer than the TTL.
+//! The lock is taken with a create-if-absent put of `_locks/<source>.lock` (`If-None-Match: *` on
+//! S3) and kept alive by a heartbeat that rewrites it every third of its time-to-live. A second
+//! ingest of the same source fails at once with a message naming the holder. A lock whose
+//! heartbeat is older than its TTL, or whose process is gone (same host, pid not alive), is stale
+//! and is taken over, so a crashed process never blocks the source for longer than the TTL.
 //!
-//! Hazard: a lock is only advisory. A process paused past its TTL loses the lock to another run,
-//! and removing a stale lock and creating a new one are two steps. Correctness does not rest on
-//! the lock: each run commits into the source's next sequence slot with a create-if-absent put
+//! On stores with compare-and-swap (S3: `If-Match` on the ETag) every change of a lock object after
+//! its creation is conditional on the version last seen: of two processes taking over the same
+//! stale lock exactly one wins, a heartbeat never overwrites a lock another run took over, and
+//! releasing marks the object `released` rather than deleting it (S3 has no conditional delete in
+//! object_store 0.13), which the next ingest takes over like a missing lock.
+//!
+//! Hazard: on the local file system (no compare-and-swap) takeover is delete-then-create and a
+//! heartbeat or release is check-then-write, two steps each; and on any store a process paused past
+//! its TTL loses the lock. So the lock is only advisory, and correctness does not rest on it: each
+//! run commits into the source's next sequence slot with a create-if-absent put
 //! ([`crate::audit::commit_run`]), so of two runs that started from the same state only one can
 //! publish; the other fails and publishes nothing.
 
@@ -19,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::lake::{Lake, layout};
+use crate::lake::{Lake, Replaced, layout};
+use object_store::UpdateVersion;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LockInfo {
@@ -29,12 +37,16 @@ pub struct LockInfo {
     pub acquired_at: String,
     pub heartbeat_ms: i64,
     pub ttl_ms: i64,
+    /// Set when the holder released the lock on a store that keeps the lock object (S3): the
+    /// next ingest takes it over as if it were absent.
+    #[serde(default)]
+    pub released: bool,
 }
 
 pub struct SourceLock {
     lake: Lake,
     rel: String,
-    run_id: String,
+    info: LockInfo,
     heartbeat: JoinHandle<()>,
 }
 
@@ -72,7 +84,7 @@ impl LockInfo {
     fn is_stale(&self, now: i64) -> bool {
         let expired = now.saturating_sub(self.heartbeat_ms) > self.ttl_ms;
         let dead = self.host == hostname() && !pid_alive(self.pid);
-        expired || dead
+        expired || dead || self.released
     }
 }
 
@@ -86,23 +98,26 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         acquired_at: chrono::Utc::now().to_rfc3339(),
         heartbeat_ms: now_ms(),
         ttl_ms: ttl.as_millis() as i64,
+        released: false,
+    };
+    let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
+    let take = |version: Option<UpdateVersion>| {
+        let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), version, ttl);
+        SourceLock {
+            lake: lake.clone(),
+            rel: rel.clone(),
+            info: info.clone(),
+            heartbeat,
+        }
     };
     for attempt in 0..3 {
-        let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
-        if lake.put_create(&rel, body).await? {
-            let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), ttl);
-            return Ok(SourceLock {
-                lake: lake.clone(),
-                rel,
-                run_id: run_id.to_string(),
-                heartbeat,
-            });
+        if let Some(version) = lake.put_create_versioned(&rel, body.clone()).await? {
+            return Ok(take(Some(version)));
         }
-        let holder = match lake.get(&rel).await? {
-            None => continue, // released in between
-            Some(bytes) => serde_json::from_slice::<LockInfo>(&bytes).ok(),
+        let Some((bytes, version)) = lake.get_versioned(&rel).await? else {
+            continue; // released in between
         };
-        match holder {
+        match serde_json::from_slice::<LockInfo>(&bytes).ok() {
             Some(h) if !h.is_stale(now_ms()) => {
                 let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
                     .map(|t| t.to_rfc3339())
@@ -118,47 +133,89 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
                     lake.url(&rel)
                 )));
             }
-            _ if attempt < 2 => lake.delete(&rel).await?,
-            _ => {}
+            // Stale, released or unreadable: take it over, atomically where the store can.
+            _ => match lake.replace_if(&rel, body.clone(), version).await? {
+                Replaced::Done(version) => return Ok(take(Some(version))),
+                Replaced::Conflict => {} // another process took it or refreshed it: look again
+                Replaced::Unsupported if attempt < 2 => lake.delete(&rel).await?,
+                Replaced::Unsupported => {}
+            },
         }
     }
     Err(Error::Locked(format!(
-        "source \"{source}\": could not take the lock {}",
+        "source \"{source}\": could not take the lock {}; another ingest of the source is starting. Re-run it",
         lake.url(&rel)
     )))
 }
 
-fn spawn_heartbeat(lake: Lake, rel: String, mut info: LockInfo, ttl: Duration) -> JoinHandle<()> {
+/// Refresh the lock every third of its TTL while it is ours. Where the store can replace
+/// conditionally (S3) a refresh is an `If-Match` put of the version last written, so a lock
+/// taken over by another run is never overwritten; elsewhere it reads the holder first.
+fn spawn_heartbeat(
+    lake: Lake,
+    rel: String,
+    mut info: LockInfo,
+    mut version: Option<UpdateVersion>,
+    ttl: Duration,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(ttl / 3).await;
+            info.heartbeat_ms = now_ms();
+            let Ok(body) = serde_json::to_vec(&info).map(Bytes::from) else {
+                return;
+            };
+            if let Some(v) = &version {
+                match lake.replace_if(&rel, body.clone(), v.clone()).await {
+                    Ok(Replaced::Done(next)) => {
+                        version = Some(next);
+                        continue;
+                    }
+                    Ok(Replaced::Conflict) => return, // taken over
+                    Err(_) => continue,               // try again at the next beat
+                    Ok(Replaced::Unsupported) => version = None,
+                }
+            }
             // Refresh only a lock that is still ours (it may have been taken over).
             if !holds(&lake, &rel, &info.run_id).await {
                 return;
             }
-            info.heartbeat_ms = now_ms();
-            if let Ok(body) = serde_json::to_vec(&info) {
-                let _ = lake.put(&rel, Bytes::from(body)).await;
-            }
+            let _ = lake.put(&rel, body).await;
         }
     })
 }
 
 async fn holds(lake: &Lake, rel: &str, run_id: &str) -> bool {
     match lake.get(rel).await {
-        Ok(Some(bytes)) => serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == run_id),
+        Ok(Some(bytes)) => serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == run_id && !h.released),
         _ => false,
     }
 }
 
 impl SourceLock {
     /// Release the lock if it is still ours (a lock taken over by another run is left alone).
+    /// Where the store can replace conditionally (S3) the lock object is marked released with an
+    /// `If-Match` put, which cannot clobber a lock another run took over meanwhile; elsewhere it
+    /// is deleted after checking it is still ours.
     pub async fn release(self) -> Result<()> {
         self.heartbeat.abort();
         let _ = self.heartbeat.await;
-        if holds(&self.lake, &self.rel, &self.run_id).await {
-            self.lake.delete(&self.rel).await?;
+        let mut info = self.info.clone();
+        info.released = true;
+        let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
+        // The heartbeat may have moved the version on: use the lock's current one if it is ours.
+        let current = match self.lake.get_versioned(&self.rel).await? {
+            Some((bytes, v)) if serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == info.run_id) => v,
+            _ => return Ok(()),
+        };
+        match self.lake.replace_if(&self.rel, body, current).await? {
+            Replaced::Done(_) | Replaced::Conflict => Ok(()),
+            Replaced::Unsupported => {
+                if holds(&self.lake, &self.rel, &self.info.run_id).await {
+                    self.lake.delete(&self.rel).await?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 }

@@ -7,15 +7,17 @@
 //! copy under another name is recorded as `skipped_duplicate_file` once. A table is built
 //! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, or
 //! when it has no succeeded build with its latest rules version yet. Running the job twice in a row
-//! changes nothing the second time.
+//! changes nothing the second time. The landing folder can be local or `s3://bucket/prefix`
+//! ([`crate::landing`]).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::audit::{BuildStatus, RunRecord, RunStatus, read_build_log, read_run_log};
 use crate::contract::ContractSet;
 use crate::error::{Error, Result};
-use crate::ingest::{IngestOptions, file_digest, ingest_file};
+use crate::ingest::{IngestOptions, ingest_input};
+use crate::landing::{Input, landing_files};
 use crate::rules::RulesSet;
 use crate::session::Workspace;
 use crate::silver::build::{BuildOptions, Built, build};
@@ -38,36 +40,14 @@ impl NightlyReport {
     }
 }
 
-/// Regular, non-hidden files of `dir`, sorted by name.
-fn landing_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(dir.display(), e)),
-    };
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|e| Error::io(dir.display(), e))?.path();
-        let hidden = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_none_or(|n| n.starts_with('.'));
-        if path.is_file() && !hidden {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 fn file_name(path: &str) -> &str {
     Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or(path)
 }
 
 /// Has a run of this source already taken this file (same name and hash)?
-async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32, path: &Path) -> Result<bool> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
+async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32, input: &Input) -> Result<bool> {
+    let name = input.file_name();
+    let bytes = input.size()? as i64;
     let candidates: Vec<&RunRecord> = runs
         .iter()
         .filter(|r| {
@@ -80,7 +60,7 @@ async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32,
     if candidates.is_empty() {
         return Ok(false);
     }
-    let (hash, _) = file_digest(path).await?;
+    let hash = input.digest().await?;
     Ok(candidates.iter().any(|r| r.file_hash.as_deref() == Some(hash.as_str())))
 }
 
@@ -96,13 +76,13 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
     let runs = read_run_log(&ws.lake).await?;
     let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
     for (source, contract) in &contracts.contracts {
-        for path in landing_files(&ws.landing_dir.join(source))? {
-            if already_loaded(&runs, source, contract.version as i32, &path).await? {
+        for input in landing_files(&ws.landing_dir, source).await? {
+            if already_loaded(&runs, source, contract.version as i32, &input).await? {
                 report.already_loaded += 1;
                 continue;
             }
-            on_step(&format!("ingest {source} {}", path.display()));
-            let record = ingest_file(ws, contract.clone(), &path, opts).await?;
+            on_step(&format!("ingest {source} {}", input.display()));
+            let record = ingest_input(ws, contract.clone(), &input, opts).await?;
             if record.has_data() {
                 loaded_sources.insert(source.clone());
             }

@@ -6,13 +6,14 @@ use crate::audit::{RunRecord, RunStatus};
 use crate::cli::Cli;
 use crate::contract::ContractSet;
 use crate::error::Result;
-use crate::ingest::{IngestOptions, expand_inputs, ingest_file};
+use crate::ingest::{IngestOptions, expand_inputs, ingest_input};
 
 #[derive(Debug, clap::Args)]
 pub struct IngestArgs {
     /// Source name: contracts/<source>.yaml must exist.
     pub source: String,
-    /// Files or globs (quoted) to ingest; .gz is decompressed transparently.
+    /// Files, globs (quoted) or s3:// URLs (globs allowed in the key) to ingest; .gz is
+    /// decompressed transparently.
     #[arg(required = true)]
     pub inputs: Vec<String>,
     /// Print each run record as one JSON object per line instead of a sentence.
@@ -23,14 +24,14 @@ pub struct IngestArgs {
 pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<u8> {
     let ws = cli.workspace()?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
-    let inputs = expand_inputs(&args.inputs)?;
+    let inputs = expand_inputs(&args.inputs).await?;
     let opts = IngestOptions {
         progress: std::io::stdout().is_terminal() && !args.json,
         ..Default::default()
     };
     let mut code = 0;
-    for path in &inputs {
-        let record = ingest_file(&ws, contract.clone(), path, &opts).await?;
+    for input in &inputs {
+        let record = ingest_input(&ws, contract.clone(), input, &opts).await?;
         if record.status == RunStatus::Failed {
             code = 1;
         }

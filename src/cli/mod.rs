@@ -37,7 +37,8 @@ use crate::session::{DEFAULT_MEMORY_LIMIT, Workspace, parse_size};
 #[derive(Debug, Parser)]
 #[command(name = "ingot", version, max_term_width = 100)]
 pub struct Cli {
-    /// Lake location: a local directory or file:// URL.
+    /// Lake location: a local directory, a file:// URL or s3://bucket/prefix (S3 is configured by
+    /// AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP).
     #[arg(long, global = true, env = "INGOT_LAKE", default_value = "data/lake")]
     pub lake: String,
     /// Directory of source contracts (<source>.yaml).
@@ -46,7 +47,8 @@ pub struct Cli {
     /// Directory of silver rules (<table>/v<N>.yaml).
     #[arg(long, global = true, env = "INGOT_RULES", default_value = "rules")]
     pub rules: PathBuf,
-    /// Landing directory scanned by the nightly job (<landing>/<source>/...).
+    /// Landing directory scanned by the nightly job (<landing>/<source>/...); a local directory or
+    /// an s3://bucket/prefix.
     #[arg(long, global = true, env = "INGOT_LANDING", default_value = "data/landing")]
     pub landing: PathBuf,
     /// Memory for DataFusion operators before they spill to disk (e.g. 512M, 2G).

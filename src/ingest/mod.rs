@@ -49,7 +49,7 @@ pub mod spill;
 pub mod typing;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
@@ -81,6 +81,9 @@ pub struct IngestOptions {
     /// This run replays another run's failed rows (see [`crate::replay`]): sets `replay_of`
     /// and `file_path`, never skips the input as a duplicate, and numbers rows as the original.
     pub replay: Option<Arc<crate::replay::Replay>>,
+    /// The input's name for the run log and messages when the file read is a local copy (a
+    /// landing file fetched from an object store: its URL). `None`: the path itself.
+    pub input_name: Option<String>,
 }
 
 impl Default for IngestOptions {
@@ -90,57 +93,47 @@ impl Default for IngestOptions {
             lock_ttl: crate::lock::default_ttl(),
             progress: false,
             replay: None,
+            input_name: None,
         }
     }
 }
 
-/// Expand the command line's paths and globs into existing files, sorted, deduplicated.
-pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
-    let mut out = std::collections::BTreeSet::new();
-    for input in inputs {
-        let input = input.strip_prefix("file://").unwrap_or(input);
-        if let Some((scheme, _)) = input.split_once("://") {
-            return Err(Error::Invalid(format!(
-                "cannot read \"{input}\": {scheme}:// inputs are not supported by this build; use a local path, a glob or file://"
-            )));
-        }
-        if input.contains(['*', '?', '[']) && !Path::new(input).is_file() {
-            let matches = glob::glob(input).map_err(|e| Error::Invalid(format!("invalid glob \"{input}\": {e}")))?;
-            let mut any = false;
-            for m in matches {
-                let p = m.map_err(|e| Error::Invalid(format!("{input}: {e}")))?;
-                if p.is_file() {
-                    out.insert(p);
-                    any = true;
-                }
-            }
-            if !any {
-                return Err(Error::Invalid(format!("no file matches \"{input}\"")));
-            }
-        } else {
-            let p = PathBuf::from(input);
-            if !p.is_file() {
-                return Err(Error::Invalid(format!("no such file: {input}")));
-            }
-            out.insert(p);
-        }
-    }
-    Ok(out.into_iter().collect())
-}
+pub use crate::landing::{Input, expand_inputs};
 
 /// Ingest every input of `source`, one run per file in sorted order. Stops at the first run that
 /// fails with an infrastructure error; failed runs (bad input) are recorded and the next file goes.
 pub async fn ingest(
     ws: &Workspace,
     contract: Arc<Contract>,
-    inputs: &[PathBuf],
+    inputs: &[Input],
     opts: &IngestOptions,
 ) -> Result<Vec<RunRecord>> {
     let mut out = Vec::new();
-    for path in inputs {
-        out.push(ingest_file(ws, contract.clone(), path, opts).await?);
+    for input in inputs {
+        out.push(ingest_input(ws, contract.clone(), input, opts).await?);
     }
     Ok(out)
+}
+
+/// Ingest one input as one run: a local file directly, a remote one from a local copy (the run
+/// records its URL; see [`crate::landing`]).
+pub async fn ingest_input(
+    ws: &Workspace,
+    contract: Arc<Contract>,
+    input: &Input,
+    opts: &IngestOptions,
+) -> Result<RunRecord> {
+    match input {
+        Input::Local(path) => ingest_file(ws, contract, path, opts).await,
+        Input::Remote(remote) => {
+            let scratch = remote.fetch().await?;
+            let opts = IngestOptions {
+                input_name: Some(remote.url.clone()),
+                ..opts.clone()
+            };
+            ingest_file(ws, contract, &scratch.path, &opts).await
+        }
+    }
 }
 
 fn now_micros() -> i64 {
@@ -161,9 +154,10 @@ pub async fn ingest_file(
         run_id: run_id.clone(),
         source: contract.source.clone(),
         contract_version: contract.version as i32,
-        file_path: match &opts.replay {
-            Some(r) => r.file_path.clone(),
-            None => path.display().to_string(),
+        file_path: match (&opts.replay, &opts.input_name) {
+            (Some(r), _) => r.file_path.clone(),
+            (None, Some(name)) => name.clone(),
+            (None, None) => path.display().to_string(),
         },
         file_hash: None,
         file_bytes,
@@ -530,8 +524,14 @@ fn count_newlines(bytes: &[u8]) -> u64 {
 }
 
 /// Open the right loader for the contract's format; `.gz` input is decompressed transparently.
-pub fn open_loader(contract: Arc<Contract>, path: &Path, batch_size: usize, keep_raw: bool) -> Result<Box<dyn Loader>> {
-    let display = path.display().to_string();
+pub fn open_loader(
+    contract: Arc<Contract>,
+    path: &Path,
+    name: Option<&str>,
+    batch_size: usize,
+    keep_raw: bool,
+) -> Result<Box<dyn Loader>> {
+    let display = name.map_or_else(|| path.display().to_string(), str::to_string);
     let mut file = std::fs::File::open(path).map_err(|e| Error::io(&display, e))?;
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic).map_err(|e| Error::io(&display, e))?;

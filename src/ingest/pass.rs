@@ -202,10 +202,11 @@ pub fn spawn_producer(
     let path = path.to_path_buf();
     let batch_size = opts.batch_size;
     let replay = opts.replay.clone();
+    let name = opts.input_name.clone();
     let hashers = hashers.clone();
     // Stage 1: parse and type (a thread of its own, so that hashing overlaps it).
     let parse = move || {
-        let mut loader = match open_loader(contract, &path, batch_size, keep_raw) {
+        let mut loader = match open_loader(contract, &path, name.as_deref(), batch_size, keep_raw) {
             Ok(l) => crate::replay::Renumber::wrap(l, replay),
             Err(e) => {
                 let _ = parsed_tx.blocking_send(Err(e));

@@ -17,6 +17,8 @@ mod ops;
 mod rekey;
 mod replay;
 mod rules;
+#[cfg(feature = "s3")]
+mod s3;
 mod shell;
 mod silver_build;
 mod silver_compile;

@@ -26,6 +26,8 @@ pub struct TestLake {
     pub dir: tempfile::TempDir,
     /// Extra environment for every `ingot` run (e.g. a tiny index budget).
     pub envs: Vec<(String, String)>,
+    /// A lake URL (e.g. `s3://bucket/lake`) instead of the `lake` folder of the temp directory.
+    pub lake_url: Option<String>,
 }
 
 impl TestLake {
@@ -36,7 +38,11 @@ impl TestLake {
             let p = e.unwrap().path();
             std::fs::copy(&p, dir.path().join("contracts").join(p.file_name().unwrap())).unwrap();
         }
-        TestLake { dir, envs: Vec::new() }
+        TestLake {
+            dir,
+            envs: Vec::new(),
+            lake_url: None,
+        }
     }
 
     /// A lake whose ingests use the partitioned (spilling) change detection.
@@ -56,10 +62,11 @@ impl TestLake {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ingot"));
-        c.arg("--lake")
-            .arg(self.lake())
-            .arg("--contracts")
-            .arg(self.contracts());
+        match &self.lake_url {
+            Some(url) => c.arg("--lake").arg(url),
+            None => c.arg("--lake").arg(self.lake()),
+        };
+        c.arg("--contracts").arg(self.contracts());
         c.env_remove("INGOT_FAILPOINT");
         c.env_remove("INGOT_INDEX_MEMORY");
         c.env("INGOT_LOCK_TTL_SECS", "30");

@@ -1,0 +1,655 @@
+//! S3 lakes against a real S3 server on loopback: moto (`moto[server]` from PyPI, installed by this
+//! test into the venv `.venv-test-s3`; moto enforces `If-None-Match` and `If-Match` atomically),
+//! started on a free port and stopped by its process id when the test ends, pass or fail.
+//!
+//! The same stories run on an S3 lake and on a local lake and the whole lakes are compared (every
+//! audit record, bronze row, hash and silver row; ids and clocks normalized, file paths compared by
+//! file name): ingest from `s3://` URLs and globs, the re-sent file skipped, the corrected
+//! re-delivery, builds, an undo, SQL; and the nightly job over an `s3://` landing prefix. Commit
+//! races: 16 writers committing into one run-log slot, 8 processes taking one stale lock, and 8
+//! concurrent `ingot ingest` processes of one file; exactly one wins and every row is there once.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+
+const MOTO: &str = "moto[server]==5.2.5";
+
+type Row = BTreeMap<String, Value>;
+
+/// The venv's `moto_server`, created (and moto installed) on first use. Two tests may ask at
+/// once: a lock file keeps the second from installing into a half-made venv.
+fn moto_server() -> PathBuf {
+    let venv = repo().join(".venv-test-s3");
+    let bin = venv.join("bin/moto_server");
+    let python = venv.join("bin/python");
+    let ready = || {
+        bin.exists()
+            && Command::new(&python)
+                .args(["-c", "import moto.server, flask"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+    };
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .unwrap();
+        assert!(status.success(), "python3 -m venv {}", venv.display());
+        let status = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", MOTO])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pip install {MOTO}");
+        assert!(ready(), "{MOTO} installed but moto_server does not start");
+    }
+    bin
+}
+
+/// A moto S3 server on a free loopback port; killed (by its pid) when dropped.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    fn start() -> Moto {
+        let bin = moto_server();
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let child = Command::new(&bin)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut moto = Moto { child, port };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = moto.child.try_wait() {
+                    break; // exited: the port was taken in between; try another
+                }
+                if moto.http("GET", "/").is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+                    return moto;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(moto);
+        }
+        panic!("moto_server did not start");
+    }
+
+    /// One plain HTTP request; the response, or `None` when the server is not listening yet.
+    fn http(&self, method: &str, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    fn create_bucket(&self, bucket: &str) {
+        let r = self.http("PUT", &format!("/{bucket}")).unwrap_or_default();
+        assert!(r.starts_with("HTTP/1.1 200"), "create bucket {bucket}: {r}");
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The environment an `ingot` process needs for this server.
+    fn envs(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL".into(), self.endpoint()),
+            ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ALLOW_HTTP".into(), "true".into()),
+        ]
+    }
+
+    /// The same as object_store options, for in-process lakes (tests do not change their
+    /// process environment).
+    fn options(&self) -> Vec<(String, String)> {
+        vec![
+            ("aws_endpoint".into(), self.endpoint()),
+            ("aws_access_key_id".into(), "testing".into()),
+            ("aws_secret_access_key".into(), "testing".into()),
+            ("aws_region".into(), "us-east-1".into()),
+            ("aws_allow_http".into(), "true".into()),
+        ]
+    }
+
+    /// Create `bucket` and upload a local folder under `s3://bucket/prefix/` (through the
+    /// in-process object store).
+    fn upload(&self, dir: &Path, bucket: &str, prefix: &str) {
+        self.create_bucket(bucket);
+        let lake = ingot::lake::Lake::open_with(&format!("s3://{bucket}/{prefix}"), &self.options()).unwrap();
+        let rt = runtime();
+        let mut stack = vec![(dir.to_path_buf(), String::new())];
+        while let Some((d, rel)) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                let r = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+                if p.is_dir() {
+                    stack.push((p, r));
+                } else {
+                    rt.block_on(lake.put(&r, std::fs::read(&p).unwrap().into())).unwrap();
+                }
+            }
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A test lake on `s3://<bucket>/lake` of `moto` (contracts copied locally as for every TestLake).
+fn s3_lake(moto: &Moto, bucket: &str) -> TestLake {
+    moto.create_bucket(bucket);
+    let mut t = TestLake::new();
+    t.lake_url = Some(format!("s3://{bucket}/lake"));
+    t.envs.extend(moto.envs());
+    t
+}
+
+/// Rows with `file_path` reduced to the file name (the S3 lake read `s3://...` URLs, the local
+/// one local paths).
+fn by_file_name(rows: Vec<Row>) -> Vec<Row> {
+    rows.into_iter()
+        .map(|mut r| {
+            if let Some(Value::String(p)) = r.get_mut("file_path") {
+                *p = p.rsplit('/').next().unwrap_or_default().to_string();
+            }
+            r
+        })
+        .collect()
+}
+
+/// Every table of a lake, whole: audit logs, bronze and bronze current of every source, silver
+/// tables; run and build ids by start order, clocks hidden, file paths by file name.
+fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
+    let names = id_names(t);
+    let q = |sql: &str| by_file_name(normalize_rows(t.query(sql), &names));
+    let mut out = BTreeMap::new();
+    out.insert(
+        "audit.ingestion_run_log".to_string(),
+        q("SELECT * FROM audit.ingestion_run_log ORDER BY started_at, run_id"),
+    );
+    out.insert(
+        "audit.row_failure_log".to_string(),
+        q("SELECT * FROM audit.row_failure_log ORDER BY layer, source, \"table\", failed_at, source_row_number, rule"),
+    );
+    out.insert(
+        "audit.silver_build_log".to_string(),
+        q("SELECT * FROM audit.silver_build_log ORDER BY started_at, build_id"),
+    );
+    for s in ["bookings", "hotels", "marketing_spend", "web_sessions"] {
+        out.insert(
+            format!("bronze.{s}"),
+            q(&format!(
+                "SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"
+            )),
+        );
+        out.insert(
+            format!("bronze.{s}_current"),
+            q(&format!(
+                "SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"
+            )),
+        );
+    }
+    for table in ["bookings", "marketing_spend", "web_sessions"] {
+        out.insert(
+            format!("silver.{table}"),
+            q(&format!(
+                "SELECT * FROM silver.{table} ORDER BY natural_key_fingerprint"
+            )),
+        );
+    }
+    out
+}
+
+fn assert_same_lakes(got: &BTreeMap<String, Vec<Row>>, want: &BTreeMap<String, Vec<Row>>, context: &str) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{context}"
+    );
+    for (name, rows) in want {
+        for (i, (a, b)) in got[name].iter().zip(rows).enumerate() {
+            assert_eq!(a, b, "{context}: {name} row {i}");
+        }
+        assert_eq!(got[name].len(), rows.len(), "{context}: {name} row count");
+    }
+}
+
+/// The story of the demo on one lake: `input(rel)` names a landing file (a local path or an s3://
+/// URL). Every command must succeed; returns what the final SQL query printed.
+fn story(t: &TestLake, input: &dyn Fn(&str) -> String) -> String {
+    let run = |args: &[&str]| {
+        let out = t
+            .command()
+            .arg("--rules")
+            .arg(repo().join("rules"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        stdout(&out)
+    };
+    run(&["ingest", "hotels", &input("hotels/2026-11-01_hotels.csv")]);
+    run(&["ingest", "bookings", &input("bookings/2026-11-01_bookings.csv")]);
+    // the re-sent file: skipped by its hash
+    let resent = run(&["ingest", "bookings", &input("bookings/2026-11-02_bookings_resend.csv")]);
+    assert!(
+        resent.contains("skipped, identical to a file already loaded"),
+        "{resent}"
+    );
+    run(&["ingest", "bookings", &input("bookings/2026-11-03_bookings.csv")]);
+    // the corrected re-delivery: only the changed rows are written
+    run(&[
+        "ingest",
+        "bookings",
+        &input("bookings/2026-11-04_bookings_corrected.csv"),
+    ]);
+    run(&["ingest", "hotels", &input("hotels/2026-11-03_hotels.csv")]);
+    // globs (one of the files is gzipped)
+    run(&["ingest", "marketing_spend", &input("marketing_spend/*")]);
+    run(&["ingest", "web_sessions", &input("web_sessions/*.ndjson")]);
+    run(&["build", "bookings", "--rules-version", "1"]);
+    run(&["build", "marketing_spend"]);
+    run(&["build", "web_sessions"]);
+    run(&["build", "bookings", "--rebuild-where", "rules_version < 2"]);
+    // undo the corrected re-delivery, then build again
+    let corrected =
+        t.query("SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%2026-11-04_bookings_corrected.csv'");
+    assert_eq!(corrected.len(), 1, "{corrected:?}");
+    run(&["undo", corrected[0]["run_id"].as_str().unwrap()]);
+    run(&["build", "bookings"]);
+    run(&["doctor"]);
+    run(&[
+        "sql",
+        "SELECT channel, rules_version, count(*) AS n FROM silver.bookings GROUP BY 1, 2 ORDER BY 1, 2",
+        "--format",
+        "csv",
+    ])
+}
+
+#[test]
+fn an_s3_lake_fed_from_s3_urls_equals_the_same_story_on_a_local_lake() {
+    let moto = Moto::start();
+    moto.upload(&repo().join("data/landing"), "landing", "in");
+    let s3 = s3_lake(&moto, "story");
+    let s3_said = story(&s3, &|rel| format!("s3://landing/in/{rel}"));
+    let local = TestLake::new();
+    let local_said = story(&local, &|rel| landing(rel).display().to_string());
+
+    let got = whole_lake(&s3);
+    let want = whole_lake(&local);
+    assert_same_lakes(&got, &want, "S3 lake vs local lake");
+    assert_eq!(s3_said, local_said, "command output");
+    // the story did what it says: a skipped re-send, a corrected re-delivery, an undo
+    let runs = &got["audit.ingestion_run_log"];
+    let status = |file: &str| {
+        runs.iter()
+            .find(|r| r["file_path"] == file)
+            .map(|r| r["status"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        status("2026-11-02_bookings_resend.csv").as_deref(),
+        Some("skipped_duplicate_file")
+    );
+    assert_eq!(
+        status("2026-11-04_bookings_corrected.csv").as_deref(),
+        Some("rolled_back")
+    );
+    assert_eq!(runs.len(), 11, "{runs:?}");
+    assert!(!got["silver.bookings"].is_empty());
+    // the S3 lake's run log names the URLs it read
+    let paths = s3.query("SELECT file_path FROM audit.ingestion_run_log ORDER BY file_path");
+    assert!(
+        paths
+            .iter()
+            .all(|r| r["file_path"].as_str().unwrap().starts_with("s3://landing/in/")),
+        "{paths:?}"
+    );
+    // and the lake is really on S3: nothing was written to the test directory's lake folder
+    assert!(!s3.lake().exists());
+}
+
+#[test]
+fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_run_changes_nothing() {
+    let moto = Moto::start();
+    moto.upload(&repo().join("data/landing"), "nightly", "landing");
+    let s3 = s3_lake(&moto, "nightly-lake");
+    let nightly = |t: &TestLake, landing: &str| {
+        let out = t
+            .command()
+            .args(["--landing", landing, "--rules"])
+            .arg(repo().join("rules"))
+            .arg("run")
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        stdout(&out)
+    };
+    let first = nightly(&s3, "s3://nightly/landing");
+    assert!(
+        first.contains("nightly job: 11 runs (1 skipped as duplicates, 0 failed), 3 builds (0 failed)"),
+        "{first}"
+    );
+    let local = TestLake::new();
+    let local_first = nightly(&local, &repo().join("data/landing").display().to_string());
+    let norm = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with("ingest "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(norm(&first), norm(&local_first));
+    let before = whole_lake(&s3);
+    assert_same_lakes(&before, &whole_lake(&local), "nightly: S3 vs local");
+
+    let second = nightly(&s3, "s3://nightly/landing");
+    assert!(
+        second.starts_with(
+            "nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 11 landing files already loaded"
+        ),
+        "{second}"
+    );
+    assert_same_lakes(&whole_lake(&s3), &before, "second nightly run");
+}
+
+/// A committed run record for the race tests.
+fn record(run_id: &str, seq: u64) -> ingot::audit::RunRecord {
+    use ingot::audit::{RunRecord, RunStatus};
+    RunRecord {
+        run_id: run_id.to_string(),
+        source: "bookings".into(),
+        contract_version: 1,
+        file_path: format!("s3://landing/{run_id}.csv"),
+        file_hash: Some("0".repeat(64)),
+        file_bytes: 1,
+        started_at: 1,
+        finished_at: 2,
+        status: RunStatus::Failed,
+        rows_seen: 0,
+        rows_inserted: 0,
+        rows_updated: 0,
+        rows_unchanged: 0,
+        rows_failed: 0,
+        replay_of: None,
+        error: Some(format!("writer {run_id}")),
+        ingot_version: "test".into(),
+        ignored_columns: None,
+        rolled_back_at: None,
+        seq,
+    }
+}
+
+#[test]
+fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_round() {
+    let moto = Moto::start();
+    moto.create_bucket("race");
+    let lake = ingot::lake::Lake::open_with("s3://race/lake", &moto.options()).unwrap();
+    let rt = runtime();
+    for round in 1..=10u64 {
+        let results: Vec<(String, bool, String)> = rt.block_on(async {
+            let tasks: Vec<_> = (0..16)
+                .map(|w| {
+                    let lake = lake.clone();
+                    let id = format!("round{round}-writer{w:02}");
+                    tokio::spawn(async move {
+                        let r = ingot::audit::commit_run(&lake, &record(&id, round)).await;
+                        let msg = r.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+                        (id, r.is_ok(), msg)
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        let winners: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        for (id, ok, msg) in &results {
+            assert!(
+                *ok || msg.contains("nothing of run") && msg.contains("was published"),
+                "round {round}: {id}: {msg}"
+            );
+        }
+        let log = rt.block_on(ingot::audit::read_run_log(&lake)).unwrap();
+        assert_eq!(log.len() as u64, round, "round {round}");
+        let committed = log.iter().find(|r| r.seq == round).unwrap();
+        assert_eq!(
+            &committed.run_id, winners[0],
+            "round {round}: the record in the slot is the winner's"
+        );
+        assert_eq!(committed, &record(winners[0], round));
+    }
+}
+
+#[test]
+fn eight_processes_taking_over_one_stale_s3_lock_leave_exactly_one_holder() {
+    let moto = Moto::start();
+    moto.create_bucket("locks");
+    let lake = ingot::lake::Lake::open_with("s3://locks/lake", &moto.options()).unwrap();
+    let rt = runtime();
+    for round in 0..5 {
+        // a lock whose heartbeat is long past its TTL, left by a crashed process elsewhere
+        let stale = serde_json::json!({
+            "run_id": format!("crashed-{round}"), "host": "elsewhere", "pid": 1,
+            "acquired_at": "2020-01-01T00:00:00Z", "heartbeat_ms": 0, "ttl_ms": 1000
+        });
+        rt.block_on(lake.put("_locks/bookings.lock", stale.to_string().into()))
+            .unwrap();
+        let results = rt.block_on(async {
+            let tasks: Vec<_> = (0..8)
+                .map(|w| {
+                    let lake = lake.clone();
+                    tokio::spawn(async move {
+                        let id = format!("taker-{w}");
+                        let r = ingot::lock::acquire(&lake, "bookings", &id, Duration::from_secs(30)).await;
+                        (id, r)
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        let mut holders = Vec::new();
+        for (id, r) in results {
+            match r {
+                Ok(lock) => holders.push((id, lock)),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("is being ingested by run taker-") || msg.contains("could not take the lock"),
+                        "{id}: {msg}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            holders.len(),
+            1,
+            "round {round}: holders {:?}",
+            holders.iter().map(|h| &h.0).collect::<Vec<_>>()
+        );
+        let (id, lock) = holders.pop().unwrap();
+        let held = rt.block_on(lake.get("_locks/bookings.lock")).unwrap().unwrap();
+        let held: Value = serde_json::from_slice(&held).unwrap();
+        assert_eq!(held["run_id"], id.as_str());
+        rt.block_on(lock.release()).unwrap();
+        // released: the next ingest takes it at once
+        let next = rt
+            .block_on(ingot::lock::acquire(&lake, "bookings", "next", Duration::from_secs(30)))
+            .unwrap();
+        rt.block_on(next.release()).unwrap();
+    }
+}
+
+#[test]
+fn eight_concurrent_ingests_of_one_s3_file_commit_it_exactly_once() {
+    let moto = Moto::start();
+    moto.upload(&repo().join("data/landing/bookings"), "concurrent", "in");
+    let s3 = Arc::new(s3_lake(&moto, "concurrent-lake"));
+    let url = "s3://concurrent/in/2026-11-01_bookings.csv";
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            s3.command()
+                .args(["ingest", "bookings", url, "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let mut loaded = 0;
+    for out in &outs {
+        if out.status.success() {
+            let rec: Value = serde_json::from_str(stdout(out).trim()).unwrap();
+            match rec["status"].as_str().unwrap() {
+                "succeeded_with_failures" => loaded += 1,
+                "skipped_duplicate_file" => {}
+                other => panic!("unexpected status {other}: {}", stdout(out)),
+            }
+        } else {
+            let e = stderr(out);
+            assert!(
+                e.contains("is being ingested by run")
+                    || e.contains("could not take the lock")
+                    || e.contains("nothing of run"),
+                "{e}"
+            );
+        }
+    }
+    assert_eq!(loaded, 1, "{outs:?}");
+    // every row exactly once, and exactly the lake of one clean ingest of the file
+    let dups =
+        s3.query("SELECT natural_key_fingerprint, count(*) AS n FROM bronze.bookings GROUP BY 1 HAVING count(*) > 1");
+    assert!(dups.is_empty(), "{dups:?}");
+    let local = TestLake::new();
+    local.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    let runs = |t: &TestLake| {
+        t.query("SELECT * FROM audit.ingestion_run_log WHERE status <> 'skipped_duplicate_file' ORDER BY started_at")
+    };
+    let rows = |t: &TestLake, sql: &str| {
+        let names = id_names(t);
+        by_file_name(normalize_rows(t.query(sql), &names))
+    };
+    assert_eq!(
+        by_file_name(normalize_rows(runs(&s3), &id_names(&s3)))
+            .into_iter()
+            .map(|mut r| {
+                r.remove("run_id");
+                r
+            })
+            .collect::<Vec<_>>(),
+        by_file_name(normalize_rows(runs(&local), &id_names(&local)))
+            .into_iter()
+            .map(|mut r| {
+                r.remove("run_id");
+                r
+            })
+            .collect::<Vec<_>>()
+    );
+    for sql in [
+        "SELECT * EXCLUDE (ingestion_run_id, ingested_at) FROM bronze.bookings ORDER BY source_row_number",
+        "SELECT * EXCLUDE (run_id, failed_at) FROM audit.row_failure_log ORDER BY source_row_number, rule",
+    ] {
+        assert_eq!(rows(&s3, sql), rows(&local, sql), "{sql}");
+    }
+}
+
+#[test]
+fn s3_mistakes_are_named_with_what_would_be_valid() {
+    let moto = Moto::start();
+    moto.create_bucket("exists");
+    let mut t = TestLake::new();
+    t.envs.extend(moto.envs());
+    // a lake in a bucket that does not exist
+    t.lake_url = Some("s3://no-such-bucket/lake".into());
+    let out = t.run(&["runs"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains("s3://no-such-bucket/lake") && e.contains("the bucket does not exist"),
+        "{e}"
+    );
+    // a landing object that does not exist
+    t.lake_url = Some("s3://exists/lake".into());
+    let out = t.run(&["ingest", "bookings", "s3://exists/in/missing.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(
+        e.contains("no such object: s3://exists/in/missing.csv") && e.contains("quote a glob"),
+        "{e}"
+    );
+    let out = t.run(&["ingest", "bookings", "s3://exists/in/*.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no object matches \"s3://exists/in/*.csv\""),
+        "{}",
+        stderr(&out)
+    );
+    // no bucket in the URL; an unsupported scheme
+    t.lake_url = Some("s3:///lake".into());
+    let e = stderr(&t.run(&["runs"]));
+    assert!(e.contains("names no bucket: use s3://<bucket>/<prefix>"), "{e}");
+    t.lake_url = Some("gs://bucket/lake".into());
+    let e = stderr(&t.run(&["runs"]));
+    assert!(
+        e.contains("\"gs://\" is not supported; use a local path, file:// or s3://bucket/prefix"),
+        "{e}"
+    );
+    // a plain-http endpoint without AWS_ALLOW_HTTP
+    t.lake_url = Some("s3://exists/lake".into());
+    t.envs.retain(|(k, _)| k != "AWS_ALLOW_HTTP");
+    let out = t
+        .command()
+        .env_remove("AWS_ALLOW_HTTP")
+        .args(["runs"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("AWS_ALLOW_HTTP"), "{}", stderr(&out));
+}
