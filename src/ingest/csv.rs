@@ -46,12 +46,6 @@ pub struct CsvLoader {
     bytes_read: u64,
     ignored: Vec<String>,
     done: bool,
-    delimiter: u8,
-    quote: u8,
-    /// Split common records without csv-core ([`CsvLoader::fast_record`]); off until the first
-    /// record (which may start with a byte-order mark) was read by csv-core.
-    fast: bool,
-    started: bool,
     /// The last byte of the previous record was a `\r`.
     after_cr: bool,
 }
@@ -95,10 +89,6 @@ impl CsvLoader {
             bytes_read: 0,
             ignored: Vec::new(),
             done: false,
-            delimiter: opts.delimiter,
-            quote: opts.quote,
-            fast: true,
-            started: false,
             after_cr: false,
         };
         me.read_header(&contract)?;
@@ -197,23 +187,6 @@ impl CsvLoader {
                     self.eof = true;
                 }
             }
-            // The common record (whole in the buffer, ends with a line end, quotes only around
-            // whole fields and none doubled) is split here; anything else goes to csv-core.
-            if self.fast
-                && self.started
-                && self.carry.is_empty()
-                && outlen == 0
-                && endlen == 0
-                && let Some(n) = self.fast_record()
-            {
-                self.pos += n;
-                let raw = &self.buf[self.rec_start..self.pos];
-                let lines = line_ends(raw, self.after_cr);
-                self.after_cr = raw.last() == Some(&b'\r');
-                self.rec_line = self.line;
-                self.line += lines;
-                return Ok(Next::Record);
-            }
             let input = &self.buf[self.pos..self.len];
             let (res, nin, nout, nend) = self
                 .rdr
@@ -246,75 +219,9 @@ impl CsvLoader {
                     self.after_cr = raw.last() == Some(&b'\r');
                     self.rec_line = self.line + before;
                     self.line += lines;
-                    self.started = true;
                     return Ok(Next::Record);
                 }
                 ReadRecordResult::End => return Ok(Next::End),
-            }
-        }
-    }
-}
-
-impl CsvLoader {
-    /// Read every record with csv-core (the fast splitter off): the reference the tests compare
-    /// the fast splitter with.
-    pub fn without_fast_split(mut self) -> CsvLoader {
-        self.fast = false;
-        self
-    }
-
-    /// Split the record at `buf[pos..len]` into `out`/`ends` without csv-core, when it is the
-    /// common kind: no blank line before it, a line end (`\n` or `\r\n`) after it within the
-    /// buffer, and each field either unquoted without a quote byte, or quoted as a whole with no
-    /// quote inside (so nothing is unescaped). Returns the bytes consumed, or `None` for
-    /// csv-core to read the record exactly as before (same fields either way).
-    fn fast_record(&mut self) -> Option<usize> {
-        let input = &self.buf[self.pos..self.len];
-        let (delim, quote) = (self.delimiter, self.quote);
-        let first = *input.first()?;
-        if first == b'\n' || first == b'\r' {
-            return None;
-        }
-        let mut i = 0;
-        let mut outlen = 0;
-        let mut nf = 0;
-        loop {
-            let (start, end, next);
-            if input.get(i) == Some(&quote) {
-                let close = i + 1 + memchr::memchr(quote, &input[i + 1..])?;
-                start = i + 1;
-                end = close;
-                next = close + 1;
-            } else {
-                let len = input[i..]
-                    .iter()
-                    .position(|&b| b == delim || b == b'\n' || b == b'\r' || b == quote)?;
-                if input[i + len] == quote {
-                    return None;
-                }
-                start = i;
-                end = i + len;
-                next = i + len;
-            }
-            let field = &input[start..end];
-            if outlen + field.len() > self.out.len() || nf == self.ends.len() {
-                return None;
-            }
-            self.out[outlen..outlen + field.len()].copy_from_slice(field);
-            outlen += field.len();
-            self.ends[nf] = outlen;
-            nf += 1;
-            match *input.get(next)? {
-                b if b == delim => i = next + 1,
-                b'\n' => {
-                    self.ends_len = nf;
-                    return Some(next + 1);
-                }
-                b'\r' if input.get(next + 1) == Some(&b'\n') => {
-                    self.ends_len = nf;
-                    return Some(next + 2);
-                }
-                _ => return None,
             }
         }
     }

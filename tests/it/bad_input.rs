@@ -238,3 +238,21 @@ fn odd_csv_shapes_get_located_answers() {
         "{text}"
     );
 }
+
+/// Line numbers in rejection reasons are physical lines, also with CRLF line ends (csv-core ends
+/// a record at the `\r`, so the `\n` starts the next record's bytes and must not count again)
+/// and a quoted field spanning lines.
+#[test]
+fn line_numbers_of_rejections_count_crlf_once() {
+    let t = TestLake::new();
+    let text = std::fs::read_to_string(bad("bom_crlf.csv")).unwrap();
+    let lines = text.matches('\n').count();
+    let file = t.dir.path().join("crlf_ragged.csv");
+    std::fs::write(&file, format!("{text}BX900009,AMS01\r\n")).unwrap();
+    t.ingest_ok("bookings", &file);
+    let f = t.query("SELECT source_row_number, reason FROM audit.row_failure_log");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0]["source_row_number"], 4);
+    let want = format!("line {}:", lines + 1);
+    assert!(f[0]["reason"].as_str().unwrap().starts_with(&want), "{want} {f:?}");
+}
