@@ -152,13 +152,14 @@ def snapshot_relation(lake: str, build_id: str) -> str:
         return "[" + ", ".join(sql_str(path(n)) for n in names) + "]"
 
     layers = [m["data"]] + [d["data"] for d in m.get("deltas", [])]
-    deleted = [path(d["deleted"]) for d in m.get("deltas", [])]
+    # a layer that deleted no keys has no deletion file
+    deleted = [path(d["deleted"]) if d.get("deleted_keys", 1) else None for d in m.get("deltas", [])]
     parts = []
     for i, names in enumerate(layers):
         if not names:
             continue
         q = f"SELECT * FROM read_parquet({files(names)}, hive_partitioning = false)"
-        later = deleted[i:]
+        later = [p for p in deleted[i:] if p]
         if later:
             keys = "[" + ", ".join(sql_str(p) for p in later) + "]"
             q += (f" WHERE substr(natural_key_fingerprint, 1, 32) NOT IN "

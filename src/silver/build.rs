@@ -470,8 +470,10 @@ pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec
     out.extend(m.data.into_iter().chain(m.state));
     for d in m.deltas {
         out.extend(d.data.into_iter().chain(d.state));
-        out.push(d.deleted);
-        out.push(d.deleted_state);
+        if d.deleted_keys > 0 {
+            out.push(d.deleted);
+            out.push(d.deleted_state);
+        }
     }
     Ok(out)
 }
@@ -500,26 +502,6 @@ async fn read_keys(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<FpSet
     Ok(set)
 }
 
-/// Write `keys` as a deletion file at `rel`.
-async fn write_deletions(lake: &Lake, rel: String, keys: &FpSet) -> Result<()> {
-    const CHUNK: usize = 1 << 16;
-    let mut w = part_writer(lake, rel, key_schema());
-    let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK.min(keys.len()), 16);
-    let mut n = 0usize;
-    for fp in keys {
-        b.append_value(fp.to_be_bytes())?;
-        n += 1;
-        if n.is_multiple_of(CHUNK) {
-            w.write(&RecordBatch::try_new(key_schema(), vec![Arc::new(b.finish())])?)
-                .await?;
-        }
-    }
-    w.write(&RecordBatch::try_new(key_schema(), vec![Arc::new(b.finish())])?)
-        .await?;
-    w.finish().await?;
-    Ok(())
-}
-
 /// The snapshot (`Side::Data`) or state of build `build_id`: one listing table per layer, each
 /// without the keys later layers deleted, as one plan. `None` when no layer has a file.
 async fn layers(
@@ -544,7 +526,12 @@ async fn layers(
             Side::Data => &d.deleted,
             Side::State => &d.deleted_state,
         };
-        deleted.push(Arc::new(read_keys(ctx, lake, rel).await?));
+        // no keys deleted: `write_keys` wrote no file (the state set is a subset of the data set)
+        deleted.push(Arc::new(if d.deleted_keys == 0 {
+            FpSet::default()
+        } else {
+            read_keys(ctx, lake, rel).await?
+        }));
     }
     let mut out: Option<DataFrame> = None;
     let mut columns: Option<Vec<Expr>> = None;
@@ -808,14 +795,12 @@ impl Flagger {
     }
 }
 
-/// The column of a key file: 16-byte fingerprint keys.
-const KEY: &str = "__ingot_key";
-
-/// Write `keys` (16-byte fingerprint keys) to the build-scoped file `rel`, for [`join_keys`]
-/// (no keys: no file). Returns the number of keys.
+/// Write `keys` to the build-scoped file `rel` ([`key_schema`]): a delta layer's deletion files,
+/// and on a cluster the key sets [`join_keys`] joins with (no keys: no file). Returns the number
+/// of keys.
 async fn write_keys(lake: &Lake, rel: &str, keys: impl Iterator<Item = super::keys::Fp>) -> Result<u64> {
     const CHUNK: usize = 1 << 16;
-    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
+    let schema = key_schema();
     let mut w = part_writer(lake, rel.to_string(), schema.clone());
     let mut b = FixedSizeBinaryBuilder::with_capacity(CHUNK, 16);
     let mut n = 0usize;
@@ -838,8 +823,10 @@ async fn write_keys(lake: &Lake, rel: &str, keys: impl Iterator<Item = super::ke
 /// form of `__ingot_pick` / `NOT __ingot_in_set` (a run holds one row per fingerprint, so the
 /// rows are the same).
 fn join_keys(ctx: &SessionContext, lake: &Lake, rows: DataFrame, rel: &str, how: JoinType) -> Result<DataFrame> {
-    let schema = Arc::new(Schema::new(vec![Field::new(KEY, DataType::FixedSizeBinary(16), false)]));
-    let keys = ctx.read_table(table_over(vec![lake.url(rel)], schema)?)?;
+    const KEY: &str = "__ingot_key";
+    let keys = ctx
+        .read_table(table_over(vec![lake.url(rel)], key_schema())?)?
+        .select(vec![c(FP).alias(KEY)])?;
     let key = Arc::new(fp128_udf()).call(vec![c(FP)]);
     Ok(rows.join_on(keys, how, [key.eq(c(KEY))])?)
 }
@@ -1882,21 +1869,7 @@ async fn delta_windows(
     let groups: Vec<Option<Arc<GroupSet>>> = groups.into_iter().map(|g| g.map(Arc::new)).collect();
 
     // 3. the windows over every row of those groups
-    let mut narrow: Vec<String> = Vec::new();
-    for a in rules.anomalies.iter().filter(|a| is_window(a)) {
-        let names: Vec<&str> = match &a.kind {
-            AnomalyKind::Spike { column, by, order, .. } => {
-                by.iter().chain([order, column]).map(|i| i.name.as_str()).collect()
-            }
-            AnomalyKind::FirstSeen { by, order, .. } => by.iter().chain([order]).map(|i| i.name.as_str()).collect(),
-            AnomalyKind::When(_) => Vec::new(),
-        };
-        for name in names {
-            if !narrow.iter().any(|x| x == name) {
-                narrow.push(name.to_string());
-            }
-        }
-    }
+    let narrow = window_columns(rules);
     let windows: Vec<usize> = (0..n).filter(|i| is_window(&rules.anomalies[*i])).collect();
     let in_col = |i: usize| format!("__ingot_in_{i}");
     let had_col = |i: usize| format!("__ingot_had_{i}");
@@ -2014,13 +1987,9 @@ async fn publish_delta(
         "deleted-00000.parquet".to_string(),
         "deleted-state-00000.parquet".to_string(),
     );
-    write_deletions(lake, layout::silver_file(&table, &build_id, &deleted), &out.deleted).await?;
-    write_deletions(
-        lake,
-        layout::silver_file(&table, &build_id, &deleted_state),
-        &out.processed,
-    )
-    .await?;
+    let rel = |name: &str| layout::silver_file(&table, &build_id, name);
+    write_keys(lake, &rel(&deleted), out.deleted.iter().copied()).await?;
+    write_keys(lake, &rel(&deleted_state), out.processed.iter().copied()).await?;
     let total = &files.total;
     let table_rows = (out.prev_rows + total.rows).saturating_sub(out.old_rows + out.changed_rows);
     let mut m = base.manifest;
@@ -2093,21 +2062,9 @@ fn release_free_memory() {
     glibc::trim();
 }
 
-/// The window anomalies of `rules` over the new table (the transform's passing rows and the kept
-/// rows), computed over only the columns they read: for each window anomaly, the keys of the
-/// rows it fires on.
-async fn window_sets(
-    cluster: Option<&str>,
-    rules: &RuleSet,
-    base: &SchemaRef,
-    split: &Split,
-    kept: Option<&DataFrame>,
-) -> Result<Vec<Option<Arc<FpSet>>>> {
-    const TIE: &str = "__ingot_tie";
-    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
-    if !rules.anomalies.iter().any(is_window) {
-        return Ok(sets);
-    }
+/// The columns the window anomalies of `rules` read (`by`, `order`, and a spike's column), each
+/// once, in rule order.
+fn window_columns(rules: &RuleSet) -> Vec<String> {
     let mut narrow: Vec<String> = Vec::new();
     for a in rules.anomalies.iter().filter(|a| is_window(a)) {
         let names: Vec<&str> = match &a.kind {
@@ -2123,6 +2080,25 @@ async fn window_sets(
             }
         }
     }
+    narrow
+}
+
+/// The window anomalies of `rules` over the new table (the transform's passing rows and the kept
+/// rows), computed over only the columns they read: for each window anomaly, the keys of the
+/// rows it fires on.
+async fn window_sets(
+    cluster: Option<&str>,
+    rules: &RuleSet,
+    base: &SchemaRef,
+    split: &Split,
+    kept: Option<&DataFrame>,
+) -> Result<Vec<Option<Arc<FpSet>>>> {
+    const TIE: &str = "__ingot_tie";
+    let mut sets: Vec<Option<Arc<FpSet>>> = vec![None; rules.anomalies.len()];
+    if !rules.anomalies.iter().any(is_window) {
+        return Ok(sets);
+    }
+    let narrow = window_columns(rules);
     let mut types = Vec::new();
     for n in &narrow {
         let f = base.field_with_name(n).map_err(|_| {
