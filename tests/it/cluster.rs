@@ -11,11 +11,11 @@ use std::process::{Child, Command, Output, Stdio};
 use serde_json::Value;
 
 use crate::nightly::copy_dir;
-use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+use crate::util::{
+    TestLake, assert_ok, demo_sources, demo_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
+};
 
 type Row = BTreeMap<String, Value>;
-
-const SOURCES: [&str; 4] = ["bookings", "hotels", "marketing_spend", "web_sessions"];
 
 /// `ingot ...` on `t` with the repository's rules, on `cluster` when given (with the placement
 /// trace on).
@@ -81,7 +81,7 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
             "SELECT * FROM audit.silver_build_log ORDER BY \"table\", started_at".into(),
         ),
     ];
-    for s in SOURCES {
+    for s in demo_sources() {
         queries.push((
             format!("bronze.{s}"),
             format!("SELECT * FROM bronze.{s} ORDER BY ingested_at, source_row_number"),
@@ -91,7 +91,7 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
             format!("SELECT * FROM bronze.{s}_current ORDER BY natural_key_fingerprint"),
         ));
     }
-    for table in ["bookings", "marketing_spend", "web_sessions"] {
+    for table in demo_tables() {
         queries.push((
             format!("silver.{table}"),
             format!("SELECT * FROM silver.{table} ORDER BY natural_key_fingerprint"),
@@ -237,7 +237,7 @@ fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
 }
 
 /// A child process killed (by its id) when the guard is dropped, also when the test fails.
-struct Killed(Child);
+pub(crate) struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -246,11 +246,12 @@ impl Drop for Killed {
     }
 }
 
-/// Spawn `ingot <args>` and return it with the first line it prints.
-fn spawn(args: &[&str]) -> (Killed, String) {
+/// Spawn `ingot <args>` with `envs` and return it with the first line it prints.
+fn spawn(args: &[&str], envs: &[(String, String)]) -> (Killed, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
         .args(args)
         .env_remove("INGOT_CLUSTER")
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -262,40 +263,49 @@ fn spawn(args: &[&str]) -> (Killed, String) {
     (guard, line)
 }
 
-#[test]
-fn a_cluster_of_ingot_processes_runs_the_nightly_job_like_one_process() {
-    let local = TestLake::new();
-    let remote = TestLake::new();
-    let lake = remote.lake().display().to_string();
-    let (_scheduler, line) = spawn(&["--lake", &lake, "cluster", "scheduler", "--bind", "127.0.0.1:0"]);
+/// A cluster of separate `ingot cluster` processes on loopback ports for the lake at `lake`
+/// (path or URL), started with `envs`: one scheduler and two executors of one task each. Returns
+/// the guards (dropping them stops every process) and the client's `df://` URL.
+pub(crate) fn process_cluster(lake: &str, envs: &[(String, String)]) -> (Vec<Killed>, String) {
+    let (scheduler, line) = spawn(&["--lake", lake, "cluster", "scheduler", "--bind", "127.0.0.1:0"], envs);
     let addr = line
         .split_whitespace()
         .nth(5)
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
     assert!(addr.starts_with("127.0.0.1:"), "{line}");
-    let mut executors = Vec::new();
+    let mut guards = vec![scheduler];
     for _ in 0..2 {
-        let (e, line) = spawn(&[
-            "--lake",
-            &lake,
-            "--memory-limit",
-            "256M",
-            "cluster",
-            "executor",
-            "--scheduler",
-            &addr,
-            "--bind",
-            "127.0.0.1:0",
-            "--grpc-bind",
-            "127.0.0.1:0",
-            "--concurrent-tasks",
-            "1",
-        ]);
+        let (e, line) = spawn(
+            &[
+                "--lake",
+                lake,
+                "--memory-limit",
+                "256M",
+                "cluster",
+                "executor",
+                "--scheduler",
+                &addr,
+                "--bind",
+                "127.0.0.1:0",
+                "--grpc-bind",
+                "127.0.0.1:0",
+                "--concurrent-tasks",
+                "1",
+            ],
+            envs,
+        );
         assert!(line.contains("ingot cluster executor"), "{line}");
-        executors.push(e);
+        guards.push(e);
     }
-    let url = format!("df://{addr}");
+    (guards, format!("df://{addr}"))
+}
+
+#[test]
+fn a_cluster_of_ingot_processes_runs_the_nightly_job_like_one_process() {
+    let local = TestLake::new();
+    let remote = TestLake::new();
+    let (_cluster, url) = process_cluster(&remote.lake().display().to_string(), &[]);
     for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
         copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
         let out = ok(t, cluster, &["run"]);

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+use crate::util::{
+    TestLake, assert_ok, demo_sources, demo_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
+};
 
 const MOTO: &str = "moto[server]==5.2.5";
 
@@ -216,7 +218,7 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
         "audit.silver_build_log".to_string(),
         q("SELECT * FROM audit.silver_build_log ORDER BY started_at, build_id"),
     );
-    for s in ["bookings", "hotels", "marketing_spend", "web_sessions"] {
+    for s in demo_sources() {
         out.insert(
             format!("bronze.{s}"),
             q(&format!(
@@ -230,7 +232,7 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
             )),
         );
     }
-    for table in ["bookings", "marketing_spend", "web_sessions"] {
+    for table in demo_tables() {
         out.insert(
             format!("silver.{table}"),
             q(&format!(
@@ -390,6 +392,69 @@ fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_r
         "{second}"
     );
     assert_same_lakes(&whole_lake(&s3), &before, "second nightly run");
+}
+
+/// The nightly job on a cluster of separate `ingot cluster` processes (one scheduler, two
+/// executors) whose lake is on S3: the executors open the lake from the same environment the
+/// client uses, every plan runs on the cluster, and the lake ends exactly as the same job leaves
+/// a local lake run in one process. Analyst queries on the cluster give the local answers.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
+    let moto = Moto::start();
+    moto.upload(&repo().join("data/landing"), "cluster-in", "landing");
+    let s3 = s3_lake(&moto, "cluster-lake");
+    let lake_url = s3.lake_url.clone().unwrap();
+    let (_cluster, url) = crate::cluster::process_cluster(&lake_url, &moto.envs());
+    let run = |t: &TestLake, cluster: Option<&str>, args: &[&str]| {
+        let mut c = t.command();
+        c.arg("--rules").arg(repo().join("rules"));
+        match cluster {
+            Some(url) => c.args(["--cluster", url]).env("INGOT_CLUSTER_TRACE", "1"),
+            None => c.env_remove("INGOT_CLUSTER"),
+        };
+        let out = c.args(args).output().unwrap();
+        assert_ok(&out);
+        if cluster.is_some() {
+            let trace = stderr(&out);
+            assert!(
+                !trace.contains(": in this process"),
+                "{args:?}: a plan ran in the client:\n{trace}"
+            );
+        }
+        out
+    };
+    let out = run(&s3, Some(&url), &["--landing", "s3://cluster-in/landing", "run"]);
+    for stage in ["build: transform", "ingest: committed versions"] {
+        assert!(
+            stderr(&out).contains(&format!("cluster: {stage}: on the cluster")),
+            "{stage} did not run on the cluster:\n{}",
+            stderr(&out)
+        );
+    }
+    let local = TestLake::new();
+    let local_landing = repo().join("data/landing").display().to_string();
+    run(&local, None, &["--landing", &local_landing, "run"]);
+    let got = whole_lake(&s3);
+    assert_same_lakes(
+        &got,
+        &whole_lake(&local),
+        "nightly job: S3 lake on a cluster vs local lake in one process",
+    );
+    assert!(got["silver.bookings"].len() > 10 && got["audit.row_failure_log"].len() > 10);
+    assert!(!s3.lake().exists(), "the lake must be on S3 only");
+
+    for q in [
+        "SELECT natural_key_fingerprint, row_hash, \
+           natural_key_fingerprint(1, upper(trim(hotel_code)), upper(trim(booking_ref))) AS fp_again \
+         FROM bronze.bookings_current ORDER BY natural_key_fingerprint",
+        "SELECT rules_version, anomaly_flags, count(*) AS n FROM silver.bookings GROUP BY 1, 2 ORDER BY 1, 2",
+    ] {
+        let on = |t: &TestLake, cluster: Option<&str>| stdout(&run(t, cluster, &["sql", q, "--format", "json"]));
+        let there = on(&s3, Some(&url));
+        assert!(there.lines().count() >= 2, "{q}: {there}");
+        assert_eq!(there, on(&local, None), "{q}: S3 lake on the cluster vs local lake");
+    }
 }
 
 /// A committed run record for the race tests.

@@ -21,6 +21,36 @@ pub fn bad(rel: &str) -> PathBuf {
     repo().join("data/bad").join(rel)
 }
 
+/// The demo's sources: one per contract in `contracts/`, sorted.
+pub fn demo_sources() -> Vec<String> {
+    names_in(&repo().join("contracts"), |p| {
+        if p.extension()? != "yaml" {
+            return None;
+        }
+        Some(p.file_stem()?.to_string_lossy().into_owned())
+    })
+}
+
+/// The demo's silver tables: one per folder in `rules/`, sorted.
+pub fn demo_tables() -> Vec<String> {
+    names_in(&repo().join("rules"), |p| {
+        if !p.is_dir() {
+            return None;
+        }
+        Some(p.file_name()?.to_string_lossy().into_owned())
+    })
+}
+
+fn names_in(dir: &Path, name: impl Fn(&Path) -> Option<String>) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| name(&e.unwrap().path()))
+        .collect();
+    out.sort();
+    assert!(!out.is_empty(), "nothing in {}", dir.display());
+    out
+}
+
 /// A temporary lake with its own copy of the repository's contracts.
 pub struct TestLake {
     pub dir: tempfile::TempDir,
