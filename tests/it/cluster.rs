@@ -17,12 +17,12 @@ use crate::util::{
 
 type Row = BTreeMap<String, Value>;
 
-/// `ingot ...` on `t` with the repository's rules, on `cluster` when given (with the placement
-/// trace on).
-fn ingot(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
+/// `ingot ...` on `t` with the repository's rules and the landing folder `landing` (a path or
+/// URL), on `cluster` when given (with the placement trace on).
+fn ingot_on(t: &TestLake, landing: &str, cluster: Option<&str>, args: &[&str]) -> Output {
     let mut c = t.command();
     c.arg("--rules").arg(repo().join("rules"));
-    c.arg("--landing").arg(t.dir.path().join("landing"));
+    c.args(["--landing", landing]);
     if let Some(url) = cluster {
         c.arg("--cluster").arg(url).env("INGOT_CLUSTER_TRACE", "1");
     } else {
@@ -31,9 +31,9 @@ fn ingot(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
     c.args(args).output().unwrap()
 }
 
-/// Run and insist on exit 0; on a cluster, also that every plan ran there.
-fn ok(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
-    let out = ingot(t, cluster, args);
+/// [`ingot_on`], insisting on exit 0 and, on a cluster, that every plan ran there.
+pub(crate) fn ok_on(t: &TestLake, landing: &str, cluster: Option<&str>, args: &[&str]) -> Output {
+    let out = ingot_on(t, landing, cluster, args);
     assert_ok(&out);
     if cluster.is_some() {
         let trace = stderr(&out);
@@ -43,6 +43,19 @@ fn ok(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
         );
     }
     out
+}
+
+/// The landing folder of a test lake: `landing/` of its directory.
+fn own_landing(t: &TestLake) -> String {
+    t.dir.path().join("landing").display().to_string()
+}
+
+fn ingot(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
+    ingot_on(t, &own_landing(t), cluster, args)
+}
+
+fn ok(t: &TestLake, cluster: Option<&str>, args: &[&str]) -> Output {
+    ok_on(t, &own_landing(t), cluster, args)
 }
 
 /// Rows of a query as JSON objects, run on `cluster` when given.

@@ -406,25 +406,17 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
     let s3 = s3_lake(&moto, "cluster-lake");
     let lake_url = s3.lake_url.clone().unwrap();
     let (_cluster, url) = crate::cluster::process_cluster(&lake_url, &moto.envs());
+    let local = TestLake::new();
+    let local_landing = repo().join("data/landing").display().to_string();
     let run = |t: &TestLake, cluster: Option<&str>, args: &[&str]| {
-        let mut c = t.command();
-        c.arg("--rules").arg(repo().join("rules"));
-        match cluster {
-            Some(url) => c.args(["--cluster", url]).env("INGOT_CLUSTER_TRACE", "1"),
-            None => c.env_remove("INGOT_CLUSTER"),
+        let landing = if cluster.is_some() {
+            "s3://cluster-in/landing"
+        } else {
+            &local_landing
         };
-        let out = c.args(args).output().unwrap();
-        assert_ok(&out);
-        if cluster.is_some() {
-            let trace = stderr(&out);
-            assert!(
-                !trace.contains(": in this process"),
-                "{args:?}: a plan ran in the client:\n{trace}"
-            );
-        }
-        out
+        crate::cluster::ok_on(t, landing, cluster, args)
     };
-    let out = run(&s3, Some(&url), &["--landing", "s3://cluster-in/landing", "run"]);
+    let out = run(&s3, Some(&url), &["run"]);
     for stage in ["build: transform", "ingest: committed versions"] {
         assert!(
             stderr(&out).contains(&format!("cluster: {stage}: on the cluster")),
@@ -432,9 +424,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
             stderr(&out)
         );
     }
-    let local = TestLake::new();
-    let local_landing = repo().join("data/landing").display().to_string();
-    run(&local, None, &["--landing", &local_landing, "run"]);
+    run(&local, None, &["run"]);
     let got = whole_lake(&s3);
     assert_same_lakes(
         &got,
