@@ -35,16 +35,18 @@ run ingest bookings data/landing/bookings/2026-11-04_bookings_corrected.csv
 say "5. Hotels again: one hotel got a new surrogate id, one was renamed, one is new"
 run ingest hotels data/landing/hotels/2026-11-03_hotels.csv
 
-say "6. Marketing spend (one delivery gzipped) and web sessions (NDJSON with an extra key, ignored)"
+say "6. Marketing spend (one file gzipped), web sessions (NDJSON; an extra key is ignored), site traffic"
+echo "   (site_traffic is the analytics tool's daily count per hotel: four weeks of history, then weekly)"
 run ingest marketing_spend 'data/landing/marketing_spend/*'
 run ingest web_sessions 'data/landing/web_sessions/*.ndjson'
+run ingest site_traffic 'data/landing/site_traffic/*'
 
 say "7. The audit trail: every run, with counts that always reconcile"
 run runs
 
 say "8. Analysts query it all with SQL"
 run sql "SELECT booking_ref, hotel_code, amount, booking_status, ingestion_run_id FROM bronze.bookings WHERE natural_key_fingerprint IN (SELECT natural_key_fingerprint FROM bronze.bookings GROUP BY 1 HAVING count(*) > 1) ORDER BY booking_ref, ingested_at"
-run sql "SELECT source, count(*) AS versions, count(DISTINCT natural_key_fingerprint) AS records FROM (SELECT 'bookings' AS source, natural_key_fingerprint FROM bronze.bookings UNION ALL SELECT 'hotels', natural_key_fingerprint FROM bronze.hotels UNION ALL SELECT 'marketing_spend', natural_key_fingerprint FROM bronze.marketing_spend UNION ALL SELECT 'web_sessions', natural_key_fingerprint FROM bronze.web_sessions) GROUP BY source ORDER BY source"
+run sql "SELECT source, count(*) AS versions, count(DISTINCT natural_key_fingerprint) AS records FROM (SELECT 'bookings' AS source, natural_key_fingerprint FROM bronze.bookings UNION ALL SELECT 'hotels', natural_key_fingerprint FROM bronze.hotels UNION ALL SELECT 'marketing_spend', natural_key_fingerprint FROM bronze.marketing_spend UNION ALL SELECT 'web_sessions', natural_key_fingerprint FROM bronze.web_sessions UNION ALL SELECT 'site_traffic', natural_key_fingerprint FROM bronze.site_traffic) GROUP BY source ORDER BY source"
 run sql "SELECT rule, count(*) AS rows FROM audit.row_failure_log GROUP BY rule ORDER BY rows DESC, rule"
 run sql "SELECT natural_key_fingerprint(1, normalize_text('  ann.smith@example.com ', 'trim,lower')) AS same_1, natural_key_fingerprint(1, normalize_text('Ann.Smith@Example.COM', 'trim,lower')) AS same_2"
 
@@ -66,11 +68,22 @@ run sql "SELECT rule, reason, rules_version, raw_payload FROM audit.row_failure_
 say "10. Flagged, not dropped: a refund (negative spend) and hotels reporting for the first time in a year"
 run sql "SELECT hotel_code, day, channel, campaign, spend_eur, anomaly_flags FROM silver.marketing_spend WHERE is_anomaly ORDER BY hotel_code, day"
 
-say "11. What the rules compile to: ingot explain prints the steps and the DataFusion plan"
+say "11. A day with ten times the usual sessions: AMS01's website on 2026-10-30"
+echo "   Rules clean one row at a time, so a day's session count is flagged where it is a column:"
+echo "   silver.site_traffic (sessions_spike: more than 10x the hotel's mean over its previous 28"
+echo "   days). The sessions themselves are in silver.web_sessions, one row each."
+run build site_traffic
+run build web_sessions
+run sql "SELECT hotel_code, day, sessions, pageviews, round(pages_per_session, 1) AS pages_per_session, anomaly_flags FROM silver.site_traffic WHERE hotel_code = 'AMS01' AND day BETWEEN DATE '2026-10-27' AND DATE '2026-11-01' ORDER BY day"
+echo "   -> the build flagged 1 row of 210: that day. What made it, session by session:"
+run sql "SELECT anomaly_flags, count(*) AS sessions, sum(pageviews) AS pageviews, round(avg(duration_s), 2) AS avg_duration_s FROM silver.web_sessions WHERE hotel_code = 'AMS01' AND day = DATE '2026-10-30' GROUP BY 1 ORDER BY 2 DESC"
+echo "   -> 37 one-page visits of under a second on top of the usual 3: bot traffic."
+
+say "12. What the rules compile to: ingot explain prints the steps and the DataFusion plan"
 printf '$ ingot explain bookings | head -30\n'
 "$INGOT" explain bookings | head -30 || true
 
-say "12. An incident: the corrected re-delivery (step 4) turns out to be wrong. Undo that run"
+say "13. An incident: the corrected re-delivery (step 4) turns out to be wrong. Undo that run"
 CORRECTED=$("$INGOT" sql "SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%corrected%'" --format csv | tail -n 1)
 run undo "$CORRECTED"
 echo "   -> its 4 new records are gone and its 3 corrections are back to day one's version; the"
@@ -80,7 +93,7 @@ run build bookings
 run doctor
 run sql "SELECT status, count(*) AS runs FROM audit.ingestion_run_log GROUP BY 1 ORDER BY 1"
 
-say "13. Rows rejected by a too-strict contract: allow booking_status 'tentative', replay day one"
+say "14. Rows rejected by a too-strict contract: allow booking_status 'tentative', replay day one"
 FIXED=$(mktemp -d)
 trap 'rm -rf "$FIXED"' EXIT
 cp contracts/*.yaml "$FIXED/"
@@ -93,7 +106,7 @@ echo "      fail, and a second replay with the same contract adds nothing:"
 "$INGOT" --contracts "$FIXED" replay "$DAY_ONE"
 run failures --run "$DAY_ONE" --format csv
 
-say "14. Housekeeping: files no committed run reads any more (the undone run's), what gc would remove"
+say "15. Housekeeping: files no committed run reads any more (the undone run's), what gc would remove"
 run gc --dry-run --grace 0s
 
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""

@@ -930,6 +930,15 @@ def gen_sessions(rng):
         by_day[d] = lst
     week1 = [s for d in all_days[:7] for s in by_day[d]]
     week2 = [s for d in all_days[7:] for s in by_day[d]]
+    # the analytics tool's daily counts of these same sessions (site_traffic), taken before the
+    # story below damages single objects of the per-session export
+    daily = {}
+    for d in all_days:
+        for s in by_day[d]:
+            c = daily.setdefault((s["hotel_code"], d), [0, 0, 0])
+            c[0] += 1
+            c[1] += s["pageviews"]
+            c[2] += s["converted"]
     # story rows
     extra = next(s for s in week1 if s["hotel_code"] == "BER01" and s["day"] == "2026-10-21")
     extra["utm_source"] = "newsletter"                      # unknown key, dropped (ignore)
@@ -944,7 +953,50 @@ def gen_sessions(rng):
     tv = next(s for s in week2 if s["hotel_code"] == "BCN01" and s["day"] == "2026-10-29")
     tv["device"] = "smart_tv"                               # allowed:device
     week2 = resent + week2
-    return week1, week2, {"spike_day": spike_day, "resent": len(resent), "flip": flip["session_id"]}
+    return week1, week2, {"spike_day": spike_day, "resent": len(resent), "flip": flip["session_id"],
+                          "flip_day": all_days[6], "days": all_days, "daily": daily}
+
+
+TRAFFIC_HEADER = ["hotel_code", "day", "sessions", "pageviews", "conversions"]
+
+
+def gen_traffic(rng, winfo):
+    """site_traffic: the analytics tool's daily export per hotel website.  Four weeks of history
+    before the per-session export starts (2026-09-21..10-18, counts simulated like the sessions:
+    AMS01 2-4 a day, the others 1-4), then exactly the daily counts of the sessions in
+    web_sessions.  The 11-02 delivery restates 2026-10-25: PAR01's late conversion, which
+    web_sessions re-sends as an updated session."""
+    hotels = sorted({h for h, _ in winfo["daily"]})
+    first = winfo["days"][0]
+    history = days(first - timedelta(days=28), 28)
+
+    def simulated(hotel):
+        n = rng.randint(2, 4) if hotel == "AMS01" else rng.randint(1, 4)
+        pv = sum(rng.randint(1, 12) for _ in range(n))
+        conv = sum(rng.random() < 0.08 for _ in range(n))
+        return [n, pv, conv]
+
+    counts = {}
+    for d in history:
+        for h in hotels:
+            counts[(h, d)] = simulated(h)
+    counts.update({k: list(v) for k, v in winfo["daily"].items()})
+
+    def rows(lo, hi, restate=None):
+        out = []
+        for d in days(lo, (hi - lo).days + 1):
+            for h in hotels:
+                n, pv, conv = (restate or counts)[(h, d)]
+                out.append([h, d.isoformat(), n, pv, conv])
+        return out
+
+    flip_day = winfo["flip_day"]
+    part1 = rows(history[0], history[-1])
+    part2 = rows(first, flip_day)
+    late = dict(counts)
+    late[("PAR01", flip_day)] = counts[("PAR01", flip_day)][:2] + [counts[("PAR01", flip_day)][2] + 1]
+    part3 = rows(flip_day, winfo["days"][-1], late)
+    return part1, part2, part3, {"history": (history[0], history[-1]), "hotels": hotels}
 
 
 def ndjson_bytes(objs):
@@ -1022,10 +1074,16 @@ def generate(out):
     write(os.path.join(landing, "web_sessions", "2026-11-02_web_sessions.ndjson"), ndjson_bytes(w2))
 
     bad = gen_bad(out, rng)
-    return {"bookings": bk, "restated": restated, "sessions": winfo, "bad": bad}
+
+    # site_traffic last, so that every file above stays what it was before the source existed
+    t1, t2, t3, tinfo = gen_traffic(rng, winfo)
+    write(os.path.join(landing, "site_traffic", "2026-10-19_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t1))
+    write(os.path.join(landing, "site_traffic", "2026-10-26_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t2))
+    write(os.path.join(landing, "site_traffic", "2026-11-02_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t3))
+    return {"bookings": bk, "restated": restated, "sessions": winfo, "traffic": tinfo, "bad": bad}
 
 
-SOURCES = ["hotels", "bookings", "marketing_spend", "web_sessions"]
+SOURCES = ["hotels", "bookings", "marketing_spend", "web_sessions", "site_traffic"]
 
 
 def expectations(out):
@@ -1043,6 +1101,56 @@ def expectations(out):
         state = {"hashes": set(), "current": {}, "bronze_rows": 0}
         bad.append(ingest(contracts["bookings"], os.path.join(folder, f), state))
     return contracts, results, finals, bad, currents
+
+
+SPIKE = {"column": "sessions", "by": "hotel_code", "window": 28, "factor": 10, "min_history": 7}
+
+
+def traffic_story(out, contracts, currents):
+    """Cross-checks of site_traffic, from the files on disk: (1) its current daily counts equal
+    the sessions of the web_sessions NDJSON (every object once, the latest delivery of a
+    session_id winning) wherever the NDJSON covers a hotel and day; (2) the rows a
+    `spike: {column: sessions, by: [hotel_code], order: day, window: 28, factor: 10}` flags
+    (DESIGN.md section 4: at least min_history earlier rows, mean of the up to `window` previous
+    values > 0, value > factor x mean; ties by fingerprint).  Returns (flagged rows, compared days)."""
+    c = contracts["site_traffic"]
+    rows = []
+    for fp, (rh, name, recno) in currents["site_traffic"].items():
+        path = os.path.join(out, "data", "landing", name)
+        rec = next(r for n, r, _, _ in read_records(c, path) if n == recno)
+        canon, fails, _ = check_record(c, rec)
+        assert not fails
+        rows.append(dict(canon, natural_key_fingerprint=fp))
+    by_key = {(r["hotel_code"], r["day"]): r for r in rows}
+    sessions = {}
+    folder = os.path.join(out, "data", "landing", "web_sessions")
+    for f in sorted(os.listdir(folder)):
+        for i, line in enumerate(open(os.path.join(folder, f), encoding="utf-8")):
+            o = json.loads(line)
+            sessions[o.get("session_id") or (f, i)] = o
+    per_day = {}
+    for o in sessions.values():
+        c3 = per_day.setdefault((o["hotel_code"].strip().upper(), o["day"]), [0, 0, 0])
+        c3[0] += 1
+        c3[1] = c3[1] + o["pageviews"] if isinstance(c3[1], int) and isinstance(o["pageviews"], int) else None
+        c3[2] += o["converted"] is True
+    for (h, d), (n, pv, conv) in per_day.items():
+        r = by_key[(h, d)]
+        assert int(r["sessions"]) == n and int(r["conversions"]) == conv, (h, d, r, n, conv)
+        assert pv is None or int(r["pageviews"]) == pv, (h, d, r, pv)
+    flagged = []
+    groups = {}
+    for r in rows:
+        groups.setdefault(r[SPIKE["by"]], []).append(r)
+    for g in groups.values():
+        g.sort(key=lambda r: (r["day"], r["natural_key_fingerprint"]))
+        for i, r in enumerate(g):
+            prev = [int(x[SPIKE["column"]]) for x in g[max(0, i - SPIKE["window"]):i]]
+            v = int(r[SPIKE["column"]])
+            if i >= SPIKE["min_history"] and sum(prev) > 0 and v * len(prev) > SPIKE["factor"] * sum(prev):
+                flagged.append((r, sum(prev), len(prev)))
+    flagged.sort(key=lambda t: (t[0]["hotel_code"], t[0]["day"]))
+    return flagged, len(per_day)
 
 
 def spot_hashes(contracts, out):
@@ -1230,8 +1338,29 @@ def render_expected(out, info, contracts, results, finals, bad):
     w(f"`2026-11-02_web_sessions.ndjson`: first the {ws['resent']} PAR01 sessions of 2026-10-25 again, one")
     w(f"(`{ws['flip']}`) now `converted: true` -> 1 updated, {ws['resent'] - 1} unchanged; then")
     w(f"2026-10-26..2026-11-01. AMS01 has exactly 3 sessions every day except {ws['spike_day']}: 40 (37 bot")
-    w("sessions, 1 pageview each), more than 10x its mean: the spike beat. One LON01 object has no")
-    w("session_id -> `required:session_id`; one BCN01 object has device `smart_tv` -> `allowed:device`.")
+    w("sessions, 1 pageview each), more than 10x its mean: the spike beat, flagged on the daily count")
+    w("in site_traffic. One LON01 object has no session_id -> `required:session_id`; one BCN01 object")
+    w("has device `smart_tv` -> `allowed:device`.")
+    w("")
+    w("### site_traffic")
+    w("")
+    tr = info["traffic"]
+    lo, hi = tr["history"]
+    w("The analytics tool's daily export: one row per hotel website and day (sessions, pageviews,")
+    w(f"conversions) for the {len(tr['hotels'])} hotels of web_sessions ({', '.join(tr['hotels'])}).")
+    w(f"`2026-10-19_site_traffic.csv`: four weeks of history ({lo}..{hi}), before the")
+    w("per-session export starts. `2026-10-26_site_traffic.csv`: 2026-10-19..2026-10-25.")
+    w(f"`2026-11-02_site_traffic.csv`: restates {ws['flip_day']} (PAR01 has one more conversion, the late")
+    w("one of web_sessions -> 1 updated, 4 unchanged), then 2026-10-26..2026-11-01.")
+    w("From 2026-10-19 on, the counts are those of the sessions in the web_sessions NDJSON, each object")
+    w("counted once and the latest delivery of a session_id winning (the generator checks all")
+    w(f"{tr['compared']} hotel-days). The two objects bronze rejects still count, so")
+    w("bronze.web_sessions_current has one session fewer on PAR01 2026-10-23 and LON01 2026-10-28.")
+    assert len(tr["flagged"]) == 1
+    for r, total, n in tr["flagged"]:
+        w("A `spike` on sessions (by hotel_code, order day, window 28, factor 10) fires on exactly one")
+        w(f"row: {r['hotel_code']} {r['day']}, {r['sessions']} sessions against a mean of {total}/{n} = "
+          f"{float(Decimal(total) / n):.2f} over the {n} days before it.")
     w("")
     w("## Hash spot checks (DESIGN.md section 2)")
     w("")
@@ -1254,6 +1383,11 @@ def render_expected(out, info, contracts, results, finals, bad):
                    lambda r: r["duration_s"] is not None and r["duration_s"].endswith(".0")
                    and "." not in r["session_started_at"]),
         "integral float written as `N.0` in JSON (canonical `N`), timestamp without fraction")
+    pt = os.path.join(out, "data/landing/site_traffic/2026-11-02_site_traffic.csv")
+    add("site_traffic", "data/landing/site_traffic/2026-11-02_site_traffic.csv",
+        find_recno(pt, contracts["site_traffic"],
+                   lambda r: r["hotel_code"] == "AMS01" and r["day"] == ws["spike_day"].isoformat()),
+        "the spike day (key hotel_code + day, int64 counts)")
     for why, rel, n, fp_in, fp, rh_in, rh in spots:
         w(f"* {why}: `{rel.replace('data/landing/', '')}` record {n}")
         w(f"  * fingerprint input `{json.dumps(fp_in)[1:-1]}` -> `{fp}`")
@@ -1337,6 +1471,9 @@ def render_expected_json(results, currents, bad):
 def build(out):
     info = generate(out)
     contracts, results, finals, bad, currents = expectations(out)
+    info["traffic"]["flagged"], info["traffic"]["compared"] = traffic_story(out, contracts, currents)
+    spike = [(r["hotel_code"], r["day"]) for r, _, _ in info["traffic"]["flagged"]]
+    assert spike == [("AMS01", info["sessions"]["spike_day"].isoformat())], spike
     write(os.path.join(out, "data", "EXPECTED.md"),
           render_expected(out, info, contracts, results, finals, bad).encode("utf-8"))
     write(os.path.join(out, "data", "expected.json"), render_expected_json(results, currents, bad))

@@ -150,7 +150,7 @@ fn invocation_errors_exit_2_with_a_message() {
     let err = stderr(&out);
     assert!(
         err.contains("no contract for source \"bookingz\"")
-            && err.contains("known sources: bookings, hotels, marketing_spend, web_sessions"),
+            && err.contains("known sources: bookings, hotels, marketing_spend, site_traffic, web_sessions"),
         "{err}"
     );
 

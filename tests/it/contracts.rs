@@ -15,7 +15,7 @@ fn repository_contracts_are_valid() {
     assert!(problems.is_empty(), "{:?}", problems.items);
     assert_eq!(
         set.names(),
-        vec!["bookings", "hotels", "marketing_spend", "web_sessions"]
+        vec!["bookings", "hotels", "marketing_spend", "site_traffic", "web_sessions"]
     );
     let b = &set.contracts["bookings"];
     let key: Vec<&str> = b
@@ -148,7 +148,7 @@ fn check_command_passes_on_repository_contracts() {
     assert_eq!(
         crate::util::stdout(&out).lines().next().unwrap_or(""),
         format!(
-            "ok: 4 contracts in {} (bookings, hotels, marketing_spend, web_sessions)",
+            "ok: 5 contracts in {} (bookings, hotels, marketing_spend, site_traffic, web_sessions)",
             t.contracts().display()
         )
     );

@@ -236,7 +236,7 @@ fn fuzz_the_csv_and_ndjson_loader() {
         &[".csv", ".ndjson"],
     ) {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let source = ["bookings", "hotels", "marketing_spend", "web_sessions"]
+        let source = ["bookings", "hotels", "marketing_spend", "site_traffic", "web_sessions"]
             .into_iter()
             .find(|s| name.contains(s))
             .unwrap_or("bookings");

@@ -151,6 +151,11 @@ fn web_sessions_story_matches_oracle() {
     check_source("web_sessions");
 }
 
+#[test]
+fn site_traffic_story_matches_oracle() {
+    check_source("site_traffic");
+}
+
 /// The partitioned (spilling) change detection gives exactly the same runs, rows and failures.
 #[test]
 fn bookings_story_matches_oracle_with_partitioned_change_detection() {

@@ -41,11 +41,12 @@ fn state(
     let silver = t.query(
         "SELECT 'bookings' AS t, natural_key_fingerprint, row_hash, silver_build_id FROM silver.bookings \
          UNION ALL SELECT 'marketing_spend', natural_key_fingerprint, row_hash, silver_build_id FROM silver.marketing_spend \
+         UNION ALL SELECT 'site_traffic', natural_key_fingerprint, row_hash, silver_build_id FROM silver.site_traffic \
          UNION ALL SELECT 'web_sessions', natural_key_fingerprint, row_hash, silver_build_id FROM silver.web_sessions \
          ORDER BY 1, 2",
     );
     (
-        t.snapshot(&["bookings", "hotels", "marketing_spend", "web_sessions"]),
+        t.snapshot(&["bookings", "hotels", "marketing_spend", "site_traffic", "web_sessions"]),
         silver,
     )
 }
@@ -58,7 +59,7 @@ fn the_nightly_job_loads_every_new_file_once_and_a_second_run_changes_nothing() 
     assert_ok(&out);
     let text = stdout(&out);
     assert!(
-        text.contains("nightly job: 11 runs (1 skipped as duplicates, 0 failed), 3 builds (0 failed)"),
+        text.contains("nightly job: 14 runs (1 skipped as duplicates, 0 failed), 4 builds (0 failed)"),
         "{text}"
     );
     // the runs are exactly those of ingesting each source's files in order (the oracle's counts)
@@ -87,20 +88,20 @@ fn the_nightly_job_loads_every_new_file_once_and_a_second_run_changes_nothing() 
         }
     }
     let builds = t.query("SELECT \"table\", mode, status FROM audit.silver_build_log ORDER BY \"table\"");
-    assert_eq!(builds.len(), 3, "{builds:?}");
+    assert_eq!(builds.len(), 4, "{builds:?}");
 
     let before = state(&t);
     let again = nightly(&t);
     assert_ok(&again);
     assert!(
-        stdout(&again).starts_with("nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 11 landing files already loaded"),
+        stdout(&again).starts_with("nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 14 landing files already loaded"),
         "{}",
         stdout(&again)
     );
     let after = state(&t);
     before.0.assert_same(&after.0, "second nightly run");
     assert_eq!(before.1, after.1, "silver changed on the second nightly run");
-    assert_eq!(t.query("SELECT * FROM audit.silver_build_log").len(), 3);
+    assert_eq!(t.query("SELECT * FROM audit.silver_build_log").len(), 4);
 }
 
 #[test]
@@ -124,9 +125,10 @@ fn a_new_file_is_ingested_alone_and_only_affected_tables_are_rebuilt() {
     let out = nightly(&t);
     assert_ok(&out);
     let text = stdout(&out);
-    assert!(text.contains("nightly job: 1 run (0 skipped as duplicates, 0 failed), 1 build (0 failed); 11 landing files already loaded"), "{text}");
+    assert!(text.contains("nightly job: 1 run (0 skipped as duplicates, 0 failed), 1 build (0 failed); 14 landing files already loaded"), "{text}");
     assert!(text.contains("silver.web_sessions"), "{text}");
     assert!(!text.contains("silver.bookings"), "{text}");
+    assert!(!text.contains("silver.site_traffic"), "{text}");
     assert_eq!(
         t.query("SELECT count(*) AS n FROM silver.web_sessions WHERE natural_key_fingerprint IS NOT NULL")[0]["n"],
         215

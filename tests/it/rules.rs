@@ -117,10 +117,14 @@ fn repository_rules_load() {
     let contracts = ContractSet::load(&repo().join("contracts"), &mut problems);
     let rules = RulesSet::load(&repo().join("rules"), &contracts, &mut problems);
     assert!(problems.is_empty(), "{:#?}", problems.items);
-    assert_eq!(rules.table_names(), vec!["bookings", "marketing_spend", "web_sessions"]);
+    assert_eq!(
+        rules.table_names(),
+        vec!["bookings", "marketing_spend", "site_traffic", "web_sessions"]
+    );
     let versions = |t: &str| rules.tables[t].keys().copied().collect::<Vec<_>>();
     assert_eq!(versions("bookings"), vec![1, 2]);
     assert_eq!(versions("marketing_spend"), vec![1]);
+    assert_eq!(versions("site_traffic"), vec![1]);
     assert_eq!(versions("web_sessions"), vec![1]);
 
     let v2 = rules.latest("bookings").unwrap();
@@ -215,6 +219,31 @@ fn repository_rules_load() {
                 vec!["hotel_code"]
             );
             assert_eq!(order.name, "session_started_at");
+            assert_eq!((*window, *factor, *min_history), (28, 10.0, 7));
+        }
+        other => panic!("{other:?}"),
+    }
+    // the story's spike: DESIGN.md section 4's own example, on the daily export
+    let traffic = rules.latest("site_traffic").unwrap();
+    assert_eq!(
+        traffic.rule_names().collect::<Vec<_>>(),
+        vec!["conversions_within_sessions", "sessions_spike"]
+    );
+    match &traffic.anomalies[0].kind {
+        AnomalyKind::Spike {
+            column,
+            by,
+            order,
+            window,
+            factor,
+            min_history,
+        } => {
+            assert_eq!(column.name, "sessions");
+            assert_eq!(
+                by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
+                vec!["hotel_code"]
+            );
+            assert_eq!(order.name, "day");
             assert_eq!((*window, *factor, *min_history), (28, 10.0, 7));
         }
         other => panic!("{other:?}"),
@@ -667,7 +696,7 @@ fn a_rules_directory_is_loaded_by_table_and_version() {
 fn lake_with_rules() -> (TestLake, PathBuf) {
     let t = TestLake::new();
     let rules = t.dir.path().join("rules");
-    for table in ["bookings", "marketing_spend", "web_sessions"] {
+    for table in ["bookings", "marketing_spend", "site_traffic", "web_sessions"] {
         std::fs::create_dir_all(rules.join(table)).unwrap();
         for e in std::fs::read_dir(repo().join("rules").join(table)).unwrap() {
             let p = e.unwrap().path();
@@ -715,8 +744,8 @@ fn check_command_lists_rules_tables_with_their_latest_version() {
     assert_eq!(
         stdout(&out),
         format!(
-            "ok: 4 contracts in {} (bookings, hotels, marketing_spend, web_sessions)\n\
-             ok: 3 rules tables in {} (bookings v2, marketing_spend v1, web_sessions v1)\n",
+            "ok: 5 contracts in {} (bookings, hotels, marketing_spend, site_traffic, web_sessions)\n\
+             ok: 4 rules tables in {} (bookings v2, marketing_spend v1, site_traffic v1, web_sessions v1)\n",
             t.contracts().display(),
             rules.display()
         )

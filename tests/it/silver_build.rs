@@ -142,6 +142,90 @@ SELECT hotel_code, day, channel, campaign, spend_eur, clicks, impressions, hotel
     AS flag_first_report_in_a_year
 FROM w ORDER BY natural_key_fingerprint";
 
+/// site_traffic v1 by hand: hotel_id resolved or null, pages per session, the validation, and the
+/// sessions spike: the mean of up to 28 previous days of the hotel (ordered by day, then
+/// fingerprint), at least 7 of them, rows with a null in hotel_code, day or sessions apart.
+const TRAFFIC_V1_SQL: &str = "
+WITH h AS (
+  SELECT normalize_text(hotel_code, 'trim,upper') AS k, count(*) AS n, min(hotel_id) AS hotel_id
+  FROM bronze.hotels_current WHERE hotel_code IS NOT NULL GROUP BY 1
+), s AS (
+  SELECT t.hotel_code, t.day, t.sessions, t.pageviews, t.conversions,
+    CASE WHEN h.n = 1 THEN h.hotel_id END AS hotel_id,
+    CASE WHEN sessions > 0 THEN CAST(pageviews AS DOUBLE) / CAST(sessions AS DOUBLE) END AS pages_per_session,
+    CAST(1 AS INT) AS rules_version, t.natural_key_fingerprint, t.row_hash, t.ingestion_run_id
+  FROM bronze.site_traffic_current t LEFT JOIN h ON normalize_text(t.hotel_code, 'trim,upper') = h.k
+  WHERE conversions IS NULL OR sessions IS NULL OR conversions <= sessions
+), w AS (
+  SELECT *,
+    count(*) OVER (PARTITION BY hotel_code, hotel_code IS NOT NULL AND day IS NOT NULL AND sessions IS NOT NULL
+      ORDER BY day, natural_key_fingerprint ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS history,
+    avg(sessions) OVER (PARTITION BY hotel_code, hotel_code IS NOT NULL AND day IS NOT NULL AND sessions IS NOT NULL
+      ORDER BY day, natural_key_fingerprint ROWS BETWEEN 28 PRECEDING AND 1 PRECEDING) AS mean
+  FROM s
+)
+SELECT hotel_code, day, sessions, pageviews, conversions, hotel_id, pages_per_session,
+  rules_version, natural_key_fingerprint, row_hash, ingestion_run_id,
+  (hotel_code IS NOT NULL AND day IS NOT NULL AND sessions IS NOT NULL
+    AND history >= 7 AND mean > 0 AND sessions > 10 * mean) IS TRUE AS flag_sessions_spike
+FROM w ORDER BY natural_key_fingerprint";
+
+/// The story's spike, "a day with ten times the usual sessions", after the nightly job over the
+/// demo data: silver.site_traffic equals its rules computed by hand in SQL, exactly one row is
+/// flagged, AMS01 on 2026-10-30, and that row's counts are those of AMS01's sessions of the day
+/// in bronze.web_sessions (the per-session export of the same sessions). Every other day the
+/// two sources share agrees too, except for the sessions bronze rejected.
+#[test]
+fn the_sessions_spike_flags_exactly_the_day_with_ten_times_the_usual_sessions() {
+    let t = TestLake::new();
+    crate::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&crate::nightly::nightly(&t));
+
+    let got = silver(&t, "site_traffic");
+    let want = with_flags(t.query(TRAFFIC_V1_SQL), &["sessions_spike"]);
+    assert_eq!(want.len(), 210);
+    assert_same_rows(&without(&got, "silver_build_id"), &want, "silver.site_traffic");
+
+    // the flagged rows, whole, against AMS01's sessions of 2026-10-30 counted in bronze
+    let flagged = t.query(
+        "SELECT hotel_code, day, sessions, pageviews, conversions, anomaly_flags, is_anomaly \
+         FROM silver.site_traffic WHERE is_anomaly OR cardinality(anomaly_flags) > 0 ORDER BY hotel_code, day",
+    );
+    let from_sessions = t.query(
+        "SELECT hotel_code, day, count(*) AS sessions, sum(pageviews) AS pageviews, \
+           sum(CASE WHEN converted THEN 1 ELSE 0 END) AS conversions, \
+           make_array('sessions_spike') AS anomaly_flags, true AS is_anomaly \
+         FROM bronze.web_sessions_current WHERE hotel_code = 'AMS01' AND day = DATE '2026-10-30' \
+         GROUP BY hotel_code, day",
+    );
+    assert_eq!(from_sessions.len(), 1, "{from_sessions:?}");
+    assert_eq!(flagged, from_sessions);
+
+    // on every day web_sessions covers, the daily count is the number of sessions in bronze plus
+    // the sessions bronze rejected (their raw JSON still names hotel and day)
+    let differ = t.query(
+        "WITH w AS (SELECT hotel_code, day, count(*) AS n FROM bronze.web_sessions_current GROUP BY 1, 2) \
+         SELECT s.hotel_code, CAST(s.day AS VARCHAR) AS day, s.sessions - coalesce(w.n, 0) AS missing \
+         FROM silver.site_traffic s LEFT JOIN w ON w.hotel_code = s.hotel_code AND w.day = s.day \
+         WHERE s.day >= (SELECT min(day) FROM bronze.web_sessions) AND s.sessions <> coalesce(w.n, 0) \
+         ORDER BY 1, 2",
+    );
+    let hotel_day =
+        |hotel: &Value, day: &Value| (hotel.as_str().unwrap().to_string(), day.as_str().unwrap().to_string());
+    let mut rejected: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for r in t.query("SELECT raw_payload FROM audit.row_failure_log WHERE source = 'web_sessions' AND layer = 'bronze'")
+    {
+        let raw: Value = serde_json::from_str(r["raw_payload"].as_str().unwrap()).unwrap();
+        *rejected.entry(hotel_day(&raw["hotel_code"], &raw["day"])).or_default() += 1;
+    }
+    assert!(!rejected.is_empty());
+    let differ: BTreeMap<(String, String), i64> = differ
+        .iter()
+        .map(|r| (hotel_day(&r["hotel_code"], &r["day"]), r["missing"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(differ, rejected);
+}
+
 #[test]
 fn a_full_build_equals_transform_and_flags_computed_independently_in_sql() {
     let t = TestLake::new();
@@ -770,6 +854,9 @@ fn incremental_builds_recompute_window_flags_over_the_whole_table() {
         ("marketing_spend", &MARKETING[1..]),
         ("web_sessions", &["web_sessions/2026-10-26_web_sessions.ndjson"]),
         ("web_sessions", &["web_sessions/2026-11-02_web_sessions.ndjson"]),
+        ("site_traffic", &["site_traffic/2026-10-19_site_traffic.csv"]),
+        ("site_traffic", &["site_traffic/2026-10-26_site_traffic.csv"]),
+        ("site_traffic", &["site_traffic/2026-11-02_site_traffic.csv"]),
     ];
     for (table, files) in deliveries {
         for t in [&inc, &full] {
@@ -792,4 +879,5 @@ fn incremental_builds_recompute_window_flags_over_the_whole_table() {
     };
     assert_eq!(flagged("marketing_spend"), 9);
     assert!(flagged("web_sessions") > 0);
+    assert_eq!(flagged("site_traffic"), 1);
 }
