@@ -369,7 +369,7 @@ fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_r
     };
     let first = nightly(&s3, "s3://nightly/landing");
     assert!(
-        first.contains("nightly job: 11 runs (1 skipped as duplicates, 0 failed), 3 builds (0 failed)"),
+        first.contains("nightly job: 14 runs (1 skipped as duplicates, 0 failed), 4 builds (0 failed)"),
         "{first}"
     );
     let local = TestLake::new();
@@ -387,7 +387,7 @@ fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_r
     let second = nightly(&s3, "s3://nightly/landing");
     assert!(
         second.starts_with(
-            "nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 11 landing files already loaded"
+            "nightly job: 0 runs (0 skipped as duplicates, 0 failed), 0 builds (0 failed); 14 landing files already loaded"
         ),
         "{second}"
     );
