@@ -29,10 +29,10 @@ build: protoc
 demo: build
 	INGOT=$(INGOT) bash scripts/demo.sh
 
-## test: every test (one integration-test binary; the CLI binary is built alongside)
+## test: every test (the unit tests in src/ and one integration-test binary; the CLI binary is built alongside)
 test: protoc
 	$(CARGO) build --bin ingot --features "$(FEATURES)"
-	$(CARGO) test --test it --features "$(FEATURES)" -- --test-threads 2
+	$(CARGO) test --lib --test it --features "$(FEATURES)" -- --test-threads 2
 
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
 ## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check,
