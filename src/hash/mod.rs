@@ -52,6 +52,37 @@ pub fn fingerprint_array(version: i64, columns: &[ArrayRef]) -> Result<ArrayRef>
     fingerprint_columns(KeyVersion::Constant(version), &columns, num_rows)
 }
 
+/// Hex digit values; 0x10 marks a byte that is not a lowercase hex digit (hashes are written in
+/// lowercase, see [`hex_lower`]).
+pub const HEX_VALUE: [u8; 256] = {
+    let mut t = [0x10u8; 256];
+    let mut c = 0;
+    while c < 10 {
+        t[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        t[b'a' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    t
+};
+
+/// The first 16 hex digits of `s` as a number (branch-free: the digits are random); `None` when
+/// `s` is shorter or they are not all lowercase hex digits.
+pub fn hex_u64(s: &[u8]) -> Option<u64> {
+    let digits: &[u8; 16] = s.get(..16)?.try_into().ok()?;
+    let mut v = 0u64;
+    let mut bad = 0u8;
+    for &c in digits {
+        let d = HEX_VALUE[c as usize];
+        bad |= d;
+        v = (v << 4) | (d & 0x0f) as u64;
+    }
+    (bad & 0x10 == 0).then_some(v)
+}
+
 /// Write the 64 lowercase hex characters of `digest` into `out`.
 pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
     // Both digits of every byte value, so one lookup per byte.

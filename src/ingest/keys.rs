@@ -21,34 +21,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fp(pub u64, pub u64);
 
-/// Hex digit values; 0x10 marks a byte that is not a lowercase hex digit.
-const HEX_VALUE: [u8; 256] = {
-    let mut t = [0x10u8; 256];
-    let mut c = 0;
-    while c < 10 {
-        t[b'0' as usize + c] = c as u8;
-        c += 1;
-    }
-    let mut c = 0;
-    while c < 6 {
-        t[b'a' as usize + c] = 10 + c as u8;
-        c += 1;
-    }
-    t
-};
-
-/// The first 16 hex digits of `s` as a number (branch-free: the digits are random).
-pub fn hex_u64(s: &[u8]) -> Option<u64> {
-    let digits: &[u8; 16] = s.get(..16)?.try_into().ok()?;
-    let mut v = 0u64;
-    let mut bad = 0u8;
-    for &c in digits {
-        let d = HEX_VALUE[c as usize];
-        bad |= d;
-        v = (v << 4) | (d & 0x0f) as u64;
-    }
-    (bad & 0x10 == 0).then_some(v)
-}
+pub use crate::hash::hex_u64;
 
 pub fn fp_key(hex: &str) -> Option<Fp> {
     let b = hex.as_bytes();

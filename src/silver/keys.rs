@@ -33,6 +33,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{Error, Result};
+use crate::hash::{HEX_VALUE, hex_u64};
 
 /// A record's key: the first 16 bytes of its fingerprint, big-endian (ordered as the hex text).
 pub type Fp = u128;
@@ -66,43 +67,10 @@ pub fn outcome_of(name: &str) -> u8 {
     }
 }
 
-/// Value of each hex digit, 0xff for other bytes.
-const HEX: [u8; 256] = {
-    let mut t = [0xffu8; 256];
-    let mut i = 0;
-    while i < 10 {
-        t[b'0' as usize + i] = i as u8;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 6 {
-        t[b'a' as usize + i] = 10 + i as u8;
-        t[b'A' as usize + i] = 10 + i as u8;
-        i += 1;
-    }
-    t
-};
-
-/// The key of a fingerprint in hex: its first 32 hex characters.
+/// The key of a fingerprint in hex: its first 32 hex characters (lowercase, as ingot writes them).
 pub fn fp_of_hex(hex: &str) -> Option<Fp> {
-    let b = hex.as_bytes().get(..32)?;
-    let (mut hi, mut lo) = (0u64, 0u64);
-    let mut bad = 0u8;
-    for &c in &b[..16] {
-        let v = HEX[c as usize];
-        bad |= v;
-        hi = (hi << 4) | (v & 0x0f) as u64;
-    }
-    for &c in &b[16..] {
-        let v = HEX[c as usize];
-        bad |= v;
-        lo = (lo << 4) | (v & 0x0f) as u64;
-    }
-    // Digits are at most 0x0f; a non-digit (0xff) sets the high bits.
-    if bad & 0xf0 != 0 {
-        return None;
-    }
-    Some(((hi as u128) << 64) | lo as u128)
+    let b = hex.as_bytes();
+    Some(((hex_u64(b)? as u128) << 64) | hex_u64(b.get(16..)?)? as u128)
 }
 
 /// Call `f(row, key)` for every row of a fingerprint column: hex text (Utf8, LargeUtf8,
@@ -335,9 +303,12 @@ enum Test {
     /// The key is in the set (see [`Heads`] for the second part: most rows are ruled out after
     /// reading 6 hex characters).
     InSet(Arc<FpSet>, Arc<Heads>),
+    /// The row's group (its arguments, the `by` columns) is in the set.
+    InGroups(Arc<GroupSet>),
 }
 
-/// A boolean UDF over a fingerprint column; see [`pick_udf`], [`in_set_udf`].
+/// A boolean UDF over a fingerprint column ([`pick_udf`], [`in_set_udf`]) or group columns
+/// ([`in_groups_udf`]).
 struct KeyTest {
     name: String,
     test: Test,
@@ -356,6 +327,7 @@ impl PartialEq for KeyTest {
             && match (&self.test, &other.test) {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 (Test::InSet(a, _), Test::InSet(b, _)) => Arc::ptr_eq(a, b),
+                (Test::InGroups(a), Test::InGroups(b)) => Arc::ptr_eq(a, b),
                 _ => false,
             }
     }
@@ -369,6 +341,7 @@ impl std::hash::Hash for KeyTest {
         let p = match &self.test {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
             Test::InSet(a, _) => Arc::as_ptr(a) as usize,
+            Test::InGroups(a) => Arc::as_ptr(a) as usize,
         };
         p.hash(state);
     }
@@ -392,6 +365,21 @@ impl ScalarUDFImpl for KeyTest {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+        if let Test::InGroups(set) = &self.test {
+            if args.args.len() != set.types.len() {
+                return exec_err!("{} takes {} arguments", self.name, set.types.len());
+            }
+            let mut cols = Vec::with_capacity(args.args.len());
+            for (a, t) in args.args.iter().zip(&set.types) {
+                let a = a.to_array(args.number_rows)?;
+                cols.push(if a.data_type() == t {
+                    a
+                } else {
+                    datafusion::arrow::compute::cast(&a, t)?
+                });
+            }
+            return Ok(ColumnarValue::Array(Arc::new(set.contains(&cols)?)));
+        }
         let [arg] = args.args.as_slice() else {
             return exec_err!("{} takes 1 argument", self.name);
         };
@@ -414,6 +402,7 @@ impl ScalarUDFImpl for KeyTest {
             match &self.test {
                 Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
                 Test::InSet(set, _) => set.contains(&fp),
+                Test::InGroups(_) => false, // answered above
             }
         };
         for_each_fp(&array, |i, fp| out[i] = fp.is_some_and(test))
@@ -467,7 +456,7 @@ impl Heads {
         };
         let mut v = 0u32;
         for &c in head {
-            let d = HEX[c as usize];
+            let d = HEX_VALUE[c as usize];
             if d > 0x0f {
                 return true;
             }
@@ -655,65 +644,11 @@ impl GroupSet {
     }
 }
 
-/// `__ingot_in_groups(by...)`: the row's group is in the set.
-#[derive(Debug)]
-struct InGroups {
-    set: Arc<GroupSet>,
-    signature: Signature,
-}
-
-impl PartialEq for InGroups {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.set, &other.set)
-    }
-}
-
-impl Eq for InGroups {}
-
-impl std::hash::Hash for InGroups {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        (Arc::as_ptr(&self.set) as usize).hash(state);
-    }
-}
-
-impl ScalarUDFImpl for InGroups {
-    fn name(&self) -> &str {
-        "__ingot_in_groups"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _: &[DataType]) -> datafusion::error::Result<DataType> {
-        Ok(DataType::Boolean)
-    }
-
-    fn return_field_from_args(&self, _: ReturnFieldArgs) -> datafusion::error::Result<FieldRef> {
-        Ok(Arc::new(Field::new(self.name(), DataType::Boolean, false)))
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
-        if args.args.len() != self.set.types.len() {
-            return exec_err!("__ingot_in_groups takes {} arguments", self.set.types.len());
-        }
-        let mut cols = Vec::with_capacity(args.args.len());
-        for (a, t) in args.args.iter().zip(&self.set.types) {
-            let a = a.to_array(args.number_rows)?;
-            cols.push(if a.data_type() == t {
-                a
-            } else {
-                datafusion::arrow::compute::cast(&a, t)?
-            });
-        }
-        Ok(ColumnarValue::Array(Arc::new(self.set.contains(&cols)?)))
-    }
-}
-
-/// `__ingot_in_groups(by...)` over `set`.
+/// `__ingot_in_groups(by...)` over `set`: the row's group is in the set.
 pub fn in_groups_udf(set: Arc<GroupSet>) -> ScalarUDF {
-    ScalarUDF::from(InGroups {
-        set,
+    ScalarUDF::from(KeyTest {
+        name: "__ingot_in_groups".to_string(),
+        test: Test::InGroups(set),
         signature: Signature::variadic_any(Volatility::Immutable),
     })
 }
