@@ -130,7 +130,9 @@ LAKE=$WORK/lake
 DDB=$WORK/duckdb
 rm -rf "$MEASURE" "$LAKE" "$DDB"
 mkdir -p "$MEASURE" "$DDB"
-measure() { local label=$1; shift; "$PY" bench/measure.py --label "$label" --out "$MEASURE/$label.json" --log "$MEASURE/$label.log" -- "$@"; }
+# Every timed job starts after `sync` (untimed): the previous job's writeback (a 500 MB bronze
+# file, say) must not land in the next job's time, whichever tool runs it.
+measure() { local label=$1; shift; sync; "$PY" bench/measure.py --label "$label" --out "$MEASURE/$label.json" --log "$MEASURE/$label.log" -- "$@"; }
 run_id() { sed -n 's/.*\[run \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -n 1; }
 build_id() { sed -n 's/.*\[build \([0-9a-f-]*\)\].*/\1/p' "$MEASURE/$1.log" | tail -n 1; }
 # warm the page cache so every job reads the files from memory alike

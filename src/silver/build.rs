@@ -94,9 +94,14 @@
 //! layer's rows without the keys any later layer deleted. Window anomalies are recomputed only
 //! for the groups (`by` values) a processed record was or is in, over every row of such a group,
 //! and only the kept rows whose window flags change are rewritten (into the delta, their keys
-//! deleted below it); `when` flags depend on the row alone. So a build after a small delivery
-//! costs two narrow scans of the previous snapshot (the processed records' rows, then the touched
-//! groups') plus the work on the new rows, not a rewrite of the table. Past a fraction of the
+//! deleted below it); `when` flags depend on the row alone. The groups are those of the new rows
+//! and of the processed records' old rows; the build first assumes the latter are among the
+//! former (a correction seldom moves a record to another group) and reads the previous snapshot
+//! once, the old rows of processed records riding along inert (taking no part in any window) to
+//! be counted; if one of them is in another group, it scans those old rows for their groups and
+//! redoes the window pass without them. So a build after a small delivery costs one narrow scan
+//! of the previous snapshot (two when a record changed groups) plus the work on the new rows,
+//! not a rewrite of the table. Past a fraction of the
 //! table deleted by the layers (`INGOT_SILVER_DELTA_LIMIT`, default 0.1) or after 8 layers, the
 //! next build writes a whole snapshot again (compaction); so does any build the conditions rule
 //! out (an undo, a rules version change, `--full`, `--rebuild-where`).
@@ -1796,18 +1801,21 @@ async fn delta_windows(
     };
     let cast_col = |name: &str| -> Result<Expr> { Ok(datafusion::logical_expr::cast(c(name), ty(name)?).alias(name)) };
     // per window anomaly with `by` columns: its groups
-    let mut groups: Vec<Option<GroupSet>> = Vec::with_capacity(n);
-    for a in &rules.anomalies {
-        let by = by_of(a);
-        groups.push(if is_window(a) && !by.is_empty() {
-            Some(GroupSet::new(by.iter().map(|b| ty(b)).collect::<Result<Vec<_>>>()?))
-        } else {
-            None
-        });
-    }
+    let empty_groups = || -> Result<Vec<Option<GroupSet>>> {
+        let mut groups = Vec::with_capacity(n);
+        for a in &rules.anomalies {
+            let by = by_of(a);
+            groups.push(if is_window(a) && !by.is_empty() {
+                Some(GroupSet::new(by.iter().map(|b| ty(b)).collect::<Result<Vec<_>>>()?))
+            } else {
+                None
+            });
+        }
+        Ok(groups)
+    };
     let mut by_cols: Vec<String> = Vec::new();
-    for (i, a) in rules.anomalies.iter().enumerate() {
-        if groups[i].is_some() {
+    for a in &rules.anomalies {
+        if is_window(a) && !by_of(a).is_empty() {
             for b in by_of(a) {
                 if !by_cols.contains(&b) {
                     by_cols.push(b);
@@ -1833,133 +1841,187 @@ async fn delta_windows(
         }
         Ok(())
     };
-
-    // 1. the previous snapshot's rows of the processed records
-    let mut out = DeltaOut::default();
     let in_processed = Arc::new(in_set_udf(processed.clone())).call(vec![c(FP)]);
-    let mut cols = vec![c(IS_ANOMALY)];
-    for b in &by_cols {
-        cols.push(cast_col(b)?);
-    }
-    let mut stream = view
-        .clone()
-        .filter(in_processed.clone())?
-        .select(cols)?
-        .execute_stream()
-        .await?;
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        out.old_rows += b.num_rows() as u64;
-        out.old_flagged += b.column(0).as_boolean().true_count() as u64;
-        add_groups(&mut groups, &b, 1)?;
-    }
-    if !rules.anomalies.iter().any(is_window) {
-        return Ok((out, vec![None; n], FpSet::default()));
-    }
-
-    // 2. the groups of the new rows
     let passing = split.rows.clone().filter(c(SPLIT_RULE).is_null())?;
-    if !by_cols.is_empty() {
-        let cols = by_cols.iter().map(|b| cast_col(b)).collect::<Result<Vec<_>>>()?;
-        let mut stream = passing.clone().select(cols)?.execute_stream().await?;
-        while let Some(b) = stream.next().await {
-            add_groups(&mut groups, &b?, 0)?;
-        }
-    }
-    let groups: Vec<Option<Arc<GroupSet>>> = groups.into_iter().map(|g| g.map(Arc::new)).collect();
 
-    // 3. the windows over every row of those groups
-    let narrow = window_columns(rules);
-    let windows: Vec<usize> = (0..n).filter(|i| is_window(&rules.anomalies[*i])).collect();
-    let in_col = |i: usize| format!("__ingot_in_{i}");
-    let had_col = |i: usize| format!("__ingot_had_{i}");
-    const OLD: &str = "__ingot_old";
-    const WAS: &str = "__ingot_was_anomaly";
-    let fp128 = Arc::new(fp128_udf());
-    let project = |df: DataFrame, old: bool| -> Result<DataFrame> {
-        let mut cols: Vec<Expr> = narrow.iter().map(|name| cast_col(name)).collect::<Result<_>>()?;
-        cols.push(fp128.call(vec![c(FP)]).alias(TIE));
-        for &i in &windows {
-            let in_group = match &groups[i] {
-                Some(g) => {
-                    let args = by_of(&rules.anomalies[i])
-                        .iter()
-                        .map(|b| cast_col(b))
-                        .collect::<Result<Vec<_>>>()?;
-                    Arc::new(in_groups_udf(g.clone())).call(args)
-                }
-                None => lit(true),
-            };
-            cols.push(in_group.alias(in_col(i)));
-            let had = if old {
-                datafusion::functions_nested::expr_fn::array_has(c(ANOMALY_FLAGS), lit(rules.anomalies[i].name.clone()))
-            } else {
-                lit(false)
-            };
-            cols.push(had.alias(had_col(i)));
+    // The windows need the groups of the processed records' old rows too. A first attempt
+    // assumes those are groups a new row is in (a correction seldom moves a record to another
+    // group) and reads the previous snapshot once: the old rows of processed records ride along
+    // in the window pass as inert rows (no part in any window), counted there. When one of them
+    // is in a group no new row is in, the pass is redone the careful way: a scan of those old
+    // rows for their groups first, then the window pass without them.
+    let mut speculate = rules.anomalies.iter().any(is_window);
+    loop {
+        let mut out = DeltaOut::default();
+        let mut groups = empty_groups()?;
+        if !speculate {
+            // 1. the previous snapshot's rows of the processed records
+            let mut cols = vec![c(IS_ANOMALY)];
+            for b in &by_cols {
+                cols.push(cast_col(b)?);
+            }
+            let mut stream = view
+                .clone()
+                .filter(in_processed.clone())?
+                .select(cols)?
+                .execute_stream()
+                .await?;
+            while let Some(b) = stream.next().await {
+                let b = b?;
+                out.old_rows += b.num_rows() as u64;
+                out.old_flagged += b.column(0).as_boolean().true_count() as u64;
+                add_groups(&mut groups, &b, 1)?;
+            }
+            if !rules.anomalies.iter().any(is_window) {
+                return Ok((out, vec![None; n], FpSet::default()));
+            }
         }
-        cols.push(lit(old).alias(OLD));
-        cols.push(if old { c(IS_ANOMALY) } else { lit(false) }.alias(WAS));
-        Ok(df.select(cols)?)
-    };
-    let old_rows = view.clone().filter(Expr::Not(Box::new(in_processed)))?;
-    let all = project(old_rows, true)?.union(project(passing, false)?)?;
-    let any_in = windows
-        .iter()
-        .map(|i| c(&in_col(*i)))
-        .reduce(Expr::or)
-        .unwrap_or(lit(false));
-    let all = all.filter(any_in)?;
-    let mut extra: Vec<String> = Vec::new();
-    for &i in &windows {
-        extra.push(in_col(i));
-        extra.push(had_col(i));
-    }
-    extra.push(OLD.into());
-    extra.push(WAS.into());
-    let Some(fires) = window_fires_with(all, rules, TIE, &extra, false)? else {
-        return Ok((out, vec![None; n], FpSet::default()));
-    };
-    let mut found: Vec<FpSet> = (0..n).map(|_| FpSet::default()).collect();
-    let mut changed = FpSet::default();
-    let mut stream = fires.execute_stream().await?;
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let schema = b.schema();
-        let col = |name: &str| -> Result<BooleanArray> {
-            let a = b.column(schema.index_of(name)?);
-            Ok(arrow_cast(a, &DataType::Boolean)?.as_boolean().clone())
-        };
-        let mut keys = Vec::with_capacity(b.num_rows());
-        for_each_fp(b.column(schema.index_of(TIE)?), |_, fp| keys.push(fp))?;
-        let old = col(OLD)?;
-        let was = col(WAS)?;
-        let truth = |a: &BooleanArray, r: usize| a.is_valid(r) && a.value(r);
-        for &i in &windows {
-            let fired = col(&window_fired_column(i))?;
-            let inside = col(&in_col(i))?;
-            let had = col(&had_col(i))?;
-            for (r, key) in keys.iter().enumerate() {
-                let Some(key) = key else { continue };
-                let (f, g, h, o) = (truth(&fired, r), truth(&inside, r), truth(&had, r), truth(&old, r));
-                if (g && f) || (!g && o && h) {
-                    found[i].insert(*key);
+
+        // 2. the groups of the new rows
+        if !by_cols.is_empty() {
+            let cols = by_cols.iter().map(|b| cast_col(b)).collect::<Result<Vec<_>>>()?;
+            let mut stream = passing.clone().select(cols)?.execute_stream().await?;
+            while let Some(b) = stream.next().await {
+                add_groups(&mut groups, &b?, 0)?;
+            }
+        }
+        let groups: Vec<Option<Arc<GroupSet>>> = groups.into_iter().map(|g| g.map(Arc::new)).collect();
+
+        // 3. the windows over every row of those groups
+        let narrow = window_columns(rules);
+        let windows: Vec<usize> = (0..n).filter(|i| is_window(&rules.anomalies[*i])).collect();
+        let in_col = |i: usize| format!("__ingot_in_{i}");
+        let had_col = |i: usize| format!("__ingot_had_{i}");
+        const OLD: &str = "__ingot_old";
+        const WAS: &str = "__ingot_was_anomaly";
+        const PROCESSED: &str = "__ingot_processed";
+        let fp128 = Arc::new(fp128_udf());
+        let project = |df: DataFrame, old: bool| -> Result<DataFrame> {
+            let mut cols: Vec<Expr> = narrow.iter().map(|name| cast_col(name)).collect::<Result<_>>()?;
+            cols.push(fp128.call(vec![c(FP)]).alias(TIE));
+            for &i in &windows {
+                let in_group = match &groups[i] {
+                    Some(g) => {
+                        let args = by_of(&rules.anomalies[i])
+                            .iter()
+                            .map(|b| cast_col(b))
+                            .collect::<Result<Vec<_>>>()?;
+                        Arc::new(in_groups_udf(g.clone())).call(args)
+                    }
+                    None => lit(true),
+                };
+                cols.push(in_group.alias(in_col(i)));
+                let had = if old {
+                    datafusion::functions_nested::expr_fn::array_has(
+                        c(ANOMALY_FLAGS),
+                        lit(rules.anomalies[i].name.clone()),
+                    )
+                } else {
+                    lit(false)
+                };
+                cols.push(had.alias(had_col(i)));
+            }
+            cols.push(lit(old).alias(OLD));
+            cols.push(if old { c(IS_ANOMALY) } else { lit(false) }.alias(WAS));
+            cols.push(
+                if old && speculate {
+                    in_processed.clone()
+                } else {
+                    lit(false)
                 }
-                if o && g && f != h && changed.insert(*key) {
-                    out.changed_rows += 1;
-                    if truth(&was, r) {
-                        out.old_flagged += 1;
+                .alias(PROCESSED),
+            );
+            Ok(df.select(cols)?)
+        };
+        let old_rows = if speculate {
+            view.clone()
+        } else {
+            view.clone().filter(Expr::Not(Box::new(in_processed.clone())))?
+        };
+        let all = project(old_rows, true)?.union(project(passing.clone(), false)?)?;
+        let any_in = windows
+            .iter()
+            .map(|i| c(&in_col(*i)))
+            .reduce(Expr::or)
+            .unwrap_or(lit(false));
+        let all = all.filter(if speculate { any_in.or(c(PROCESSED)) } else { any_in })?;
+        let mut extra: Vec<String> = Vec::new();
+        for &i in &windows {
+            extra.push(in_col(i));
+            extra.push(had_col(i));
+        }
+        extra.extend([OLD.into(), WAS.into(), PROCESSED.into()]);
+        let inert = speculate.then_some(PROCESSED);
+        let Some(fires) = window_fires_with(all, rules, TIE, &extra, inert, false)? else {
+            return Ok((out, vec![None; n], FpSet::default()));
+        };
+        let mut found: Vec<FpSet> = (0..n).map(|_| FpSet::default()).collect();
+        let mut changed = FpSet::default();
+        let mut moved = false;
+        let mut stream = fires.execute_stream().await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let schema = b.schema();
+            let col = |name: &str| -> Result<BooleanArray> {
+                let a = b.column(schema.index_of(name)?);
+                Ok(arrow_cast(a, &DataType::Boolean)?.as_boolean().clone())
+            };
+            let mut keys = Vec::with_capacity(b.num_rows());
+            for_each_fp(b.column(schema.index_of(TIE)?), |_, fp| keys.push(fp))?;
+            let old = col(OLD)?;
+            let was = col(WAS)?;
+            let gone = col(PROCESSED)?;
+            let truth = |a: &BooleanArray, r: usize| a.is_valid(r) && a.value(r);
+            let mut inside = Vec::with_capacity(windows.len());
+            for &i in &windows {
+                inside.push(col(&in_col(i))?);
+            }
+            // the processed records' old rows: counted, and their groups checked
+            for r in (0..b.num_rows()).filter(|&r| truth(&gone, r)) {
+                out.old_rows += 1;
+                if truth(&was, r) {
+                    out.old_flagged += 1;
+                }
+                moved |= windows
+                    .iter()
+                    .zip(&inside)
+                    .any(|(&i, g)| groups[i].is_some() && !truth(g, r));
+            }
+            if moved {
+                break;
+            }
+            for (&i, inside) in windows.iter().zip(&inside) {
+                let fired = col(&window_fired_column(i))?;
+                let had = col(&had_col(i))?;
+                for (r, key) in keys.iter().enumerate() {
+                    let Some(key) = key else { continue };
+                    if truth(&gone, r) {
+                        continue;
+                    }
+                    let (f, g, h, o) = (truth(&fired, r), truth(inside, r), truth(&had, r), truth(&old, r));
+                    if (g && f) || (!g && o && h) {
+                        found[i].insert(*key);
+                    }
+                    if o && g && f != h && changed.insert(*key) {
+                        out.changed_rows += 1;
+                        if truth(&was, r) {
+                            out.old_flagged += 1;
+                        }
                     }
                 }
             }
         }
+        if moved {
+            speculate = false;
+            continue;
+        }
+        // a rewritten row's flags of a group not recomputed come from its stored flags, which the
+        // pass above saw only for rows inside some recomputed group: every rewritten row is one
+        let sets = (0..n)
+            .map(|i| is_window(&rules.anomalies[i]).then(|| Arc::new(std::mem::take(&mut found[i]))))
+            .collect();
+        return Ok((out, sets, changed));
     }
-    // a rewritten row's flags of a group not recomputed come from its stored flags, which the
-    // pass above saw only for rows inside some recomputed group: every rewritten row is one
-    let sets = (0..n)
-        .map(|i| is_window(&rules.anomalies[i]).then(|| Arc::new(std::mem::take(&mut found[i]))))
-        .collect();
-    Ok((out, sets, changed))
 }
 
 /// What a delta build wrote, for [`publish_delta`].

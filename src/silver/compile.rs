@@ -754,8 +754,20 @@ pub fn is_window(a: &Anomaly) -> bool {
 
 /// Add the window columns of the `i`-th anomaly (a `spike` or `first_seen`) to `df`, ordering
 /// ties by column `tie`; returns the frame and the expression that is true where it fires.
-fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str) -> Result<(DataFrame, Expr)> {
+fn window_fire(
+    df: DataFrame,
+    i: usize,
+    a: &Anomaly,
+    rules: &RuleSet,
+    tie: &str,
+    inert: Option<&str>,
+) -> Result<(DataFrame, Expr)> {
     let hidden = |what: &str| format!("__ingot_anomaly_{i}_{what}");
+    // a row of an `inert` row takes no part, like a row with a null `by` value
+    let take_part = |conditions: Expr| match inert {
+        Some(col) => conditions.and(Expr::Not(Box::new(c(col)))),
+        None => conditions,
+    };
     let mut df = df;
     match &a.kind {
         AnomalyKind::When(e) => Ok((df, is_true(e.expr.clone())?)),
@@ -774,7 +786,7 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
                 .map(|id| c(&id.name).is_not_null())
                 .reduce(Expr::and)
                 .unwrap_or(lit(true));
-            df = df.with_column(&p, participates)?;
+            df = df.with_column(&p, take_part(participates))?;
             let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
             let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(tie).sort(true, true)];
             let frame = WindowFrame::new_bounds(
@@ -843,7 +855,7 @@ fn window_fire(df: DataFrame, i: usize, a: &Anomaly, rules: &RuleSet, tie: &str)
                 .map(|id| c(&id.name).is_not_null())
                 .reduce(Expr::and)
                 .unwrap_or(lit(true));
-            df = df.with_column(&p, participates)?;
+            df = df.with_column(&p, take_part(participates))?;
             let partition: Vec<Expr> = by.iter().map(|id| c(&id.name)).chain([c(&p)]).collect();
             let sort: Vec<SortExpr> = vec![c(&order.name).sort(true, true), c(tie).sort(true, true)];
             // Date32 is days, Date64 milliseconds, a timestamp its unit since the epoch.
@@ -904,7 +916,7 @@ pub fn flag(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
     let mut df = df;
     let mut fires = Vec::new();
     for (i, a) in rules.anomalies.iter().enumerate() {
-        let (next, fire) = window_fire(df, i, a, rules, FINGERPRINT)?;
+        let (next, fire) = window_fire(df, i, a, rules, FINGERPRINT, None)?;
         df = next;
         fires.push(fire);
     }
@@ -928,16 +940,18 @@ pub fn window_fired_column(i: usize) -> String {
 /// have no window anomaly. Only the columns the windows read need to be in `df`: sorting a few
 /// narrow columns is what makes flagging a large table cheap.
 pub fn window_fires(df: DataFrame, rules: &RuleSet, tie: &str) -> Result<Option<DataFrame>> {
-    window_fires_with(df, rules, tie, &[], true)
+    window_fires_with(df, rules, tie, &[], None, true)
 }
 
-/// [`window_fires`] with the columns `extra` of `df` carried along, and every row (`only_fired`
-/// false) or only those for which an anomaly fires.
+/// [`window_fires`] with the columns `extra` of `df` carried along, the rows whose boolean column
+/// `inert` is true taking no part (never flagged, not history; they only ride along), and every
+/// row (`only_fired` false) or only those for which an anomaly fires.
 pub fn window_fires_with(
     df: DataFrame,
     rules: &RuleSet,
     tie: &str,
     extra: &[String],
+    inert: Option<&str>,
     only_fired: bool,
 ) -> Result<Option<DataFrame>> {
     let mut df = df;
@@ -947,7 +961,7 @@ pub fn window_fires_with(
         if !is_window(a) {
             continue;
         }
-        let (next, fire) = window_fire(df, i, a, rules, tie)?;
+        let (next, fire) = window_fire(df, i, a, rules, tie, inert)?;
         df = next.with_column(&window_fired_column(i), fire)?;
         out.push(c(&window_fired_column(i)));
         let f = c(&window_fired_column(i));
