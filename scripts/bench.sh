@@ -322,6 +322,7 @@ if [ "${SILVER:-1}" = 1 ]; then
     --meta "silver: bench/rules/lineitem/v1.yaml (6 steps, 2 validations, anomalies when + spike) vs the same rules as DuckDB SQL (bench/silver_duckdb.py) over the bronze Parquet of one ingest (DuckDB writes the silver rows and the rejections; it needs no _current deduplication and writes no build state); full build: written,filtered,rejected,flagged = $FLAGGED"
     --meta "silver check: $(grep -c '^silver check: ok' "$MEASURE/silver_verify.log") checks ok; both builds agree with DuckDB on rows, fingerprints, anomaly_flags, disc_price, charge, l_shipmode (full build also row_hash, ingestion_run_id)"
     --meta "silver re-delivery: l_comment changed in every ${EVERY}th row ($NCHANGED rows); load average around the silver jobs: $SLOAD_BEFORE; after: $SLOAD_AFTER"
+    --meta "silver timing: the full build, DuckDB's silver job and the incremental build each ran 3 times; the table shows each one's median run (all runs: measure/silver_*_[123].json)"
   )
 fi
 
