@@ -705,7 +705,7 @@ mod tests {
             (0..n)
                 .map(|_| {
                     let v = next();
-                    (v % 17 != 0).then_some((v % 300) as i64 - 150)
+                    (!v.is_multiple_of(17)).then_some((v % 300) as i64 - 150)
                 })
                 .collect()
         };
