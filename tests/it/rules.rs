@@ -204,32 +204,28 @@ fn repository_rules_load() {
         }
         other => panic!("{other:?}"),
     }
-    match &rules.latest("web_sessions").unwrap().anomalies[1].kind {
-        AnomalyKind::Spike {
-            column,
-            by,
-            order,
-            window,
-            factor,
-            min_history,
-        } => {
-            assert_eq!(column.name, "pageviews");
-            assert_eq!(
-                by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
-                vec!["hotel_code"]
-            );
-            assert_eq!(order.name, "session_started_at");
-            assert_eq!((*window, *factor, *min_history), (28, 10.0, 7));
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_spike(
+        &rules.latest("web_sessions").unwrap().anomalies[1].kind,
+        ("pageviews", "hotel_code", "session_started_at"),
+        (28, 10.0, 7),
+    );
     // the story's spike: DESIGN.md section 4's own example, on the daily export
     let traffic = rules.latest("site_traffic").unwrap();
     assert_eq!(
         traffic.rule_names().collect::<Vec<_>>(),
         vec!["conversions_within_sessions", "sessions_spike"]
     );
-    match &traffic.anomalies[0].kind {
+    assert_spike(
+        &traffic.anomalies[0].kind,
+        ("sessions", "hotel_code", "day"),
+        (28, 10.0, 7),
+    );
+}
+
+/// `kind` is a spike on `column` by the one column `by`, ordered by `order`, with `(window,
+/// factor, min_history)`.
+fn assert_spike(kind: &AnomalyKind, (col, by_col, order_col): (&str, &str, &str), params: (usize, f64, usize)) {
+    match kind {
         AnomalyKind::Spike {
             column,
             by,
@@ -238,13 +234,10 @@ fn repository_rules_load() {
             factor,
             min_history,
         } => {
-            assert_eq!(column.name, "sessions");
-            assert_eq!(
-                by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
-                vec!["hotel_code"]
-            );
-            assert_eq!(order.name, "day");
-            assert_eq!((*window, *factor, *min_history), (28, 10.0, 7));
+            assert_eq!(column.name, col);
+            assert_eq!(by.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), vec![by_col]);
+            assert_eq!(order.name, order_col);
+            assert_eq!((*window, *factor, *min_history), params);
         }
         other => panic!("{other:?}"),
     }
