@@ -364,15 +364,9 @@ fn failure_rows(df: DataFrame, rule: Expr, reason: Expr, data: Vec<(String, Expr
     ])?)
 }
 
-/// Resolve, steps and validations of `rules` over `input` (the source's `_current` rows);
-/// `lookups` holds the current rows of every source the contract's `resolve` reads.
-pub fn transform(
-    ctx: &SessionContext,
-    rules: &RuleSet,
-    contract: &Contract,
-    input: DataFrame,
-    lookups: &Lookups,
-) -> Result<Transformed> {
+/// Check that `rules` read `contract`'s source and register `to_json_row` (rejection payloads)
+/// in `ctx`: what both forms of the transform need first.
+fn prepare(ctx: &SessionContext, rules: &RuleSet, contract: &Contract) -> Result<()> {
     if rules.source != contract.source {
         return Err(Error::Invalid(format!(
             "{}: the rules read source \"{}\" but the contract given is \"{}\"",
@@ -384,13 +378,29 @@ pub fn transform(
     if ctx.udf(ToJsonRow::NAME).is_err() {
         ctx.register_udf(to_json_row_udf());
     }
+    Ok(())
+}
+
+/// The data columns of `cols`: without the bookkeeping columns and resolve's rejection columns.
+fn data_columns(cols: &[(String, Expr)]) -> Vec<(String, Expr)> {
     let meta = bookkeeping();
-    let data_of = |cols: &[(String, Expr)]| -> Vec<(String, Expr)> {
-        cols.iter()
-            .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON)
-            .cloned()
-            .collect()
-    };
+    cols.iter()
+        .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON)
+        .cloned()
+        .collect()
+}
+
+/// Resolve, steps and validations of `rules` over `input` (the source's `_current` rows);
+/// `lookups` holds the current rows of every source the contract's `resolve` reads.
+pub fn transform(
+    ctx: &SessionContext,
+    rules: &RuleSet,
+    contract: &Contract,
+    input: DataFrame,
+    lookups: &Lookups,
+) -> Result<Transformed> {
+    prepare(ctx, rules, contract)?;
+    let data_of = data_columns;
 
     let resolved = resolve(input, contract, lookups)?;
     let resolved_cols = columns(&resolved);
@@ -508,24 +518,8 @@ pub fn transform_split(
     input: DataFrame,
     lookups: &Lookups,
 ) -> Result<Split> {
-    if rules.source != contract.source {
-        return Err(Error::Invalid(format!(
-            "{}: the rules read source \"{}\" but the contract given is \"{}\"",
-            rules.path.display(),
-            rules.source,
-            contract.source
-        )));
-    }
-    if ctx.udf(ToJsonRow::NAME).is_err() {
-        ctx.register_udf(to_json_row_udf());
-    }
-    let meta = bookkeeping();
-    let data_of = |cols: &[(String, Expr)]| -> Vec<(String, Expr)> {
-        cols.iter()
-            .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON)
-            .cloned()
-            .collect()
-    };
+    prepare(ctx, rules, contract)?;
+    let data_of = data_columns;
     let rejects = contract.resolve.iter().any(|r| r.on_missing == OnMissing::Reject);
     let resolved = resolve(input, contract, lookups)?;
     let resolved_cols = columns(&resolved);
