@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, StringArrayType};
 use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -77,41 +77,10 @@ pub fn fp_of_hex(hex: &str) -> Option<Fp> {
 /// Utf8View) or the 16-byte keys of a state file (FixedSizeBinary(16)). `None` for a null;
 /// malformed text is an error.
 pub fn for_each_fp(array: &ArrayRef, mut f: impl FnMut(usize, Option<Fp>)) -> Result<()> {
-    let bad = |v: &str| Error::RunFailed(format!("natural_key_fingerprint \"{v}\" is not a SHA-256 in hex"));
     match array.data_type() {
-        DataType::Utf8 => {
-            let a = array.as_string::<i32>();
-            for i in 0..a.len() {
-                if a.is_null(i) {
-                    f(i, None);
-                } else {
-                    let v = a.value(i);
-                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
-                }
-            }
-        }
-        DataType::LargeUtf8 => {
-            let a = array.as_string::<i64>();
-            for i in 0..a.len() {
-                if a.is_null(i) {
-                    f(i, None);
-                } else {
-                    let v = a.value(i);
-                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
-                }
-            }
-        }
-        DataType::Utf8View => {
-            let a = array.as_string_view();
-            for i in 0..a.len() {
-                if a.is_null(i) {
-                    f(i, None);
-                } else {
-                    let v = a.value(i);
-                    f(i, Some(fp_of_hex(v).ok_or_else(|| bad(v))?));
-                }
-            }
-        }
+        DataType::Utf8 => each_hex(array.as_string::<i32>(), &mut f)?,
+        DataType::LargeUtf8 => each_hex(array.as_string::<i64>(), &mut f)?,
+        DataType::Utf8View => each_hex(array.as_string_view(), &mut f)?,
         DataType::FixedSizeBinary(16) => {
             let a = array.as_fixed_size_binary();
             for i in 0..a.len() {
@@ -128,6 +97,22 @@ pub fn for_each_fp(array: &ArrayRef, mut f: impl FnMut(usize, Option<Fp>)) -> Re
             return Err(Error::RunFailed(format!(
                 "natural_key_fingerprint has type {other}, expected text"
             )));
+        }
+    }
+    Ok(())
+}
+
+/// [`for_each_fp`] over a text column.
+fn each_hex<'a>(a: impl StringArrayType<'a>, f: &mut impl FnMut(usize, Option<Fp>)) -> Result<()> {
+    for (i, v) in a.iter().enumerate() {
+        match v {
+            None => f(i, None),
+            Some(v) => f(
+                i,
+                Some(fp_of_hex(v).ok_or_else(|| {
+                    Error::RunFailed(format!("natural_key_fingerprint \"{v}\" is not a SHA-256 in hex"))
+                })?),
+            ),
         }
     }
     Ok(())
