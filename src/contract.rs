@@ -273,6 +273,15 @@ pub struct Contract {
 }
 
 impl Contract {
+    /// The names of the natural key's fields, in key order.
+    pub fn natural_key_names(&self) -> Vec<&str> {
+        self.natural_key
+            .fields
+            .iter()
+            .map(|&i| self.fields[i].name.as_str())
+            .collect()
+    }
+
     pub fn field_index(&self, name: &str) -> Option<usize> {
         self.fields.iter().position(|f| f.name == name)
     }

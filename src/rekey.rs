@@ -237,12 +237,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     }
     let current = current_runs(runs, source);
     let ctx = ws.session()?;
-    let key_names: Vec<&str> = contract
-        .natural_key
-        .fields
-        .iter()
-        .map(|&i| contract.fields[i].name.as_str())
-        .collect();
+    let key_names = contract.natural_key_names();
     for r in &current {
         let schema = crate::catalog::file_schema(&ctx, &ws.lake, &layout::bronze_data(source, &r.run_id)).await?;
         if let Some(missing) = key_names.iter().find(|n| schema.field_with_name(n).is_err()) {
@@ -581,12 +576,7 @@ async fn log_conflicts(contract: &Contract, version: i32, held: Vec<Held>, failu
     for h in &held {
         by_key.entry(h.new_fp.clone()).or_default().push(h.old_fp.clone());
     }
-    let names: Vec<&str> = contract
-        .natural_key
-        .fields
-        .iter()
-        .map(|&i| contract.fields[i].name.as_str())
-        .collect();
+    let names = contract.natural_key_names();
     for h in held {
         let others: Vec<&str> = by_key
             .get(&h.new_fp)

@@ -557,12 +557,7 @@ async fn write_tombstones(
     data: &mut DataWriter,
 ) -> Result<u64> {
     let schema = contract.bronze_schema();
-    let key_names: Vec<&str> = contract
-        .natural_key
-        .fields
-        .iter()
-        .map(|&i| contract.fields[i].name.as_str())
-        .collect();
+    let key_names = contract.natural_key_names();
     let mut columns = vec!["natural_key_fingerprint"];
     columns.extend(&key_names);
     let mut written = 0u64;
@@ -619,12 +614,7 @@ async fn log_conflicts(contract: &Contract, held: Vec<ConflictRow>, failures: &m
     for h in &held {
         by_key.entry(h.fp).or_default().push(h.row_number);
     }
-    let names: Vec<&str> = contract
-        .natural_key
-        .fields
-        .iter()
-        .map(|&i| contract.fields[i].name.as_str())
-        .collect();
+    let names = contract.natural_key_names();
     for h in held {
         let others: Vec<String> = by_key
             .get(&h.fp)
