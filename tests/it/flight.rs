@@ -10,42 +10,14 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-use crate::util::{TestLake, assert_ok, repo};
+use crate::util::{TestLake, assert_ok, python_venv, repo};
 
 const ADBC: &str = "adbc-driver-flightsql==1.13.0";
 const PYARROW: &str = "pyarrow==26.0.1";
 
 /// The test venv's python, created (and its packages installed) on first use.
 fn venv_python() -> PathBuf {
-    let venv = repo().join(".venv-test");
-    let python = venv.join("bin/python");
-    let ready = python.exists()
-        && Command::new(&python)
-            .args(["-c", "import adbc_driver_flightsql, pyarrow"])
-            .status()
-            .is_ok_and(|s| s.success());
-    if !ready {
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .unwrap();
-        assert!(status.success(), "python3 -m venv {}", venv.display());
-        let status = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                ADBC,
-                PYARROW,
-            ])
-            .status()
-            .unwrap();
-        assert!(status.success(), "pip install {ADBC} {PYARROW}");
-    }
-    python
+    python_venv(".venv-test", "import adbc_driver_flightsql, pyarrow", &[ADBC, PYARROW])
 }
 
 /// Kills the server when the test ends, pass or fail.

@@ -20,43 +20,19 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::util::{
-    TestLake, assert_ok, demo_sources, demo_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
+    TestLake, assert_ok, assert_same_tables, demo_sources, demo_tables, id_names, landing, normalize_rows, python_venv,
+    repo, stderr, stdout,
 };
 
 const MOTO: &str = "moto[server]==5.2.5";
 
 type Row = BTreeMap<String, Value>;
 
-/// The venv's `moto_server`, created (and moto installed) on first use. Two tests may ask at
-/// once: a lock file keeps the second from installing into a half-made venv.
+/// The venv's `moto_server`, created (and moto installed) on first use.
 fn moto_server() -> PathBuf {
-    let venv = repo().join(".venv-test-s3");
-    let bin = venv.join("bin/moto_server");
-    let python = venv.join("bin/python");
-    let ready = || {
-        bin.exists()
-            && Command::new(&python)
-                .args(["-c", "import moto.server, flask"])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-    };
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .unwrap();
-        assert!(status.success(), "python3 -m venv {}", venv.display());
-        let status = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", MOTO])
-            .status()
-            .unwrap();
-        assert!(status.success(), "pip install {MOTO}");
-        assert!(ready(), "{MOTO} installed but moto_server does not start");
-    }
+    let python = python_venv(".venv-test-s3", "import moto.server, flask", &[MOTO]);
+    let bin = python.with_file_name("moto_server");
+    assert!(bin.exists(), "{MOTO} installed but {} is missing", bin.display());
     bin
 }
 
@@ -243,20 +219,6 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
     out
 }
 
-fn assert_same_lakes(got: &BTreeMap<String, Vec<Row>>, want: &BTreeMap<String, Vec<Row>>, context: &str) {
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>(),
-        "{context}"
-    );
-    for (name, rows) in want {
-        for (i, (a, b)) in got[name].iter().zip(rows).enumerate() {
-            assert_eq!(a, b, "{context}: {name} row {i}");
-        }
-        assert_eq!(got[name].len(), rows.len(), "{context}: {name} row count");
-    }
-}
-
 /// The story of the demo on one lake: `input(rel)` names a landing file (a local path or an s3://
 /// URL). Every command must succeed; returns what the final SQL query printed.
 fn story(t: &TestLake, input: &dyn Fn(&str) -> String) -> String {
@@ -320,7 +282,7 @@ fn an_s3_lake_fed_from_s3_urls_equals_the_same_story_on_a_local_lake() {
 
     let got = whole_lake(&s3);
     let want = whole_lake(&local);
-    assert_same_lakes(&got, &want, "S3 lake vs local lake");
+    assert_same_tables(&got, &want, "S3 lake vs local lake");
     assert_eq!(s3_said, local_said, "command output");
     // the story did what it says: a skipped re-send, a corrected re-delivery, an undo
     let runs = &got["audit.ingestion_run_log"];
@@ -382,7 +344,7 @@ fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_r
     };
     assert_eq!(norm(&first), norm(&local_first));
     let before = whole_lake(&s3);
-    assert_same_lakes(&before, &whole_lake(&local), "nightly: S3 vs local");
+    assert_same_tables(&before, &whole_lake(&local), "nightly: S3 vs local");
 
     let second = nightly(&s3, "s3://nightly/landing");
     assert!(
@@ -391,7 +353,7 @@ fn the_nightly_job_over_an_s3_landing_prefix_equals_the_local_job_and_a_second_r
         ),
         "{second}"
     );
-    assert_same_lakes(&whole_lake(&s3), &before, "second nightly run");
+    assert_same_tables(&whole_lake(&s3), &before, "second nightly run");
 }
 
 /// The nightly job on a cluster of separate `ingot cluster` processes (one scheduler, two
@@ -426,7 +388,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
     }
     run(&local, None, &["run"]);
     let got = whole_lake(&s3);
-    assert_same_lakes(
+    assert_same_tables(
         &got,
         &whole_lake(&local),
         "nightly job: S3 lake on a cluster vs local lake in one process",

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::util::{LakeSnapshot, TestLake, assert_ok, id_names, landing, normalize_rows, repo, stderr, stdout};
+use crate::util::{
+    LakeSnapshot, TestLake, assert_ok, assert_same_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
+};
 
 type Row = BTreeMap<String, Value>;
 
@@ -38,20 +40,6 @@ fn data_tables(s: &LakeSnapshot) -> BTreeMap<String, Vec<Row>> {
         .collect()
 }
 
-fn assert_tables(got: &BTreeMap<String, Vec<Row>>, want: &BTreeMap<String, Vec<Row>>, context: &str) {
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>(),
-        "{context}"
-    );
-    for (name, rows) in want {
-        for (i, (a, b)) in got[name].iter().zip(rows).enumerate() {
-            assert_eq!(a, b, "{context}: {name} row {i}");
-        }
-        assert_eq!(got[name].len(), rows.len(), "{context}: {name} row count");
-    }
-}
-
 #[test]
 fn undoing_the_last_run_gives_exactly_the_lake_before_it() {
     // Reference: only day one and day three.
@@ -77,7 +65,7 @@ fn undoing_the_last_run_gives_exactly_the_lake_before_it() {
         "{said}"
     );
     // bronze, _current and the failure log are exactly those of the two remaining runs
-    assert_tables(
+    assert_same_tables(
         &data_tables(&t.snapshot(&["bookings"])),
         &data_tables(&want.snapshot(&["bookings"])),
         "undo of the correction",
@@ -349,10 +337,10 @@ fn every_undo_failpoint_crash_then_rerun_equals_one_clean_undo() {
                 stderr(&out)
             );
             if *point != "undo.after_commit" {
-                assert_tables(&state(&t), &before, &format!("{what} {point}: nothing visible"));
+                assert_same_tables(&state(&t), &before, &format!("{what} {point}: nothing visible"));
             }
             undo(&t, &id);
-            assert_tables(&state(&t), &clean, &format!("{what} {point}: crash + re-run"));
+            assert_same_tables(&state(&t), &clean, &format!("{what} {point}: crash + re-run"));
         }
     }
 }

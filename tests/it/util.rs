@@ -297,3 +297,57 @@ impl Rng {
         self.below(100) < percent
     }
 }
+
+/// Two sets of named tables (as the whole-lake helpers make them) are equal: the same names and,
+/// table by table, the same rows in the same order; a difference names the table and the row.
+pub fn assert_same_tables(
+    got: &BTreeMap<String, Vec<BTreeMap<String, Value>>>,
+    want: &BTreeMap<String, Vec<BTreeMap<String, Value>>>,
+    context: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{context}"
+    );
+    for (name, rows) in want {
+        for (i, (a, b)) in got[name].iter().zip(rows).enumerate() {
+            assert_eq!(a, b, "{context}: {name} row {i}");
+        }
+        assert_eq!(got[name].len(), rows.len(), "{context}: {name} row count");
+    }
+}
+
+/// The python of the project's venv `name` (at the repository root), created and `packages`
+/// installed from PyPI on first use, i.e. when `python -c check` (an import) fails. Tests that
+/// ask at once wait for one another, so none installs into a half-made venv.
+pub fn python_venv(name: &str, check: &str, packages: &[&str]) -> PathBuf {
+    let venv = repo().join(name);
+    let python = venv.join("bin/python");
+    let ready = || {
+        python.exists()
+            && Command::new(&python)
+                .args(["-c", check])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+    };
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .unwrap();
+        assert!(status.success(), "python3 -m venv {}", venv.display());
+        let status = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(packages)
+            .status()
+            .unwrap();
+        assert!(status.success(), "pip install {}", packages.join(" "));
+        assert!(ready(), "{} installed but `{check}` fails", packages.join(" "));
+    }
+    python
+}
