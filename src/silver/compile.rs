@@ -757,7 +757,7 @@ fn window_fire(
     inert: Option<&str>,
 ) -> Result<(DataFrame, Expr)> {
     let hidden = |what: &str| format!("__ingot_anomaly_{i}_{what}");
-    // a row of an `inert` row takes no part, like a row with a null `by` value
+    // a row whose `inert` column is true takes no part, like a row with a null `by` value
     let take_part = |conditions: Expr| match inert {
         Some(col) => conditions.and(Expr::Not(Box::new(c(col)))),
         None => conditions,
