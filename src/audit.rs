@@ -269,7 +269,11 @@ impl RunRecord {
 /// Serialize one batch as a complete Parquet file in memory (small audit records).
 pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
     let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(crate::bronze::writer_properties()))?;
+    let mut w = ArrowWriter::try_new(
+        &mut buf,
+        batch.schema(),
+        Some(crate::bronze::writer_properties_for(&batch.schema())),
+    )?;
     w.write(batch)?;
     w.close()?;
     Ok(Bytes::from(buf))

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
 };
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, ArrowRowGroupWriterFactory, compute_leaves,
 };
 use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
-use datafusion::parquet::basic::{Compression, ZstdLevel};
-use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::basic::{Compression, Encoding, ZstdLevel};
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
 use object_store::buffered::BufWriter;
@@ -49,20 +49,44 @@ pub const IS_DELETED: &str = "is_deleted";
 /// natural-key version; null on every other row.
 pub const PREVIOUS_FINGERPRINT: &str = "previous_natural_key_fingerprint";
 
-/// Parquet settings of every file ingot writes: zstd, dictionary on (the default).
+/// Parquet settings of every file ingot writes: zstd, dictionary on (the default) except for
+/// the hash columns (see [`writer_properties_for`]).
 pub fn writer_properties() -> WriterProperties {
-    let mut b = WriterProperties::builder()
+    builder().build()
+}
+
+fn builder() -> WriterPropertiesBuilder {
+    WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
         .set_max_row_group_row_count(Some(1 << 20))
         // A high-cardinality text column gives up on its dictionary sooner (less wasted interning);
         // low-cardinality columns stay far below this.
-        .set_dictionary_page_size_limit(256 * 1024);
-    // Hashes are unique per row and uniformly random: a dictionary attempt only costs time before
-    // falling back, and min/max statistics cannot prune anything.
+        .set_dictionary_page_size_limit(256 * 1024)
+}
+
+/// [`writer_properties`] for a file of `schema`, with its hex hash columns set apart.
+///
+/// Hashes are unique per row and uniformly random: a dictionary attempt only costs time before
+/// falling back, and min/max statistics cannot prune anything. DELTA_LENGTH_BYTE_ARRAY keeps the
+/// lengths apart from the hex: zstd then sees hex digits only (PLAIN puts a 4-byte length before
+/// every 64 digits, which zstd takes for matches): ~8% less CPU for an ingest and a smaller file.
+/// Every Parquet reader we know (DataFusion, DuckDB, Arrow, Spark) reads it. Only text columns:
+/// a build state's binary fingerprints stay PLAIN.
+pub fn writer_properties_for(schema: &Schema) -> WriterProperties {
+    let mut b = builder();
     for unique in ["row_hash", "natural_key_fingerprint"] {
+        let Ok(field) = schema.field_with_name(unique) else {
+            continue;
+        };
         b = b
             .set_column_dictionary_enabled(ColumnPath::from(unique), false)
             .set_column_statistics_enabled(ColumnPath::from(unique), EnabledStatistics::None);
+        if matches!(
+            field.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ) {
+            b = b.set_column_encoding(ColumnPath::from(unique), Encoding::DELTA_LENGTH_BYTE_ARRAY);
+        }
     }
     b.build()
 }
@@ -184,7 +208,7 @@ impl RunFileWriter {
             self.writer = Some(AsyncArrowWriter::try_new(
                 w,
                 self.schema.clone(),
-                Some(writer_properties()),
+                Some(writer_properties_for(&self.schema)),
             )?);
         }
         if let Some(w) = self.writer.as_mut() {
@@ -301,7 +325,11 @@ impl ParallelFileWriter {
     }
 
     fn open(&self, batch: &RecordBatch) -> Result<OpenFile> {
-        let writer = ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(writer_properties()))?;
+        let writer = ArrowWriter::try_new(
+            Vec::new(),
+            self.schema.clone(),
+            Some(writer_properties_for(&self.schema)),
+        )?;
         let (file, factory) = writer.into_serialized_writer()?;
         // Columns go to the encoders largest first (by their in-memory size in the first batch),
         // each to the least loaded one.

@@ -100,7 +100,8 @@ pub async fn write_stream(
             w.finish()?;
         }
         OutputFormat::Parquet => {
-            let mut w = ArrowWriter::try_new(&mut sink, schema, Some(crate::bronze::writer_properties()))?;
+            let props = crate::bronze::writer_properties_for(&schema);
+            let mut w = ArrowWriter::try_new(&mut sink, schema, Some(props))?;
             while let Some(b) = stream.next().await {
                 let b = b?;
                 rows += b.num_rows() as u64;

@@ -2,7 +2,9 @@
 //!
 //! `csv-core` handles quoting, quoted newlines, CRLF and a UTF-8 byte-order mark. We keep the raw
 //! bytes of the current record (a slice of the read buffer, copied only when a record straddles
-//! two reads) so a rejected row is logged exactly as it arrived. Header problems fail the run
+//! two reads) so a rejected row is logged exactly as it arrived. The usual record skips
+//! `csv-core` and is read in place: a `\n`-ended line of the read buffer without `\r` whose
+//! fields are unquoted or quoted without a quote inside (see [`split_line`]). Header problems fail the run
 //! before anything is written: a required contract field missing from the header, or a column not
 //! in the contract when `unknown_fields: reject`.
 
@@ -31,7 +33,13 @@ pub struct CsvLoader {
     carry: Vec<u8>,
     rec_start: usize,
     out: Vec<u8>,
+    /// Where each field of a record read by `csv-core` ends in `out` (fields back to back).
     ends: Vec<usize>,
+    /// The current record was read in place: field `j` is `raw[spans[j].0..spans[j].1]`.
+    in_place: bool,
+    spans: Vec<(usize, usize)>,
+    delimiter: u8,
+    quote: u8,
     /// For each file column, the contract field it feeds.
     column_field: Vec<Option<usize>>,
     /// For each contract field, the file column it comes from.
@@ -78,6 +86,10 @@ impl CsvLoader {
             rec_start: 0,
             out: vec![0; 64 * 1024],
             ends: vec![0; 256],
+            in_place: false,
+            spans: Vec::with_capacity(64),
+            delimiter: opts.delimiter,
+            quote: opts.quote,
             column_field: Vec::new(),
             field_column: vec![None; contract.fields.len()],
             null_values,
@@ -138,12 +150,38 @@ impl CsvLoader {
     }
 
     fn field_count(&self) -> usize {
-        self.ends_len
+        if self.in_place { self.spans.len() } else { self.ends_len }
     }
 
     fn field(&self, j: usize) -> &[u8] {
+        if self.in_place {
+            let (start, end) = self.spans[j];
+            return &self.buf[self.rec_start + start..self.rec_start + end];
+        }
         let start = if j == 0 { 0 } else { self.ends[j - 1] };
         &self.out[start..self.ends[j]]
+    }
+
+    /// Read the record at `pos` in place when it is a whole line of the buffer that
+    /// [`split_line`] takes (and not a blank line); otherwise `csv-core` reads it.
+    fn next_record_in_place(&mut self) -> bool {
+        let rest = &self.buf[self.pos..self.len];
+        let Some(end) = memchr::memchr(b'\n', rest) else {
+            return false;
+        };
+        let line = &rest[..end];
+        if end == 0
+            || memchr::memchr(b'\r', line).is_some()
+            || !split_line(line, self.delimiter, self.quote, &mut self.spans)
+        {
+            return false;
+        }
+        self.pos += end + 1;
+        self.in_place = true;
+        self.after_cr = false;
+        self.rec_line = self.line;
+        self.line += 1;
+        true
     }
 
     fn raw_record(&self) -> &[u8] {
@@ -158,6 +196,11 @@ impl CsvLoader {
     fn next_record(&mut self) -> Result<Next> {
         self.carry.clear();
         self.rec_start = self.pos;
+        // Not the first record: `csv-core` reads that one (a byte-order mark).
+        if self.row_number > 0 && self.next_record_in_place() {
+            return Ok(Next::Record);
+        }
+        self.in_place = false;
         let mut outlen = 0;
         let mut endlen = 0;
         loop {
@@ -235,7 +278,7 @@ impl Loader for CsvLoader {
                 Next::Record => {
                     self.row_number += 1;
                     let line = self.rec_line;
-                    let nfields = self.ends_len;
+                    let nfields = self.field_count();
                     let row_number = self.row_number;
                     if nfields != self.column_field.len() {
                         let reason = format!(
@@ -246,8 +289,9 @@ impl Loader for CsvLoader {
                         self.sink.reject_row(row_number, "malformed_record", reason, raw);
                         continue;
                     }
-                    let out = &self.out;
-                    let ends = &self.ends;
+                    // (`field`, spelled out: `self.sink` is borrowed mutably below)
+                    let (out, ends, spans) = (&self.out, &self.ends, &self.spans);
+                    let in_place = self.in_place.then_some(&self.buf[self.rec_start..self.pos]);
                     let field_column = &self.field_column;
                     let nulls = &self.null_values;
                     let raw_record: &[u8] = if self.carry.is_empty() {
@@ -263,8 +307,10 @@ impl Loader for CsvLoader {
                         |i| match field_column[i] {
                             None => FieldText::Null,
                             Some(j) => {
-                                let start = if j == 0 { 0 } else { ends[j - 1] };
-                                let bytes = &out[start..ends[j]];
+                                let bytes = match in_place {
+                                    Some(raw) => &raw[spans[j].0..spans[j].1],
+                                    None => &out[if j == 0 { 0 } else { ends[j - 1] }..ends[j]],
+                                };
                                 if nulls.iter().any(|n| n.as_slice() == bytes) {
                                     FieldText::Null
                                 } else {
@@ -293,6 +339,41 @@ impl Loader for CsvLoader {
     }
 }
 
+/// Split one line (without its `\n`, no `\r`) into field spans, as `csv-core` would read it,
+/// when every field is either unquoted without a quote in it, or quoted without a quote inside
+/// (`"a, b"`) and followed by the delimiter or the line's end. False for anything else (`""`
+/// escapes, a quoted newline, text after a closing quote): `csv-core` reads that record.
+fn split_line(line: &[u8], delimiter: u8, quote: u8, spans: &mut Vec<(usize, usize)>) -> bool {
+    spans.clear();
+    let mut i = 0;
+    loop {
+        if line.get(i) == Some(&quote) {
+            let Some(k) = memchr::memchr(quote, &line[i + 1..]) else {
+                return false;
+            };
+            let close = i + 1 + k;
+            spans.push((i + 1, close));
+            match line.get(close + 1) {
+                None => return true,
+                Some(&b) if b == delimiter => i = close + 2,
+                Some(_) => return false,
+            }
+        } else {
+            match memchr::memchr2(delimiter, quote, &line[i..]) {
+                None => {
+                    spans.push((i, line.len()));
+                    return true;
+                }
+                Some(k) if line[i + k] == delimiter => {
+                    spans.push((i, i + k));
+                    i += k + 1;
+                }
+                Some(_) => return false,
+            }
+        }
+    }
+}
+
 /// Longest record accepted; a longer one is almost always an unterminated quote.
 const MAX_RECORD_BYTES: usize = 64 << 20;
 
@@ -300,6 +381,11 @@ const MAX_RECORD_BYTES: usize = 64 << 20;
 /// before `raw` was a `\r` (csv-core ends a record at the `\r` of a `\r\n`, so the `\n` may start
 /// the next record's bytes).
 fn line_ends(raw: &[u8], after_cr: bool) -> u64 {
+    // The usual record has no `\r`: count the `\n`s (a vectorized scan, not a byte loop).
+    if !raw.contains(&b'\r') {
+        let n = raw.iter().filter(|&&b| b == b'\n').count() as u64;
+        return n - u64::from(after_cr && raw.first() == Some(&b'\n'));
+    }
     let mut n = 0;
     let mut prev_cr = after_cr;
     for &b in raw {
@@ -326,4 +412,76 @@ fn trim_line(raw: &[u8]) -> &[u8] {
         end -= 1;
     }
     &raw[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The fields `csv-core` reads from `line` and a `\n`, or `None` when that is not exactly one
+    /// whole record.
+    fn csv_core_fields(line: &[u8], delimiter: u8, quote: u8) -> Option<Vec<Vec<u8>>> {
+        let mut rdr = ReaderBuilder::new().delimiter(delimiter).quote(quote).build();
+        let input = [line, b"\n"].concat();
+        let mut out = vec![0; input.len() + 1];
+        let mut ends = vec![0; input.len() + 1];
+        match rdr.read_record(&input, &mut out, &mut ends) {
+            (ReadRecordResult::Record, nin, _, nend) if nin == input.len() => Some(
+                (0..nend)
+                    .map(|j| out[if j == 0 { 0 } else { ends[j - 1] }..ends[j]].to_vec())
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop::sample::select(&b"ab ,;\"'|\\\xc3\xa9"[..]);
+        prop::collection::vec(byte, 1..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whenever a line is read in place, its fields are exactly those `csv-core` reads.
+        #[test]
+        fn a_line_read_in_place_has_the_fields_csv_core_reads(line in line(), semicolon in any::<bool>(), quote_char in any::<bool>()) {
+            let delimiter = if semicolon { b';' } else { b',' };
+            let quote = if quote_char { b'"' } else { b'\'' };
+            let mut spans = Vec::new();
+            if split_line(&line, delimiter, quote, &mut spans) {
+                let ours: Vec<Vec<u8>> = spans.iter().map(|&(s, e)| line[s..e].to_vec()).collect();
+                prop_assert_eq!(Some(ours), csv_core_fields(&line, delimiter, quote));
+            }
+        }
+    }
+
+    #[test]
+    fn the_usual_lines_are_read_in_place() {
+        let mut spans = Vec::new();
+        for (line, fields) in [
+            (&b"1,abc,,2.50"[..], &[&b"1"[..], b"abc", b"", b"2.50"][..]),
+            (b"1,\"a, b\",x", &[b"1", b"a, b", b"x"]),
+            (b"\"\",", &[b"", b""]),
+            (b"7,\"last\"", &[b"7", b"last"]),
+        ] {
+            assert!(
+                split_line(line, b',', b'"', &mut spans),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+            let ours: Vec<&[u8]> = spans.iter().map(|&(s, e)| &line[s..e]).collect();
+            assert_eq!(ours, fields);
+        }
+        // `""` inside quotes, a quote inside an unquoted field, text after a closing quote and an
+        // unclosed quote are left to csv-core.
+        for line in [&b"1,\"a\"\"b\""[..], b"1,a\"b", b"\"a\"b,1", b"1,\"abc"] {
+            assert!(
+                !split_line(line, b',', b'"', &mut spans),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+    }
 }

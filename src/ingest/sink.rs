@@ -12,7 +12,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, StringBuilder};
 
 use crate::contract::{Contract, Field, FieldType};
-use crate::hash::TEXT_NULL;
+use crate::hash::{TEXT_NULL, TEXT_SEPARATOR};
 use crate::ingest::typing::{ColumnBuilder, Rejection, check_value, parse_value};
 
 /// A required string whose normalized value is empty (`"  "` with `trim`) counts as missing.
@@ -89,6 +89,7 @@ impl TextCapture {
 
     fn push_null(&mut self) {
         if self.ok {
+            self.texts.bytes.push(TEXT_SEPARATOR);
             self.end_value(false);
         }
     }
@@ -110,6 +111,7 @@ impl TextCapture {
             return;
         }
         let b = text.as_bytes();
+        self.texts.bytes.push(TEXT_SEPARATOR);
         let as_is = match field.ty {
             FieldType::String => true,
             FieldType::Int32 | FieldType::Int64 => canonical_integer(b),

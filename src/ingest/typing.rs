@@ -475,17 +475,30 @@ impl ColumnBuilder {
         self.len() == 0
     }
 
-    /// Finish the column; the builder is reset and can be reused.
+    /// Finish the column; the builder is reset and can be reused, with room for as many rows (and
+    /// string bytes) as this batch had, so the next batch does not grow its buffers again.
     pub fn finish(&mut self) -> datafusion::error::Result<ArrayRef> {
+        let rows = self.len();
         Ok(match self {
-            ColumnBuilder::Str(b) => Arc::new(b.finish()),
-            ColumnBuilder::I32(b) => Arc::new(b.finish()),
-            ColumnBuilder::I64(b) => Arc::new(b.finish()),
-            ColumnBuilder::F64(b) => Arc::new(b.finish()),
-            ColumnBuilder::Dec(b, p, s) => Arc::new(b.finish().with_precision_and_scale(*p, *s)?),
-            ColumnBuilder::Bool(b) => Arc::new(b.finish()),
-            ColumnBuilder::Date(b) => Arc::new(b.finish()),
-            ColumnBuilder::Ts(b) => Arc::new(b.finish().with_timezone("UTC")),
+            ColumnBuilder::Str(b) => {
+                let bytes = b.values_slice().len();
+                Arc::new(std::mem::replace(b, StringBuilder::with_capacity(rows, bytes)).finish())
+            }
+            ColumnBuilder::I32(b) => Arc::new(std::mem::replace(b, Int32Builder::with_capacity(rows)).finish()),
+            ColumnBuilder::I64(b) => Arc::new(std::mem::replace(b, Int64Builder::with_capacity(rows)).finish()),
+            ColumnBuilder::F64(b) => Arc::new(std::mem::replace(b, Float64Builder::with_capacity(rows)).finish()),
+            ColumnBuilder::Dec(b, p, s) => Arc::new(
+                std::mem::replace(b, Decimal128Builder::with_capacity(rows))
+                    .finish()
+                    .with_precision_and_scale(*p, *s)?,
+            ),
+            ColumnBuilder::Bool(b) => Arc::new(std::mem::replace(b, BooleanBuilder::with_capacity(rows)).finish()),
+            ColumnBuilder::Date(b) => Arc::new(std::mem::replace(b, Date32Builder::with_capacity(rows)).finish()),
+            ColumnBuilder::Ts(b) => Arc::new(
+                std::mem::replace(b, TimestampMicrosecondBuilder::with_capacity(rows))
+                    .finish()
+                    .with_timezone("UTC"),
+            ),
         })
     }
 }
