@@ -14,6 +14,22 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::error::{Error, Result};
 use crate::lake::Lake;
 
+/// Keep freed memory for reuse instead of handing it back to the kernel at once (glibc only; the
+/// `ingot` binary calls this first). A run allocates and frees buffers of a few MiB all the time
+/// (compressed Parquet pages of a row group, hash columns of a batch); with glibc's defaults many
+/// are unmapped or trimmed when freed and faulted in again, zeroed, when allocated next: about
+/// 35,000 page faults and a third of a CPU-second of an SF1 ingest. Buffers up to 32 MiB come
+/// from the heap and up to 256 MiB of free heap stays mapped; peak memory is about the same
+/// (measured +15 MiB of ~670).
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
 /// Default DataFusion memory pool size.
 pub const DEFAULT_MEMORY_LIMIT: usize = 1 << 30;
 

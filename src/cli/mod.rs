@@ -203,6 +203,7 @@ impl Cli {
 
 /// Run a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    crate::session::tune_allocator();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
