@@ -106,6 +106,7 @@ impl TextCapture {
 impl TextCapture {
     /// Append the canonical text of `text`, which typed fine as `field`, when it can be spelled
     /// from the input's bytes (DESIGN.md §2); otherwise the batch falls back to the typed values.
+    #[inline(always)]
     fn push_value(&mut self, field: &Field, text: &str) {
         if !self.ok {
             return;

@@ -61,6 +61,10 @@ pub fn shown(text: &str) -> String {
 }
 
 /// Parse `text` as `field`'s type. `Err` carries the `type:<field>` rejection.
+///
+/// Inlined into the row loop: returned through memory, its result was read back before the
+/// stores had landed (a store-forwarding stall on every field, ~4% of an ingest's CPU).
+#[inline(always)]
 pub fn parse_value<'a>(field: &Field, text: &'a str) -> Result<Value<'a>, Rejection> {
     // Most values have no surrounding white space: two byte tests instead of a Unicode trim.
     let t = || match text.as_bytes() {
@@ -122,8 +126,19 @@ pub fn parse_value<'a>(field: &Field, text: &'a str) -> Result<Value<'a>, Reject
     }
 }
 
+/// `10^k` for every decimal precision (at most 38 digits).
+const POW10: [u128; 39] = {
+    let mut t = [1u128; 39];
+    let mut k = 1;
+    while k < 39 {
+        t[k] = t[k - 1] * 10;
+        k += 1;
+    }
+    t
+};
+
 fn fits_precision(v: i128, precision: u8) -> bool {
-    v.unsigned_abs() < 10u128.pow(precision as u32)
+    POW10.get(usize::from(precision)).is_none_or(|&p| v.unsigned_abs() < p)
 }
 
 pub fn parse_bool(s: &str) -> Option<bool> {
@@ -145,6 +160,50 @@ pub fn parse_bool(s: &str) -> Option<bool> {
 /// Parse a plain decimal (`-12.5`, `+3`, `.25`) into an unscaled i128 at `scale`. More fraction
 /// digits than `scale` (other than trailing zeros) is `None`: ingot never rounds input.
 pub fn parse_decimal(s: &[u8], scale: i8) -> Option<i128> {
+    // The usual value fits 64 bits: parse it there (one cheap multiply a digit); anything else
+    // (longer, or not a decimal at all) takes the 128-bit way, which decides.
+    parse_decimal_u64(s, scale).or_else(|| parse_decimal_wide(s, scale))
+}
+
+/// [`parse_decimal`] of a value whose unscaled magnitude fits a `u64`; `None` otherwise.
+fn parse_decimal_u64(s: &[u8], scale: i8) -> Option<i128> {
+    let (neg, digits) = match s.first()? {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let scale = u32::try_from(scale).ok()?;
+    let mut value: u64 = 0;
+    let mut frac_digits: u32 = 0;
+    let mut seen_dot = false;
+    let mut seen_digit = false;
+    for &b in digits {
+        match b {
+            b'0'..=b'9' => {
+                seen_digit = true;
+                if seen_dot {
+                    if frac_digits >= scale {
+                        if b != b'0' {
+                            return None;
+                        }
+                        continue;
+                    }
+                    frac_digits += 1;
+                }
+                value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+            }
+            b'.' if !seen_dot => seen_dot = true,
+            _ => return None,
+        }
+    }
+    if !seen_digit {
+        return None;
+    }
+    let value = i128::from(value.checked_mul(10u64.checked_pow(scale - frac_digits)?)?);
+    Some(if neg { -value } else { value })
+}
+
+fn parse_decimal_wide(s: &[u8], scale: i8) -> Option<i128> {
     let (neg, digits) = match s.first()? {
         b'-' => (true, &s[1..]),
         b'+' => (false, &s[1..]),
@@ -444,6 +503,7 @@ impl ColumnBuilder {
     }
 
     /// Append a value already parsed for this builder's type.
+    #[inline(always)]
     pub fn append(&mut self, v: &Value<'_>) {
         match (self, v) {
             (ColumnBuilder::Str(b), Value::Str(s)) => b.append_value(s),
@@ -500,5 +560,44 @@ impl ColumnBuilder {
                     .with_timezone("UTC"),
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The 64-bit fast way gives what the 128-bit way gives, for decimal-looking text of any
+        /// length (past 19 digits too) and any scale.
+        #[test]
+        fn decimals_parse_the_same_in_64_and_128_bits(text in "[-+]?[0-9]{0,24}(\\.[0-9]{0,6})?", scale in -2i8..8) {
+            let wide = parse_decimal_wide(text.as_bytes(), scale);
+            if let Some(fast) = parse_decimal_u64(text.as_bytes(), scale) {
+                prop_assert_eq!(Some(fast), wide);
+            }
+            prop_assert_eq!(parse_decimal(text.as_bytes(), scale), wide);
+        }
+    }
+
+    #[test]
+    fn decimal_precision_bounds() {
+        assert!(fits_precision(99_999, 5));
+        assert!(!fits_precision(100_000, 5));
+        assert!(!fits_precision(-100_000, 5));
+        assert!(fits_precision(i128::MAX, 39));
+        assert_eq!(parse_decimal(b"21168.23", 2), Some(2_116_823));
+        assert_eq!(parse_decimal(b"-0.5", 2), Some(-50));
+        assert_eq!(parse_decimal(b"17", 2), Some(1700));
+        assert_eq!(parse_decimal(b"1.234", 2), None);
+        assert_eq!(parse_decimal(b"1.230", 2), Some(123));
+        assert_eq!(
+            parse_decimal(b"99999999999999999999999.99", 2),
+            Some(9_999_999_999_999_999_999_999_999)
+        );
     }
 }
