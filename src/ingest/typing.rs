@@ -167,13 +167,37 @@ pub fn parse_decimal(s: &[u8], scale: i8) -> Option<i128> {
 
 /// [`parse_decimal`] of a value whose unscaled magnitude fits a `u64`; `None` otherwise.
 fn parse_decimal_u64(s: &[u8], scale: i8) -> Option<i128> {
+    let pad = u32::try_from(scale).ok()?;
+    let mut value: u64 = 0;
+    let (neg, frac_digits) = scan_decimal(s, scale, |d| {
+        value = value.checked_mul(10)?.checked_add(u64::from(d))?;
+        Some(())
+    })?;
+    let value = i128::from(value.checked_mul(10u64.checked_pow(pad - frac_digits)?)?);
+    Some(if neg { -value } else { value })
+}
+
+fn parse_decimal_wide(s: &[u8], scale: i8) -> Option<i128> {
+    let mut value: i128 = 0;
+    let (neg, frac_digits) = scan_decimal(s, scale, |d| {
+        value = value.checked_mul(10)?.checked_add(i128::from(d))?;
+        Some(())
+    })?;
+    for _ in frac_digits as i32..scale as i32 {
+        value = value.checked_mul(10)?;
+    }
+    Some(if neg { -value } else { value })
+}
+
+/// Read a plain decimal's digits into `push` (at most `scale` fraction digits; further ones must
+/// be zeros and are dropped): its sign and how many fraction digits were pushed. `None` for text
+/// that is not a decimal, or when `push` overflows.
+fn scan_decimal(s: &[u8], scale: i8, mut push: impl FnMut(u8) -> Option<()>) -> Option<(bool, u32)> {
     let (neg, digits) = match s.first()? {
         b'-' => (true, &s[1..]),
         b'+' => (false, &s[1..]),
         _ => (false, s),
     };
-    let scale = u32::try_from(scale).ok()?;
-    let mut value: u64 = 0;
     let mut frac_digits: u32 = 0;
     let mut seen_dot = false;
     let mut seen_digit = false;
@@ -182,7 +206,7 @@ fn parse_decimal_u64(s: &[u8], scale: i8) -> Option<i128> {
             b'0'..=b'9' => {
                 seen_digit = true;
                 if seen_dot {
-                    if frac_digits >= scale {
+                    if frac_digits as i32 >= scale as i32 {
                         if b != b'0' {
                             return None;
                         }
@@ -190,58 +214,13 @@ fn parse_decimal_u64(s: &[u8], scale: i8) -> Option<i128> {
                     }
                     frac_digits += 1;
                 }
-                value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+                push(b - b'0')?;
             }
             b'.' if !seen_dot => seen_dot = true,
             _ => return None,
         }
     }
-    if !seen_digit {
-        return None;
-    }
-    let value = i128::from(value.checked_mul(10u64.checked_pow(scale - frac_digits)?)?);
-    Some(if neg { -value } else { value })
-}
-
-fn parse_decimal_wide(s: &[u8], scale: i8) -> Option<i128> {
-    let (neg, digits) = match s.first()? {
-        b'-' => (true, &s[1..]),
-        b'+' => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut value: i128 = 0;
-    let mut frac_digits: i32 = 0;
-    let mut seen_dot = false;
-    let mut seen_digit = false;
-    for &b in digits {
-        match b {
-            b'0'..=b'9' => {
-                seen_digit = true;
-                if seen_dot {
-                    if frac_digits >= scale as i32 {
-                        if b != b'0' {
-                            return None;
-                        }
-                        continue;
-                    }
-                    frac_digits += 1;
-                }
-                value = value.checked_mul(10)?.checked_add((b - b'0') as i128)?;
-            }
-            b'.' if !seen_dot => seen_dot = true,
-            _ => return None,
-        }
-    }
-    if !seen_digit {
-        return None;
-    }
-    for _ in frac_digits..scale as i32 {
-        value = value.checked_mul(10)?;
-    }
-    Some(if neg { -value } else { value })
+    seen_digit.then_some((neg, frac_digits))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
