@@ -4,7 +4,7 @@
     duckdb_job.py hash  CSV OUT.parquet   typed read + row_hash + natural_key_fingerprint, zstd Parquet
     duckdb_job.py copy  CSV OUT.parquet   the same typed read straight to zstd Parquet (reference)
 
-The hashes are the formulas of shared/DESIGN.md section 2, written in plain SQL:
+The hashes are the formulas of docs/formats.md#hashes, written in plain SQL:
 
 * natural_key_fingerprint = sha256('1|' || v1 || '|' || v2), vi = canonical text, NULL -> ''
 * row_hash = sha256('1|' || e1 || '|' || ... || e16) over all 16 contract fields in contract

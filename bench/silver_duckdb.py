@@ -20,7 +20,7 @@ BRONZE_GLOB must select exactly the current rows of bronze.lineitem: make bench 
 of a lake that has had one ingest only, so every row is current and no `_current`
 deduplication is needed (ingot's build does that work; DuckDB is spared it).
 
-The semantics are those of shared/DESIGN.md section 4, written out in SQL:
+The semantics are those of docs/guide.md#rules, written out in SQL:
 
 * steps in order: set disc_price, set charge, map l_shipmode, cast charge to DECIMAL(15,2),
   drop l_comment, filter disc_price >= 1000 (rows for which the filter is not true are removed);

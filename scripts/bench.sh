@@ -402,7 +402,7 @@ BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
   "${SF10_ARGS[@]}" "${SILVER_ARGS[@]}" "${QUERY_ARGS[@]}" \
   --meta "measured: $(date -u +%Y-%m-%dT%H:%MZ)" \
   --meta "machine: nproc $(nproc), memory $MEM_GIB GiB, ${CPU:-unknown CPU}, $(uname -sr)" \
-  --meta "ingot: commit $COMMIT, binary $INGOT built $BIN_DATE, default --memory-limit" \
+  --meta "ingot: commit $COMMIT, release binary built $BIN_DATE, default --memory-limit" \
   --meta "load average (1, 5, 15 min) before the timed jobs: $LOAD_BEFORE; after: $LOAD_AFTER" \
   --meta "duckdb $DUCKDB_VERSION (Python, default settings; escaping $( [ "${BENCH_DUCKDB_ESCAPE_ALL:-}" = 1 ] && echo 'every field' || echo 'string fields only')), tpchgen-cli $TPCHGEN_VERSION" \
   --meta "input: $(du -m "$CSV" | cut -f1) MB CSV; re-delivery = same file with l_comment changed in 3 rows" \

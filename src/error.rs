@@ -1,9 +1,10 @@
 //! The library's error type.
 //!
 //! Every error a user can cause names the thing at fault (file, line, field, rule) and, where
-//! there is a closed set of choices, what would have been valid. The binary maps the variants to
-//! exit codes (DESIGN.md §8): [`Error::Invalid`] and [`Error::Config`] are "invalid invocation,
-//! contract or rules" (exit 2); everything else is a failed run (exit 1).
+//! there is a closed set of choices, what would have been valid. Bad input (a file that cannot be
+//! loaded: [`Error::RunFailed`]) is kept apart from ingot's own failures ([`Error::Internal`]):
+//! only the first is recorded as a failed run of the file. [`ExitStatus`] is what a scheduler
+//! sees (docs/guide.md#exit-codes).
 
 use std::path::PathBuf;
 
@@ -47,6 +48,11 @@ pub enum Error {
     #[error("{0}")]
     RunFailed(String),
 
+    /// ingot itself failed (a panicked thread, a broken invariant): not the input's fault, so no
+    /// failed run is recorded for the file; nothing of the interrupted work is published.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// Another process holds the lock of this source.
     #[error("{0}")]
     Locked(String),
@@ -79,7 +85,7 @@ pub enum Error {
     #[error(transparent)]
     Parquet(#[from] datafusion::parquet::errors::ParquetError),
 
-    /// A failpoint fired (tests only, see [`crate::failpoint`]).
+    /// A failpoint fired (tests only, see [`crate::table::failpoint`]).
     #[error("failpoint {0} fired")]
     Failpoint(String),
 }
@@ -92,12 +98,45 @@ impl Error {
         }
     }
 
-    /// Exit code for schedulers (DESIGN.md §8).
-    pub fn exit_code(&self) -> u8 {
+    /// How a command that ends with this error exits (docs/guide.md#exit-codes).
+    pub fn exit_status(&self) -> ExitStatus {
         match self {
-            Error::Config(_) | Error::Invalid(_) => 2,
-            _ => 1,
+            Error::Config(_) | Error::Invalid(_) => ExitStatus::Invalid,
+            Error::Internal(_) => ExitStatus::Internal,
+            _ => ExitStatus::Failure,
         }
+    }
+}
+
+/// How a command ended, as a scheduler sees it: the process exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// 0: done (rejected rows are recorded in the audit tables, not an error).
+    Success = 0,
+    /// 1: a run or build failed (nothing of it was published), a store failed, or a check found
+    /// a problem.
+    Failure = 1,
+    /// 2: invalid invocation, contract or rules.
+    Invalid = 2,
+    /// 3: ingot itself failed (a bug or a broken environment); nothing of the interrupted work
+    /// was published and no failed run was recorded: re-run, and report it if it repeats.
+    Internal = 3,
+}
+
+impl ExitStatus {
+    /// `Failure` when `failed`, else `Success`.
+    pub fn failed_if(failed: bool) -> ExitStatus {
+        if failed {
+            ExitStatus::Failure
+        } else {
+            ExitStatus::Success
+        }
+    }
+}
+
+impl From<ExitStatus> for std::process::ExitCode {
+    fn from(s: ExitStatus) -> Self {
+        std::process::ExitCode::from(s as u8)
     }
 }
 

@@ -3,8 +3,8 @@
 use datafusion::prelude::{col, lit};
 
 use crate::cli::{Cli, OutputArgs};
-use crate::error::Result;
-use crate::output::write_dataframe;
+use crate::error::{ExitStatus, Result};
+use crate::query::output::write_dataframe;
 
 #[derive(Debug, clap::Args)]
 pub struct RunsArgs {
@@ -30,9 +30,9 @@ pub struct FailuresArgs {
     pub output: OutputArgs,
 }
 
-pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
+pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let catalog = crate::catalog::open(&ws).await?;
+    let catalog = crate::query::open_catalog(&ws, None).await?;
     let mut df = catalog.ctx.table("audit.ingestion_run_log").await?;
     if let Some(s) = &args.source {
         df = df.filter(col("source").eq(lit(s.as_str())))?;
@@ -56,18 +56,18 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<u8> {
             "error",
         ])?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
-pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
+pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let catalog = crate::catalog::open(&ws).await?;
+    let catalog = crate::query::open_catalog(&ws, None).await?;
     let mut df = catalog.ctx.table("audit.row_failure_log").await?;
     let mut columns = vec!["run_id", "source", "source_row_number", "rule", "reason", "raw_payload"];
     if let Some(r) = &args.run {
         df = df.filter(col("run_id").eq(lit(r.as_str())))?;
         // which of its rows a later replay loaded
-        let done = crate::replay::replayed_by(&ws.lake, &catalog.ctx, &catalog.runs, r).await?;
+        let done = crate::ops::replay::replayed_by(&ws.lake, &catalog.ctx, &catalog.runs, r).await?;
         let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
             (
                 "__row",
@@ -102,5 +102,5 @@ pub async fn failures(cli: &Cli, args: &FailuresArgs) -> Result<u8> {
         .select_columns(&columns)?
         .limit(0, Some(args.limit))?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

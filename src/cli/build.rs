@@ -1,10 +1,10 @@
 //! `ingot build <table> [--full | --rebuild-where PRED] [--rules-version N]`: one silver build,
 //! one line saying what it did.
 
-use crate::audit::{BuildRecord, BuildStatus};
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 use crate::silver::build::{BuildOptions, Built, build};
+use crate::table::audit::{BuildRecord, BuildStatus};
 
 #[derive(Debug, clap::Args)]
 pub struct BuildArgs {
@@ -25,7 +25,7 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let opts = BuildOptions {
         full: args.full,
@@ -49,11 +49,7 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<u8> {
     } else {
         println!("{}", describe(&built));
     }
-    Ok(if built.record.status == BuildStatus::Failed {
-        1
-    } else {
-        0
-    })
+    Ok(ExitStatus::failed_if(built.record.status == BuildStatus::Failed))
 }
 
 /// One sentence per build, for people.

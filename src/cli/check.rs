@@ -5,12 +5,12 @@
 //! `file:line:column: message`, then a count; the exit code is 2 when there is any.
 
 use crate::cli::Cli;
-use crate::contract::ContractSet;
-use crate::error::Result;
-use crate::rules::RulesSet;
-use crate::yaml::Problems;
+use crate::error::{ExitStatus, Result};
+use crate::spec::contract::ContractSet;
+use crate::spec::rules::RulesSet;
+use crate::spec::yaml::Problems;
 
-pub fn run(cli: &Cli) -> Result<u8> {
+pub fn run(cli: &Cli) -> Result<ExitStatus> {
     let mut problems = Problems::default();
     let set = ContractSet::load(&cli.contracts, &mut problems);
     let rules = RulesSet::load(&cli.rules, &set, &mut problems);
@@ -23,7 +23,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             set.names().join(", ")
         );
         println!("{}", rules_summary(&rules));
-        return Ok(0);
+        return Ok(ExitStatus::Success);
     }
     for p in &problems.items {
         eprintln!("{p}");
@@ -33,7 +33,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         problems.items.len(),
         if problems.items.len() == 1 { "" } else { "s" }
     );
-    Ok(2)
+    Ok(ExitStatus::Invalid)
 }
 
 /// `ok: 2 rules tables in rules (bookings v2, web_sessions v1)`: each table with its latest version.

@@ -4,10 +4,10 @@
 use std::fmt::Write;
 
 use crate::cli::Cli;
-use crate::error::Result;
-use crate::rules::{Action, AnomalyKind, RuleSet, Step};
+use crate::error::{ExitStatus, Result};
 use crate::silver::build::load_rules;
 use crate::silver::compile::{explain, read_inputs};
+use crate::spec::rules::{Action, AnomalyKind, RuleSet, Step};
 
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
@@ -18,9 +18,9 @@ pub struct ExplainArgs {
     pub rules_version: Option<i32>,
 }
 
-pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let catalog = crate::catalog::open(&ws).await?;
+    let catalog = crate::query::open_catalog(&ws, None).await?;
     let rules = load_rules(&ws, &catalog, &args.table, args.rules_version)?;
     let inputs = read_inputs(&catalog.ctx, &catalog.contracts, &rules).await?;
     let mut out = summary(&rules, &inputs.contract);
@@ -36,12 +36,12 @@ pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<u8> {
     let mut stdout = std::io::stdout().lock();
     match std::io::Write::write_all(&mut stdout, out.as_bytes()).and_then(|()| std::io::Write::flush(&mut stdout)) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(crate::error::Error::io("stdout", e)),
-        _ => Ok(0),
+        _ => Ok(ExitStatus::Success),
     }
 }
 
 /// The rules of a build in words: what is read, resolved, each step, validation and anomaly.
-pub fn summary(rules: &RuleSet, contract: &crate::contract::Contract) -> String {
+pub fn summary(rules: &RuleSet, contract: &crate::spec::contract::Contract) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -63,8 +63,8 @@ pub fn summary(rules: &RuleSet, contract: &crate::contract::Contract) -> String 
             r.key,
             r.alias,
             match r.on_missing {
-                crate::contract::OnMissing::Reject => "reject",
-                crate::contract::OnMissing::Null => "null",
+                crate::spec::contract::OnMissing::Reject => "reject",
+                crate::spec::contract::OnMissing::Null => "null",
             }
         );
     }

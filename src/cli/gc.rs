@@ -1,8 +1,8 @@
-//! `ingot gc` and `ingot doctor`: see [`crate::gc`] and [`crate::doctor`].
+//! `ingot gc` and `ingot doctor`: see [`crate::ops::gc`] and [`crate::ops::doctor`].
 
 use crate::cli::Cli;
-use crate::error::Result;
-use crate::gc::{GcOptions, parse_duration};
+use crate::error::{ExitStatus, Result};
+use crate::ops::gc::{GcOptions, parse_duration};
 
 #[derive(Debug, clap::Args)]
 pub struct GcArgs {
@@ -19,14 +19,14 @@ pub struct GcArgs {
     pub retain: String,
 }
 
-pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<u8> {
+pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let opts = GcOptions {
         dry_run: args.dry_run,
         grace: parse_duration(&args.grace).map_err(|e| prefix("--grace", e))?,
         retain: parse_duration(&args.retain).map_err(|e| prefix("--retain", e))?,
     };
-    let report = crate::gc::gc(&ws.lake, &opts).await?;
+    let report = crate::ops::gc::gc(&ws.lake, &opts).await?;
     let verb = if report.dry_run { "would remove" } else { "removed" };
     for r in &report.removed {
         println!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
@@ -38,16 +38,16 @@ pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<u8> {
         if report.removed.len() == 1 { "" } else { "s" },
         report.in_grace
     );
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 fn prefix(flag: &str, e: crate::Error) -> crate::Error {
     crate::Error::Invalid(format!("{flag}: {e}"))
 }
 
-pub async fn doctor(cli: &Cli) -> Result<u8> {
+pub async fn doctor(cli: &Cli) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let report = crate::doctor::doctor(&ws).await?;
+    let report = crate::ops::doctor::doctor(&ws).await?;
     for v in &report.violations {
         println!("{v}");
     }
@@ -65,5 +65,5 @@ pub async fn doctor(cli: &Cli) -> Result<u8> {
         report.orphans.len(),
         if report.orphans.len() == 1 { "" } else { "s" },
     );
-    Ok(if report.violations.is_empty() { 0 } else { 1 })
+    Ok(ExitStatus::failed_if(!report.violations.is_empty()))
 }

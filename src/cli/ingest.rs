@@ -2,11 +2,11 @@
 
 use std::io::IsTerminal;
 
-use crate::audit::{RunRecord, RunStatus};
 use crate::cli::Cli;
-use crate::contract::ContractSet;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 use crate::ingest::{IngestOptions, expand_inputs, ingest_input};
+use crate::spec::contract::ContractSet;
+use crate::table::audit::{RunRecord, RunStatus};
 
 #[derive(Debug, clap::Args)]
 pub struct IngestArgs {
@@ -21,7 +21,7 @@ pub struct IngestArgs {
     pub json: bool,
 }
 
-pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
     let inputs = expand_inputs(&args.inputs).await?;
@@ -29,11 +29,11 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<u8> {
         progress: std::io::stdout().is_terminal() && !args.json,
         ..Default::default()
     };
-    let mut code = 0;
+    let mut code = ExitStatus::Success;
     for input in &inputs {
         let record = ingest_input(&ws, contract.clone(), input, &opts).await?;
         if record.status == RunStatus::Failed {
-            code = 1;
+            code = ExitStatus::Failure;
         }
         if args.json {
             println!("{}", record_json(&record));

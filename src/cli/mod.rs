@@ -1,7 +1,6 @@
 //! Command-line interface: argument types (clap derive; the doc comments are the `--help`) and
-//! dispatch to one module per command. Exit codes (DESIGN.md §8): 0 success (rejected rows are
-//! recorded, not an error), 1 a run failed and nothing of it was published, 2 invalid
-//! invocation, contract or rules.
+//! dispatch to one module per command, each returning an [`ExitStatus`]
+//! (docs/guide.md#exit-codes).
 
 mod audit_views;
 mod build;
@@ -21,10 +20,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::error::{Error, Result};
-use crate::lake::Lake;
-use crate::output::OutputFormat;
-use crate::session::{DEFAULT_MEMORY_LIMIT, Workspace, parse_size};
+use crate::engine::session::{DEFAULT_MEMORY_LIMIT, Workspace, parse_size};
+use crate::error::{Error, ExitStatus, Result};
+use crate::query::output::OutputFormat;
+use crate::table::lake::Lake;
 
 /// ingot: idempotent bronze/silver batch pipelines on Apache DataFusion.
 ///
@@ -33,7 +32,8 @@ use crate::session::{DEFAULT_MEMORY_LIMIT, Workspace, parse_size};
 /// record. Re-sending a file is skipped; a corrected re-delivery writes only the changed rows.
 ///
 /// Exit codes: 0 success (rejected rows are recorded, not an error); 1 a run failed and nothing
-/// of it was published; 2 invalid invocation, contract or rules.
+/// of it was published; 2 invalid invocation, contract or rules; 3 internal error (nothing
+/// published, no failed run recorded: re-run).
 #[derive(Debug, Parser)]
 #[command(name = "ingot", version, max_term_width = 100)]
 pub struct Cli {
@@ -203,19 +203,19 @@ impl Cli {
 
 /// Run a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
-    crate::session::tune_allocator();
+    crate::engine::session::tune_allocator();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return ExitStatus::Internal.into();
         }
     };
     match runtime.block_on(dispatch(cli)) {
-        Ok(code) => ExitCode::from(code),
+        Ok(status) => status.into(),
         Err(e) => {
             report(&e);
-            ExitCode::from(e.exit_code())
+            e.exit_status().into()
         }
     }
 }
@@ -230,12 +230,12 @@ pub fn report(e: &Error) {
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<u8> {
+async fn dispatch(cli: Cli) -> Result<ExitStatus> {
     // Commands that run plans fail early, naming the URL, when the cluster cannot be reached.
     if let (Some(url), Command::Ingest(_) | Command::Sql(_) | Command::Build(_) | Command::Run(_)) =
         (&cli.cluster, &cli.command)
     {
-        crate::exec::check_cluster(url).await?;
+        crate::engine::exec::check_cluster(url).await?;
     }
     match &cli.command {
         Command::Check => check::run(&cli),
@@ -255,8 +255,8 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Cluster(args) => cluster::run(&cli, args).await,
         #[cfg(feature = "flight")]
         Command::Serve(args) => {
-            crate::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;
-            Ok(0)
+            crate::query::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;
+            Ok(ExitStatus::Success)
         }
     }
 }

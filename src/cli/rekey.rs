@@ -1,7 +1,7 @@
-//! `ingot rekey <source>`: see [`crate::rekey`].
+//! `ingot rekey <source>`: see [`crate::ops::rekey`].
 
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct RekeyArgs {
@@ -9,10 +9,10 @@ pub struct RekeyArgs {
     pub source: String,
 }
 
-pub async fn run(cli: &Cli, args: &RekeyArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &RekeyArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let contract = crate::contract::ContractSet::load_one(&ws.contracts_dir, &args.source)?;
-    let done = crate::rekey::rekey(&ws, contract).await?;
+    let contract = crate::spec::contract::ContractSet::load_one(&ws.contracts_dir, &args.source)?;
+    let done = crate::ops::rekey::rekey(&ws, contract).await?;
     println!("{}", done.describe());
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

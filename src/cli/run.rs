@@ -3,16 +3,16 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
-use crate::audit::{BuildStatus, RunStatus};
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 use crate::ingest::IngestOptions;
-use crate::nightly::{NightlyReport, run as nightly};
+use crate::ops::nightly::{NightlyReport, run as nightly};
+use crate::table::audit::{BuildStatus, RunStatus};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {}
 
-pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let terminal = std::io::stdout().is_terminal();
     let opts = IngestOptions {
@@ -33,7 +33,7 @@ pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<u8> {
         s.finish_and_clear();
     }
     print!("{}", summary(&report));
-    Ok(if report.failed() { 1 } else { 0 })
+    Ok(ExitStatus::failed_if(report.failed()))
 }
 
 /// The summary table: one line per source ingested and per table built.

@@ -1,8 +1,8 @@
 //! `ingot sql QUERY`: one read-only query over the lake's catalog.
 
 use crate::cli::{Cli, OutputArgs};
-use crate::error::Result;
-use crate::output::write_stream;
+use crate::error::{ExitStatus, Result};
+use crate::query::output::write_stream;
 
 #[derive(Debug, clap::Args)]
 pub struct SqlArgs {
@@ -19,14 +19,14 @@ pub struct SqlArgs {
     pub output: OutputArgs,
 }
 
-pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let catalog = crate::catalog::open_as_of(&ws, args.as_of.as_deref()).await?;
+    let catalog = crate::query::open_catalog(&ws, args.as_of.as_deref()).await?;
     for p in &catalog.problems.items {
         eprintln!("warning: {p} (its tables are not available)");
     }
     let Some(query) = &args.query else {
-        use crate::output::OutputFormat;
+        use crate::query::output::OutputFormat;
         use std::io::IsTerminal;
         if args.output.output.is_some() || matches!(args.output.format, OutputFormat::Parquet | OutputFormat::Arrow) {
             return Err(crate::Error::Invalid(
@@ -34,14 +34,14 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<u8> {
             ));
         }
         return if std::io::stdin().is_terminal() {
-            crate::shell::run_interactive(&catalog, args.output.format).await
+            crate::query::shell::run_interactive(&catalog, args.output.format).await
         } else {
-            crate::shell::run_piped(&catalog, args.output.format).await
+            crate::query::shell::run_piped(&catalog, args.output.format).await
         };
     };
-    let df = crate::sql::query(&catalog.ctx, query).await?;
+    let df = crate::query::sql::query(&catalog.ctx, query).await?;
     let schema = df.schema().inner().clone();
-    let rows = crate::exec::stream(catalog.cluster.as_deref(), df, "sql").await?;
+    let rows = crate::engine::exec::stream(catalog.cluster.as_deref(), df, "sql").await?;
     write_stream(schema, rows, args.output.format, args.output.output.as_deref()).await?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

@@ -1,7 +1,7 @@
-//! `ingot undo <id>` and `ingot replay <run_id>`: see [`crate::undo`] and [`crate::replay`].
+//! `ingot undo <id>` and `ingot replay <run_id>`: see [`crate::ops::undo`] and [`crate::ops::replay`].
 
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct UndoArgs {
@@ -10,11 +10,11 @@ pub struct UndoArgs {
     pub id: String,
 }
 
-pub async fn run(cli: &Cli, args: &UndoArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &UndoArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
-    let done = crate::undo::undo(&ws, &args.id).await?;
+    let done = crate::ops::undo::undo(&ws, &args.id).await?;
     println!("{}", done.describe());
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 #[derive(Debug, clap::Args)]
@@ -24,21 +24,19 @@ pub struct ReplayArgs {
     pub run_id: String,
 }
 
-pub async fn replay(cli: &Cli, args: &ReplayArgs) -> Result<u8> {
+pub async fn replay(cli: &Cli, args: &ReplayArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let opts = crate::ingest::IngestOptions::default();
-    match crate::replay::replay(&ws, &args.run_id, &opts).await? {
-        crate::replay::Replayed::Run(r) => {
+    match crate::ops::replay::replay(&ws, &args.run_id, &opts).await? {
+        crate::ops::replay::Replayed::Run(r) => {
             println!("{}", crate::cli::ingest::describe(&r));
-            Ok(if r.status == crate::audit::RunStatus::Failed {
-                1
-            } else {
-                0
-            })
+            Ok(ExitStatus::failed_if(
+                r.status == crate::table::audit::RunStatus::Failed,
+            ))
         }
-        crate::replay::Replayed::Nothing(why) => {
+        crate::ops::replay::Replayed::Nothing(why) => {
             println!("{why}");
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
     }
 }

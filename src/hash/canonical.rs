@@ -1,4 +1,4 @@
-//! Canonical text of a typed value (DESIGN §2): the exact bytes that `row_hash`,
+//! Canonical text of a typed value (docs/formats.md#hashes): the exact bytes that `row_hash`,
 //! `natural_key_fingerprint` and `canonical_text` see.
 //!
 //! Role: turn one Arrow value into text that other tools can reproduce from the spec alone.

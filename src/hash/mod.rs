@@ -1,5 +1,5 @@
 //! Record identity: `row_hash`, `natural_key_fingerprint`, canonical text and `normalize`
-//! steps (DESIGN §2), as Arrow kernels and as DataFusion scalar UDFs.
+//! steps (docs/formats.md#hashes), as Arrow kernels and as DataFusion scalar UDFs.
 //!
 //! Role: the only place that decides which bytes are hashed. Bronze uses the kernels
 //! directly; analysts and the rules engine use the UDFs registered by [`register_udfs`].
@@ -17,6 +17,8 @@
 //! callers normalize string columns first (see [`normalize::normalize_array`]).
 
 pub mod canonical;
+pub mod fp;
+pub mod json;
 pub mod normalize;
 pub mod udf;
 

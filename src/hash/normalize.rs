@@ -1,4 +1,4 @@
-//! The `normalize` steps of a contract field (DESIGN §2), as a per-value function and as an
+//! The `normalize` steps of a contract field (docs/formats.md#hashes), as a per-value function and as an
 //! Arrow array kernel.
 //!
 //! Role: shape the text that is hashed and checked (`" Ann@X.com"` and `"ann@x.com"` must give

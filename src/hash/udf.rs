@@ -30,13 +30,13 @@ use super::canonical::{CanonicalColumn, SUPPORTED_TYPES, check_supported};
 use super::normalize::{normalize_array, parse_steps};
 use super::{KeyVersion, Utf8Output, fingerprint_columns, row_hash_columns};
 
-/// `row_hash(v1, ..., vn)`: the DESIGN §2 row hash of the arguments, in order.
+/// `row_hash(v1, ..., vn)`: the row hash (docs/formats.md#hashes) of the arguments, in order.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RowHash {
     signature: Signature,
 }
 
-/// `natural_key_fingerprint(version, v1, ..., vn)`: the DESIGN §2 fingerprint. `version` is
+/// `natural_key_fingerprint(version, v1, ..., vn)`: the fingerprint (docs/formats.md#hashes). `version` is
 /// any integer (normally a literal); the fields must already be normalized.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct NaturalKeyFingerprint {

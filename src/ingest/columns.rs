@@ -4,8 +4,8 @@
 //! what would have been valid: a duplicate column, a nameless column, a column not in the contract
 //! under `unknown_fields: reject`, a required field missing.
 
-use crate::contract::{Contract, UnknownFields};
 use crate::error::{Error, Result};
+use crate::spec::contract::{Contract, UnknownFields};
 
 /// How the input's columns map to the contract's fields.
 #[derive(Debug, Default)]

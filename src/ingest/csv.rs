@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use csv_core::{ReadRecordResult, Reader, ReaderBuilder};
 
-use crate::contract::Contract;
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
 use crate::ingest::columns::match_columns;
 use crate::ingest::sink::{FieldText, ParsedBatch, RowSink};
+use crate::spec::contract::Contract;
 
 const READ_SIZE: usize = 1 << 20;
 

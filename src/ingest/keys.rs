@@ -58,7 +58,7 @@ fn bad_column(url: &str, col: &str) -> Error {
 
 /// Stream the versions of one committed bronze file, in file order: the fingerprint and the
 /// row-hash prefix, or `None` for a tombstone (`is_deleted`; files from before deletions have no
-/// such column and no tombstones). The scan runs on `cluster` when given (see [`crate::exec`]).
+/// such column and no tombstones). The scan runs on `cluster` when given (see [`crate::engine::exec`]).
 pub async fn scan_versions(
     ctx: &SessionContext,
     cluster: Option<&str>,
@@ -68,10 +68,10 @@ pub async fn scan_versions(
     let schema = std::sync::Arc::new(Schema::new(vec![
         Field::new("natural_key_fingerprint", DataType::Utf8, true),
         Field::new("row_hash", DataType::Utf8, true),
-        Field::new(crate::bronze::IS_DELETED, DataType::Boolean, true),
+        Field::new(crate::table::bronze::IS_DELETED, DataType::Boolean, true),
     ]));
-    let df = ctx.read_table(crate::catalog::table_over(vec![url.to_string()], schema)?)?;
-    let mut stream = crate::exec::stream(cluster, df, "ingest: committed versions").await?;
+    let df = ctx.read_table(crate::engine::catalog::table_over(vec![url.to_string()], schema)?)?;
+    let mut stream = crate::engine::exec::stream(cluster, df, "ingest: committed versions").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;

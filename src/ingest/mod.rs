@@ -1,14 +1,14 @@
-//! Ingest: one input file becomes one run of bronze (DESIGN.md §6).
+//! Ingest: one input file becomes one run of bronze (docs/operations.md).
 //!
 //! The sequence of a run, and where a crash can hit it:
 //!
 //! 1. take the source lock; refuse a contract whose natural-key version differs from the one the
-//!    source's bronze is keyed with (see [`crate::rekey`]); hash the file's bytes; a file already loaded by a committed run is
+//!    source's bronze is keyed with (see [`crate::ops::rekey`]); hash the file's bytes; a file already loaded by a committed run is
 //!    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
 //!    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
 //!    2-3 run (the bronze writer waits for the hash before its first rows);
 //! 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
-//!    bronze runs of the source's current state ([`crate::catalog::current_runs`]), oldest
+//!    bronze runs of the source's current state ([`crate::engine::catalog::current_runs`]), oldest
 //!    first, so the newest version wins (a tombstone makes its key absent);
 //! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
 //!    inserted / updated / unchanged / failed → stream new versions and failures to run-scoped
@@ -40,13 +40,15 @@
 
 pub mod columns;
 pub mod csv;
+pub mod key_version;
 pub mod keys;
+pub mod landing;
 pub mod ndjson;
 pub mod parquet;
 pub mod pass;
+pub mod replay;
 pub mod sink;
 pub mod spill;
-pub mod typing;
 
 use std::io::Read;
 use std::path::Path;
@@ -54,12 +56,12 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::audit::{RunRecord, RunStatus, commit_run, read_run_log};
-use crate::contract::{Contract, Delivery, Format};
+use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::failpoint;
-use crate::lake::layout;
-use crate::session::Workspace;
+use crate::spec::contract::{Contract, Delivery, Format};
+use crate::table::audit::{RunRecord, RunStatus, commit_run, read_run_log};
+use crate::table::failpoint;
+use crate::table::lake::layout;
 use keys::{InMemory, scan_versions};
 use pass::{Hashers, PassOutcome, RunInput, write_pass};
 use sink::ParsedBatch;
@@ -78,9 +80,9 @@ pub struct IngestOptions {
     pub lock_ttl: std::time::Duration,
     /// Show a progress bar (the CLI sets this when stdout is a terminal).
     pub progress: bool,
-    /// This run replays another run's failed rows (see [`crate::replay`]): sets `replay_of`
+    /// This run replays another run's failed rows (see [`crate::ops::replay`]): sets `replay_of`
     /// and `file_path`, never skips the input as a duplicate, and numbers rows as the original.
-    pub replay: Option<Arc<crate::replay::Replay>>,
+    pub replay: Option<Arc<crate::ingest::replay::Replay>>,
     /// The input's name for the run log and messages when the file read is a local copy (a
     /// landing file fetched from an object store: its URL). `None`: the path itself.
     pub input_name: Option<String>,
@@ -90,7 +92,7 @@ impl Default for IngestOptions {
     fn default() -> Self {
         IngestOptions {
             batch_size: 8 * 1024,
-            lock_ttl: crate::lock::default_ttl(),
+            lock_ttl: crate::table::lock::default_ttl(),
             progress: false,
             replay: None,
             input_name: None,
@@ -98,7 +100,7 @@ impl Default for IngestOptions {
     }
 }
 
-pub use crate::landing::{Input, expand_inputs};
+pub use crate::ingest::landing::{Input, expand_inputs};
 
 /// Ingest every input of `source`, one run per file in sorted order. Stops at the first run that
 /// fails with an infrastructure error; failed runs (bad input) are recorded and the next file goes.
@@ -116,7 +118,7 @@ pub async fn ingest(
 }
 
 /// Ingest one input as one run: a local file directly, a remote one from a local copy (the run
-/// records its URL; see [`crate::landing`]).
+/// records its URL; see [`crate::ingest::landing`]).
 pub async fn ingest_input(
     ws: &Workspace,
     contract: Arc<Contract>,
@@ -171,7 +173,7 @@ pub async fn ingest_file(
         rows_failed: 0,
         replay_of: opts.replay.as_ref().map(|r| r.of.clone()),
         error: None,
-        ingot_version: crate::audit::INGOT_VERSION.to_string(),
+        ingot_version: crate::table::audit::INGOT_VERSION.to_string(),
         ignored_columns: None,
         rolled_back_at: None,
         rows_deleted: 0,
@@ -179,11 +181,11 @@ pub async fn ingest_file(
         previous_natural_key_version: None,
         seq: 0,
     };
-    let lock = crate::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
+    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
     let outcome = match read_run_log(&ws.lake).await {
         Ok(runs) => {
-            record.seq = crate::audit::next_seq(&runs, &contract.source);
-            match crate::rekey::check_key_version(ws, &runs, &contract).await {
+            record.seq = crate::table::audit::next_seq(&runs, &contract.source);
+            match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
                 Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
                 Err(e) => Err(e),
             }
@@ -257,7 +259,7 @@ async fn run(
         let waiting = digest.clone();
         let hashed = tokio::task::spawn_blocking(move || waiting.wait())
             .await
-            .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))
+            .map_err(|e| Error::Internal(format!("hashing task failed: {e}")))
             .and_then(|r| r);
         match hashed {
             Ok(h) => record.file_hash = Some(h),
@@ -270,7 +272,7 @@ async fn run(
     }
     result?;
     before.check(path)?;
-    crate::replay::keep_run_files(&ws.lake, contract, path, record, opts).await?;
+    crate::ingest::replay::keep_run_files(&ws.lake, contract, path, record, opts).await?;
     commit_run(&ws.lake, record).await
 }
 
@@ -289,7 +291,7 @@ async fn load(
 ) -> Result<()> {
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
-    let current = crate::catalog::current_runs(runs.iter().copied(), &contract.source);
+    let current = crate::engine::catalog::current_runs(runs.iter().copied(), &contract.source);
     let committed: Vec<String> = current
         .iter()
         .map(|r| ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
@@ -299,7 +301,7 @@ async fn load(
     let full = contract.delivery == Delivery::Full && opts.replay.is_none();
     // Deliveries mostly re-send keys the source already has (corrections, full re-deliveries), so
     // the index is sized for the larger of the two sets. If the file brings mostly new keys the
-    // map grows past the budget, by at most the budget again (documented in README "Memory").
+    // map grows past the budget, by at most the budget again (documented in docs/operations.md#memory).
     let keys = current_keys.max(estimate_rows(path, record.file_bytes as u64, lines));
     let bits = spill::partition_bits(keys, index_budget(ws));
     let snapshot = record.clone();
@@ -332,7 +334,7 @@ async fn load(
                 match write_pass(&input, &mut index, true).await? {
                     PassOutcome::Done(stats) => stats,
                     PassOutcome::Rerun => {
-                        return Err(Error::RunFailed(
+                        return Err(Error::Internal(
                             "natural-key conflict detection did not converge".into(),
                         ));
                     }
@@ -351,7 +353,7 @@ async fn load(
         let keep_raw = !planned.conflicts.is_empty();
         match write_pass(&input, &mut planned, keep_raw).await? {
             PassOutcome::Done(stats) => stats,
-            PassOutcome::Rerun => return Err(Error::RunFailed("a planned pass found new conflicts".into())),
+            PassOutcome::Rerun => return Err(Error::Internal("a planned pass found new conflicts".into())),
         }
     };
     record.rows_seen = stats.seen as i64;
@@ -385,7 +387,7 @@ async fn load(
 fn index_budget(ws: &Workspace) -> u64 {
     std::env::var("INGOT_INDEX_MEMORY")
         .ok()
-        .and_then(|s| crate::session::parse_size(&s).ok())
+        .and_then(|s| crate::engine::session::parse_size(&s).ok())
         .unwrap_or(ws.memory_limit / 2) as u64
 }
 
@@ -423,7 +425,7 @@ pub async fn file_digest(path: &Path) -> Result<(String, u64)> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || digest_file(&path))
         .await
-        .map_err(|e| Error::RunFailed(format!("hashing task failed: {e}")))?
+        .map_err(|e| Error::Internal(format!("hashing task failed: {e}")))?
 }
 
 fn digest_file(path: &Path) -> Result<(String, u64)> {
@@ -471,7 +473,7 @@ impl FileDigest {
                 *cell.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
                 ready.notify_all();
             })
-            .map_err(|e| Error::RunFailed(format!("cannot start the file-hash thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the file-hash thread: {e}")))?;
         Ok(digest)
     }
 

@@ -16,10 +16,10 @@ use std::collections::HashMap;
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
-use crate::contract::{Contract, UnknownFields};
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
 use crate::ingest::sink::{FieldText, ParsedBatch, RowSink};
+use crate::spec::contract::{Contract, UnknownFields};
 
 pub struct NdjsonLoader {
     input: BufReader<Box<dyn Read + Send>>,

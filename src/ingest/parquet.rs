@@ -16,12 +16,12 @@ use datafusion::arrow::datatypes::{
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
-use crate::contract::{Contract, Field, FieldType};
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
 use crate::ingest::columns::match_columns;
 use crate::ingest::sink::{ParsedBatch, RowRejection};
-use crate::ingest::typing::{ColumnBuilder, Rejection, Value, check_value, parse_value, shown};
+use crate::spec::contract::{Contract, Field, FieldType};
+use crate::spec::types::{ColumnBuilder, Rejection, Value, check_value, parse_value, shown};
 
 pub struct ParquetLoader {
     reader: ParquetRecordBatchReader,

@@ -5,7 +5,7 @@
 //! UDF kernels, or the canonical input texts when a batch has them), the async task (classify
 //! each row against the key index), a writer thread (stamp the run's constant columns, which
 //! waits for the file hash when it is still computing) and two Parquet encoder threads
-//! ([`crate::bronze::ParallelFileWriter`]).
+//! ([`crate::table::bronze::ParallelFileWriter`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,17 +23,17 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::audit::{FailureRow, FailureWriter, RunRecord};
-use crate::bronze::{ParallelFileWriter, RunStamp};
-use crate::contract::{Contract, FieldType};
+use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::failpoint;
 use crate::hash::{FieldTexts, fingerprint_texts, row_hash_texts};
 use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{FileDigest, IngestOptions, open_loader};
-use crate::lake::layout;
-use crate::session::Workspace;
+use crate::spec::contract::{Contract, FieldType};
+use crate::table::audit::{FailureRow, FailureWriter, RunRecord};
+use crate::table::bronze::{ParallelFileWriter, RunStamp};
+use crate::table::failpoint;
+use crate::table::lake::layout;
 
 /// The fingerprint and row-hash expressions of a contract, compiled once per run.
 pub struct Hashers {
@@ -207,7 +207,7 @@ pub fn spawn_producer(
     // Stage 1: parse and type (a thread of its own, so that hashing overlaps it).
     let parse = move || {
         let mut loader = match open_loader(contract, &path, name.as_deref(), batch_size, keep_raw) {
-            Ok(l) => crate::replay::Renumber::wrap(l, replay),
+            Ok(l) => crate::ingest::replay::Renumber::wrap(l, replay),
             Err(e) => {
                 let _ = parsed_tx.blocking_send(Err(e));
                 return;
@@ -251,7 +251,7 @@ pub fn spawn_producer(
         // Unblocks the parser if it is still sending, then waits for it.
         drop(parsed_rx);
         if parser.join().is_err() {
-            let _ = tx.blocking_send(Err(Error::RunFailed("the parser thread panicked".into())));
+            let _ = tx.blocking_send(Err(Error::Internal("the parser thread panicked".into())));
         }
     });
     Producer { rx, ignored, thread }
@@ -563,7 +563,7 @@ async fn write_tombstones(
     let mut written = 0u64;
     for url in urls.iter().rev() {
         let df = ctx
-            .read_table(crate::catalog::table_over(vec![url.clone()], schema.clone())?)?
+            .read_table(crate::engine::catalog::table_over(vec![url.clone()], schema.clone())?)?
             .select_columns(&columns)?;
         let mut stream = df.execute_stream().await?;
         while let Some(batch) = stream.next().await {

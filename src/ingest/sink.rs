@@ -1,7 +1,7 @@
 //! Assembling typed Arrow batches from records of text fields (CSV and NDJSON).
 //!
 //! A loader hands each record to [`RowSink::push_row`] as one optional text per contract field.
-//! The sink types and checks every field (DESIGN.md §3 order: type, required, min, max, allowed,
+//! The sink types and checks every field (the order of docs/guide.md#contracts: type, required, min, max, allowed,
 //! pattern), appends to reusable builders and remembers which rows were rejected and why. The
 //! batch keeps rejected rows (as nulls where typing failed) so that the fingerprint of a rejected
 //! row can still be computed when its key fields were fine; [`ParsedBatch::valid`] says which rows
@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, StringBuilder};
 
-use crate::contract::{Contract, Field, FieldType};
 use crate::hash::{TEXT_NULL, TEXT_SEPARATOR};
-use crate::ingest::typing::{ColumnBuilder, Rejection, check_value, parse_value};
+use crate::spec::contract::{Contract, Field, FieldType};
+use crate::spec::types::{ColumnBuilder, Rejection, check_value, parse_value};
 
 /// A required string whose normalized value is empty (`"  "` with `trim`) counts as missing.
-fn normalizes_to_empty(f: &crate::contract::Field, text: &str, norm: &mut String, scratch: &mut String) -> bool {
+fn normalizes_to_empty(f: &crate::spec::contract::Field, text: &str, norm: &mut String, scratch: &mut String) -> bool {
     crate::hash::normalize::normalize_into(&f.normalize, text, norm, scratch);
     norm.is_empty()
 }
@@ -105,7 +105,7 @@ impl TextCapture {
 
 impl TextCapture {
     /// Append the canonical text of `text`, which typed fine as `field`, when it can be spelled
-    /// from the input's bytes (DESIGN.md §2); otherwise the batch falls back to the typed values.
+    /// from the input's bytes (docs/formats.md#hashes); otherwise the batch falls back to the typed values.
     #[inline(always)]
     fn push_value(&mut self, field: &Field, text: &str) {
         if !self.ok {

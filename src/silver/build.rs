@@ -1,9 +1,9 @@
 //! `ingot build <table>`: run the plans of [`super::compile`] and publish a new snapshot of
-//! `silver.<table>` atomically (DESIGN.md §7).
+//! `silver.<table>` atomically (docs/guide.md#silver-builds).
 //!
 //! # What a build writes, and its commit
 //!
-//! Every file of a build is build-scoped (see [`crate::lake`] for the layout): the complete
+//! Every file of a build is build-scoped (see [`crate::table::lake`] for the layout): the complete
 //! snapshot of the table as `part-NNNNN.parquet` files (one per partition of the output pass,
 //! written in parallel), the state as `state-NNNNN.parquet` files, `manifest.json` naming both
 //! lists ([`Manifest`]; builds from before manifests wrote one `part-00000.parquet` and one
@@ -106,7 +106,7 @@
 //! next build writes a whole snapshot again (compaction); so does any build the conditions rule
 //! out (an undo, a rules version change, `--full`, `--rebuild-where`).
 //!
-//! On a cluster (`--cluster`, [`crate::exec`]) every plan above runs there. The key map stays in
+//! On a cluster (`--cluster`, [`crate::engine::exec`]) every plan above runs there. The key map stays in
 //! this process, so the two selections that look it up — the rows of a partly superseded run to
 //! process (`__ingot_pick`) and the kept rows to drop (`__ingot_in_set`) — become a semi-join and
 //! an anti-join on `__ingot_fp128(fp)` with build-scoped files of 16-byte keys
@@ -116,7 +116,7 @@
 //!
 //! Delta builds use in-process key sets (`__ingot_in_set`, `__ingot_in_groups`) for the layers
 //! and the touched groups; with `--cluster` a build is never a delta build, and reading a table
-//! with delta layers runs those plans in the client (see [`crate::exec`]).
+//! with delta layers runs those plans in the client (see [`crate::engine::exec`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -129,8 +129,8 @@ use datafusion::arrow::compute::kernels::boolean::{is_null, not};
 use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
+use datafusion::common::DFSchema;
 use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{Column, DFSchema};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
@@ -148,22 +148,23 @@ use super::keys::{
     FILTERED, FpSet, GroupSet, Keys, Mode, NONE, PASSED, REJECTED, for_each_fp, fp128_udf, in_groups_udf, in_set_udf,
     outcome_name, outcome_of, pick_udf,
 };
-use crate::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
-use crate::bronze::RunFileWriter;
-use crate::catalog::{Catalog, file_schema, latest_build, table_over};
-use crate::contract::{Contract, ContractSet};
+use crate::engine::catalog::{Catalog, latest_build, table_over};
+use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::lake::{Lake, layout};
-use crate::rules::{Action, AnomalyKind, RuleSet, RulesSet};
-use crate::session::Workspace;
-use crate::yaml::Problems;
+use crate::spec::contract::{Contract, ContractSet};
+use crate::spec::rules::{Action, AnomalyKind, RuleSet, RulesSet};
+use crate::spec::yaml::Problems;
+use crate::table::audit::{BuildRecord, BuildStatus, RunRecord, commit_build, failure_log_schema, parquet_bytes};
+use crate::table::bronze::RunFileWriter;
+use crate::table::lake::{Lake, layout};
+use crate::table::silver::{
+    Delta, FP, Manifest, OUTCOME, RUN_ID, Side, c, dict_type, key_schema, layers, manifest, relayer, state_schema,
+    table_over_build_files,
+};
+pub use crate::table::silver::{build_files, snapshot_table};
 
 /// `silver_build_id` (Utf8): the build that wrote a silver row.
 pub const SILVER_BUILD_ID: &str = "silver_build_id";
-
-const FP: &str = "natural_key_fingerprint";
-const RUN_ID: &str = "ingestion_run_id";
-const OUTCOME: &str = "outcome";
 
 /// What `ingot build` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -183,29 +184,8 @@ pub struct Built {
     pub kept_rows: u64,
 }
 
-fn c(name: &str) -> Expr {
-    Expr::Column(Column::new_unqualified(name))
-}
-
 fn now_micros() -> i64 {
     chrono::Utc::now().timestamp_micros()
-}
-
-/// Schema of the state file: the 16-byte key of every record the table's current state accounts
-/// for, the run of the version that was decided, the outcome (`passed`, `rejected`, `filtered`)
-/// and the rules version that decided it.
-pub fn state_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new(FP, DataType::FixedSizeBinary(16), false),
-        Field::new(RUN_ID, dict_type(), false),
-        Field::new(OUTCOME, dict_type(), false),
-        Field::new(RULES_VERSION, DataType::Int32, false),
-    ]))
-}
-
-/// Run ids and outcomes repeat: dictionary-encoded in memory and in the file.
-fn dict_type() -> DataType {
-    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
 }
 
 /// For every row of a text column, `f(value)` evaluated once per distinct value.
@@ -320,7 +300,7 @@ pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<B
     limit_arenas();
     let build_id = uuid::Uuid::now_v7().to_string();
     let started_at = now_micros();
-    let catalog = crate::catalog::open(ws).await?;
+    let catalog = crate::engine::catalog::open(ws).await?;
     let rules = load_rules(ws, &catalog, table, opts.rules_version)?;
     let ours: Vec<&BuildRecord> = catalog.builds.iter().filter(|b| b.table == table).collect();
     let seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
@@ -385,199 +365,6 @@ fn next_version(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) ->
     rules.latest(table).map(|r| r.version).unwrap_or(version).max(version) + 1
 }
 
-/// The files of a build's snapshot (`data`) and state (`state`), names relative to its folder
-/// (a name with `/` is relative to the lake root: a file of an earlier build).
-///
-/// A delta build (an incremental build that rewrote only what changed) adds a [`Delta`] layer on
-/// top of its previous build's layers: the snapshot is the base files' rows and every delta's
-/// rows, each minus the keys deleted by any later delta (see [`layers`]).
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Manifest {
-    pub data: Vec<String>,
-    pub state: Vec<String>,
-    /// Layers written by later incremental builds on top of `data` / `state`, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deltas: Vec<Delta>,
-    /// The committed runs of the source (with data) whose rows the build accounted for; `None`
-    /// in manifests written before delta builds (the next build then reads every run).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runs: Option<Vec<String>>,
-    /// Rows of the snapshot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows: Option<u64>,
-}
-
-/// One delta layer: new snapshot and state files, and the 16-byte keys ([`key_schema`]) whose
-/// rows in earlier layers are replaced or gone: `deleted` for snapshot rows (records processed
-/// again, removed, or whose window flags changed), `deleted_state` for state rows (records
-/// processed again or removed).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Delta {
-    pub data: Vec<String>,
-    pub state: Vec<String>,
-    pub deleted: String,
-    pub deleted_state: String,
-    /// Number of keys in `deleted` (compaction is decided on it without reading the files).
-    pub deleted_keys: u64,
-}
-
-/// Schema of a deletion file: one 16-byte key per row.
-pub fn key_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(FP, DataType::FixedSizeBinary(16), false)]))
-}
-
-/// The manifest of build `build_id` of `table` (builds before manifests wrote one file of each).
-pub async fn manifest(lake: &Lake, table: &str, build_id: &str) -> Result<Manifest> {
-    let rel = layout::silver_manifest(table, build_id);
-    match lake.get(&rel).await? {
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| Error::RunFailed(format!("{}: not a snapshot manifest: {e}", lake.url(&rel)))),
-        None => Ok(Manifest {
-            data: vec!["part-00000.parquet".into()],
-            state: vec!["state.parquet".into()],
-            ..Manifest::default()
-        }),
-    }
-}
-
-/// `m` (build `build_id`'s manifest) with every name as a lake-relative path, for a later
-/// build's manifest that names the same files.
-fn relayer(m: &Manifest, table: &str, build_id: &str) -> Manifest {
-    let full = |names: &[String]| -> Vec<String> { names.iter().map(|n| manifest_rel(table, build_id, n)).collect() };
-    Manifest {
-        data: full(&m.data),
-        state: full(&m.state),
-        deltas: m
-            .deltas
-            .iter()
-            .map(|d| Delta {
-                data: full(&d.data),
-                state: full(&d.state),
-                deleted: manifest_rel(table, build_id, &d.deleted),
-                deleted_state: manifest_rel(table, build_id, &d.deleted_state),
-                deleted_keys: d.deleted_keys,
-            })
-            .collect(),
-        runs: m.runs.clone(),
-        rows: m.rows,
-    }
-}
-
-/// Every lake file build `build_id` of `table` reads when it is the current build or the base
-/// of the next incremental build: its manifest and inputs digest, and the snapshot, state and
-/// deletion files its manifest names (possibly in earlier builds' folders). `gc` keeps these.
-pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec<String>> {
-    let m = relayer(&manifest(lake, table, build_id).await?, table, build_id);
-    let mut out = vec![
-        layout::silver_manifest(table, build_id),
-        layout::silver_inputs(table, build_id),
-    ];
-    out.extend(m.data.into_iter().chain(m.state));
-    for d in m.deltas {
-        out.extend(d.data.into_iter().chain(d.state));
-        if d.deleted_keys > 0 {
-            out.push(d.deleted);
-            out.push(d.deleted_state);
-        }
-    }
-    Ok(out)
-}
-
-/// Which files of the layers [`layers`] reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Data,
-    State,
-}
-
-/// The keys of a deletion file.
-async fn read_keys(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<FpSet> {
-    let mut set = FpSet::default();
-    let mut stream = ctx
-        .read_table(table_over(vec![lake.url(rel)], key_schema())?)?
-        .execute_stream()
-        .await?;
-    while let Some(b) = stream.next().await {
-        for_each_fp(b?.column(0), |_, fp| {
-            if let Some(fp) = fp {
-                set.insert(fp);
-            }
-        })?;
-    }
-    Ok(set)
-}
-
-/// The snapshot (`Side::Data`) or state of build `build_id`: one listing table per layer, each
-/// without the keys later layers deleted, as one plan. `None` when no layer has a file.
-async fn layers(
-    ctx: &SessionContext,
-    lake: &Lake,
-    table: &str,
-    build_id: &str,
-    side: Side,
-) -> Result<Option<DataFrame>> {
-    let m = relayer(&manifest(lake, table, build_id).await?, table, build_id);
-    let mut files: Vec<Vec<String>> = vec![match side {
-        Side::Data => m.data.clone(),
-        Side::State => m.state.clone(),
-    }];
-    let mut deleted: Vec<Arc<FpSet>> = Vec::new();
-    for d in &m.deltas {
-        files.push(match side {
-            Side::Data => d.data.clone(),
-            Side::State => d.state.clone(),
-        });
-        let rel = match side {
-            Side::Data => &d.deleted,
-            Side::State => &d.deleted_state,
-        };
-        // no keys deleted: `write_keys` wrote no file (the state set is a subset of the data set)
-        deleted.push(Arc::new(if d.deleted_keys == 0 {
-            FpSet::default()
-        } else {
-            read_keys(ctx, lake, rel).await?
-        }));
-    }
-    let mut out: Option<DataFrame> = None;
-    let mut columns: Option<Vec<Expr>> = None;
-    for (i, rels) in files.iter().enumerate() {
-        let Some(first) = rels.first() else {
-            continue;
-        };
-        let schema = file_schema(ctx, lake, first).await?;
-        let mut df = ctx.read_table(table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)?)?;
-        // the keys every later layer deleted
-        let later: Vec<&Arc<FpSet>> = deleted[i..].iter().filter(|s| !s.is_empty()).collect();
-        if !later.is_empty() {
-            let gone: Arc<FpSet> = if later.len() == 1 {
-                later[0].clone()
-            } else {
-                Arc::new(later.iter().flat_map(|s| s.iter().copied()).collect())
-            };
-            df = df.filter(Expr::Not(Box::new(Arc::new(in_set_udf(gone)).call(vec![c(FP)]))))?;
-        }
-        let cols = columns
-            .get_or_insert_with(|| df.schema().fields().iter().map(|f| c(f.name())).collect())
-            .clone();
-        let df = df.select(cols)?;
-        out = Some(match out {
-            None => df,
-            Some(o) => o.union(df)?,
-        });
-    }
-    Ok(out)
-}
-
-/// The lake path of a file a manifest of build `build_id` names: a bare name is in the build's
-/// folder, a path (with `/`) is relative to the lake root (a file of an earlier build).
-fn manifest_rel(table: &str, build_id: &str, name: &str) -> String {
-    if name.contains('/') {
-        name.to_string()
-    } else {
-        layout::silver_file(table, build_id, name)
-    }
-}
-
 /// Encoded bytes after which a silver part writer closes its row group.
 const ROW_GROUP_BYTES: usize = 24 << 20;
 
@@ -586,45 +373,9 @@ fn part_writer(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
     RunFileWriter::new(lake, rel, schema).with_row_group_bytes(ROW_GROUP_BYTES)
 }
 
-/// A listing table over the files `names` of build `build_id` (schema of the first).
-async fn table_over_build_files(
-    ctx: &SessionContext,
-    lake: &Lake,
-    table: &str,
-    build_id: &str,
-    names: &[String],
-) -> Result<Arc<dyn TableProvider>> {
-    let rels: Vec<String> = names.iter().map(|n| manifest_rel(table, build_id, n)).collect();
-    let first = rels
-        .first()
-        .ok_or_else(|| Error::RunFailed(format!("build {build_id} of \"{table}\" names no files")))?;
-    let schema = file_schema(ctx, lake, first).await?;
-    table_over(rels.iter().map(|r| lake.url(r)).collect(), schema)
-}
-
-/// `silver.<table>` as build `build_id` published it: a listing table over its snapshot's files,
-/// or, after delta builds, the plan of [`layers`] over them.
-pub async fn snapshot_table(
-    ctx: &SessionContext,
-    lake: &Lake,
-    table: &str,
-    build_id: &str,
-) -> Result<Arc<dyn TableProvider>> {
-    let m = manifest(lake, table, build_id).await?;
-    if m.deltas.is_empty() {
-        return table_over_build_files(ctx, lake, table, build_id, &m.data).await;
-    }
-    match layers(ctx, lake, table, build_id, Side::Data).await? {
-        Some(df) => Ok(df.into_view()),
-        None => Err(Error::RunFailed(format!(
-            "build {build_id} of \"{table}\" names no files"
-        ))),
-    }
-}
-
 /// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
 fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
-    let mut runs = crate::catalog::current_runs(&catalog.runs, source);
+    let mut runs = crate::engine::catalog::current_runs(&catalog.runs, source);
     runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
     runs
 }
@@ -653,8 +404,8 @@ async fn current_keys(
     for (i, run) in runs.iter().enumerate() {
         let fps = ctx
             .read_table(run_table(lake, contract, run)?)?
-            .select(vec![c(FP), c(crate::bronze::IS_DELETED)])?;
-        let mut stream = crate::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
+            .select(vec![c(FP), c(crate::table::bronze::IS_DELETED)])?;
+        let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             let mut missing = false;
@@ -703,7 +454,7 @@ async fn previous_state(
         }
     };
     let df = df.select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
-    let mut stream = crate::exec::stream(cluster, df, "build: previous state").await?;
+    let mut stream = crate::engine::exec::stream(cluster, df, "build: previous state").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
@@ -1159,7 +910,7 @@ async fn run(
     record: &mut BuildRecord,
 ) -> Result<Built> {
     let ctx = &catalog.ctx;
-    // Plans run here or on the cluster (`--cluster`): see crate::exec for which.
+    // Plans run here or on the cluster (`--cluster`): see crate::engine::exec for which.
     let cluster = ws.cluster.as_deref();
     let lake = &ws.lake;
     let table = record.table.clone();
@@ -1478,14 +1229,14 @@ async fn run(
         format!("{prefix}-{:05}.parquet", n_part - 1)
     };
     if let Some(k) = kept {
-        let handles = crate::exec::streams(cluster, k, "build: kept rows")
+        let handles = crate::engine::exec::streams(cluster, k, "build: kept rows")
             .await?
             .into_iter()
             .map(|s| tokio::spawn(part.clone().kept(s, name("part"))))
             .collect();
         join_parts(handles, &mut total, &mut data_files, &mut state_files).await?;
     }
-    let handles = crate::exec::streams(cluster, split.rows.clone(), "build: transform")
+    let handles = crate::engine::exec::streams(cluster, split.rows.clone(), "build: transform")
         .await?
         .into_iter()
         .map(|s| {
@@ -1502,7 +1253,7 @@ async fn run(
     if let Some(rr) = split.resolve_rejected.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = crate::exec::stream(cluster, rr, "build: resolve rejections").await?;
+        let mut stream = crate::engine::exec::stream(cluster, rr, "build: resolve rejections").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             if b.num_rows() == 0 {
@@ -1522,7 +1273,7 @@ async fn run(
     if let Some(f) = split.filtered.clone() {
         let st = name("state");
         let mut sw = part_writer(lake, layout::silver_file(&table, &build_id, &st), state_schema());
-        let mut stream = crate::exec::stream(cluster, f, "build: filtered rows").await?;
+        let mut stream = crate::engine::exec::stream(cluster, f, "build: filtered rows").await?;
         while let Some(b) = stream.next().await {
             let b = b?;
             filtered += b.num_rows() as u64;
@@ -1559,7 +1310,7 @@ async fn run(
         ));
         record.finished_at = now_micros();
         commit_build(lake, record).await?;
-        crate::failpoint::hit("build.after_commit")?;
+        crate::table::failpoint::hit("build.after_commit")?;
         let mut rels: Vec<String> = data_files
             .iter()
             .chain(&state_files)
@@ -1626,7 +1377,7 @@ async fn run(
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;
-    crate::failpoint::hit("build.after_data")?;
+    crate::table::failpoint::hit("build.after_data")?;
 
     record.rows_written = total.written as i64;
     record.rows_rejected = total.rejected as i64;
@@ -1635,7 +1386,7 @@ async fn run(
     record.rows_flagged = total.flagged as i64;
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
-    crate::failpoint::hit("build.after_commit")?;
+    crate::table::failpoint::hit("build.after_commit")?;
     Ok(Built {
         record: record.clone(),
         table_rows: total.rows,
@@ -1735,11 +1486,11 @@ async fn publish_unchanged(
         inputs_json.into(),
     )
     .await?;
-    crate::failpoint::hit("build.after_data")?;
+    crate::table::failpoint::hit("build.after_data")?;
     record.rows_flagged = prev.rows_flagged;
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
-    crate::failpoint::hit("build.after_commit")?;
+    crate::table::failpoint::hit("build.after_commit")?;
     let rows = m.rows.unwrap_or(0);
     Ok(Built {
         record: record.clone(),
@@ -1779,7 +1530,7 @@ async fn delta_windows(
 ) -> Result<(DeltaOut, Vec<Option<Arc<FpSet>>>, FpSet)> {
     const TIE: &str = "__ingot_tie";
     let n = rules.anomalies.len();
-    let by_of = |a: &crate::rules::Anomaly| -> Vec<String> {
+    let by_of = |a: &crate::spec::rules::Anomaly| -> Vec<String> {
         match &a.kind {
             AnomalyKind::Spike { by, .. } | AnomalyKind::FirstSeen { by, .. } => {
                 by.iter().map(|i| i.name.clone()).collect()
@@ -2070,7 +1821,7 @@ async fn publish_delta(
     let inputs_json = serde_json::json!({ "inputs_digest": files.digest }).to_string();
     lake.put(&layout::silver_inputs(&table, &build_id), inputs_json.into())
         .await?;
-    crate::failpoint::hit("build.after_data")?;
+    crate::table::failpoint::hit("build.after_data")?;
     record.rows_written = total.written as i64;
     record.rows_rejected = total.rejected as i64;
     record.rows_filtered = files.filtered as i64;
@@ -2078,7 +1829,7 @@ async fn publish_delta(
     record.rows_flagged = (prev.rows_flagged + total.flagged as i64 - out.old_flagged as i64).max(0);
     record.finished_at = now_micros();
     commit_build(lake, record).await?;
-    crate::failpoint::hit("build.after_commit")?;
+    crate::table::failpoint::hit("build.after_commit")?;
     Ok(Built {
         record: record.clone(),
         table_rows,
@@ -2190,7 +1941,7 @@ async fn window_sets(
     };
     let mut found: Vec<FpSet> = (0..rules.anomalies.len()).map(|_| FpSet::default()).collect();
     let names: Vec<String> = fires.schema().fields().iter().map(|f| f.name().clone()).collect();
-    let mut stream = crate::exec::stream(cluster, fires, "build: window anomalies").await?;
+    let mut stream = crate::engine::exec::stream(cluster, fires, "build: window anomalies").await?;
     while let Some(b) = stream.next().await {
         let b = b?;
         let mut fps = Vec::with_capacity(b.num_rows());

@@ -10,7 +10,7 @@
 //! Every input row ends in exactly one of four frames, so rows read equal the sum of the rows of
 //! `passed`, `rejected`, `failed` and `filtered`:
 //!
-//! * `passed`: the rows silver keeps, columns in DESIGN.md §5 order: the columns the rules
+//! * `passed`: the rows silver keeps, columns in the order of docs/formats.md#tables: the columns the rules
 //!   produce (their last step's columns, which include the resolve values) except the bronze
 //!   bookkeeping columns, then `rules_version` (Int32 literal), then the lineage columns
 //!   `natural_key_fingerprint`, `row_hash`, `ingestion_run_id`. `file_hash`,
@@ -25,7 +25,7 @@
 //!   fail` in `failed` (the build must then fail and publish nothing). A row that an earlier
 //!   `reject` validation already rejected is not checked by a later `fail` validation: put the
 //!   `fail` validations first when they must see every row. `raw_payload` is the record as JSON
-//!   (see [`crate::silver::json`]): for a resolve rejection its bronze fields and the resolve
+//!   (see [`crate::hash::json`]): for a resolve rejection its bronze fields and the resolve
 //!   values, for a validation its columns after the steps (bookkeeping columns left out; the
 //!   fingerprint and record number are columns of their own).
 //! * `filtered`: the rows a `filter` step removed ([`FILTERED_COLUMNS`]), for the build log's
@@ -45,7 +45,7 @@
 //! `on_missing: null` is a null value; under `reject` the record is rejected with rule
 //! `resolve:<name>` and a reason saying which of the three it was.
 //!
-//! # Anomalies (DESIGN.md §4, exactly)
+//! # Anomalies (docs/guide.md#rules)
 //!
 //! Flags are computed over the whole DataFrame given to [`flag`]: an incremental build must pass
 //! the whole table as built (kept rows plus rebuilt rows), never only the changed rows.
@@ -104,13 +104,13 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::SessionContext;
 
-use super::json::{ToJsonRow, to_json_row, to_json_row_udf};
-use crate::contract::{Contract, ContractSet, Field, OnMissing};
 use crate::error::{Error, Result};
-use crate::rules::{Action, Anomaly, AnomalyKind, RuleSet, Step};
+use crate::hash::json::{ToJsonRow, to_json_row, to_json_row_udf};
+use crate::spec::contract::{Contract, ContractSet, Field, OnMissing};
+use crate::spec::rules::{Action, Anomaly, AnomalyKind, RuleSet, Step};
 
 /// `rules_version` (Int32): the version of the rules that produced a silver row.
-pub const RULES_VERSION: &str = "rules_version";
+pub use crate::spec::columns::RULES_VERSION;
 /// `anomaly_flags` (List<Utf8>): names of the anomaly rules that fired, in rule order.
 pub const ANOMALY_FLAGS: &str = "anomaly_flags";
 /// `is_anomaly` (Boolean): whether any anomaly rule fired.
@@ -170,7 +170,7 @@ pub fn current_table(source: &str) -> TableReference {
     TableReference::partial("bronze", format!("{source}_current"))
 }
 
-/// The source's and its lookups' `_current` views from a session opened by [`crate::catalog::open`].
+/// The source's and its lookups' `_current` views from a session opened by [`crate::engine::catalog::open`].
 pub async fn read_inputs(ctx: &SessionContext, contracts: &ContractSet, rules: &RuleSet) -> Result<Inputs> {
     let contract_of = |source: &str| {
         contracts.contracts.get(source).cloned().ok_or_else(|| {
@@ -218,7 +218,10 @@ fn columns(df: &DataFrame) -> Vec<(String, Expr)> {
 
 /// Names of the bronze bookkeeping columns (`ingestion_run_id`, ..., `ingested_at`).
 fn bookkeeping() -> HashSet<String> {
-    crate::bronze::meta_fields().iter().map(|f| f.name().clone()).collect()
+    crate::table::bronze::meta_fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
 }
 
 /// `e` after the field's `normalize` steps (via the `normalize_text` UDF); unchanged when the
@@ -418,7 +421,7 @@ pub fn transform(
             .collect::<Vec<_>>(),
     )?;
 
-    let stepped = crate::rules::apply_steps(ok.clone(), rules)?;
+    let stepped = crate::silver::apply_steps(ok.clone(), rules)?;
     let filtered = filtered_rows(ok, rules)?;
     let stepped_cols = columns(&stepped);
     let data = data_of(&stepped_cols);
@@ -547,7 +550,7 @@ pub fn transform_split(
     } else {
         resolved.select(plain)?
     };
-    let stepped = crate::rules::apply_steps(ok.clone(), rules)?;
+    let stepped = crate::silver::apply_steps(ok.clone(), rules)?;
     let stepped_cols = columns(&stepped);
     let data = data_of(&stepped_cols);
     let filtered = if rules.steps.iter().any(|s| matches!(s, Step::Filter(_))) {
@@ -610,7 +613,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
             steps: rules.steps[..k].to_vec(),
             ..rules.clone()
         };
-        let removed = crate::rules::apply_steps(ok.clone(), &before)?
+        let removed = crate::silver::apply_steps(ok.clone(), &before)?
             .filter(predicate.expr.clone().is_not_true())?
             .select(vec![
                 c(FINGERPRINT),

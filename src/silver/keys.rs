@@ -20,23 +20,19 @@
 //! reserved in the session's memory pool so that sorts spill earlier instead of overshooting it.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, StringArrayType};
-use datafusion::arrow::buffer::{Buffer, NullBuffer};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::common::{exec_err, plan_err};
+use datafusion::common::exec_err;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 
-use crate::error::{Error, Result};
-use crate::hash::{HEX_VALUE, hex_u64};
-
-/// A record's key: the first 16 bytes of its fingerprint, big-endian (ordered as the hex text).
-pub type Fp = u128;
+use crate::error::Result;
+pub use crate::hash::fp::{Fp, FpBuild, FpSet, for_each_fp, fp_of_hex, fp128_udf, in_set_udf};
 
 /// No run (not current / not in the previous state).
 pub const NONE: u32 = u32::MAX;
@@ -66,78 +62,6 @@ pub fn outcome_of(name: &str) -> u8 {
         _ => FILTERED,
     }
 }
-
-/// The key of a fingerprint in hex: its first 32 hex characters (lowercase, as ingot writes them).
-pub fn fp_of_hex(hex: &str) -> Option<Fp> {
-    let b = hex.as_bytes();
-    Some(((hex_u64(b)? as u128) << 64) | hex_u64(b.get(16..)?)? as u128)
-}
-
-/// Call `f(row, key)` for every row of a fingerprint column: hex text (Utf8, LargeUtf8,
-/// Utf8View) or the 16-byte keys of a state file (FixedSizeBinary(16)). `None` for a null;
-/// malformed text is an error.
-pub fn for_each_fp(array: &ArrayRef, mut f: impl FnMut(usize, Option<Fp>)) -> Result<()> {
-    match array.data_type() {
-        DataType::Utf8 => each_hex(array.as_string::<i32>(), &mut f)?,
-        DataType::LargeUtf8 => each_hex(array.as_string::<i64>(), &mut f)?,
-        DataType::Utf8View => each_hex(array.as_string_view(), &mut f)?,
-        DataType::FixedSizeBinary(16) => {
-            let a = array.as_fixed_size_binary();
-            for i in 0..a.len() {
-                if a.is_null(i) {
-                    f(i, None);
-                } else {
-                    let mut b = [0u8; 16];
-                    b.copy_from_slice(a.value(i));
-                    f(i, Some(u128::from_be_bytes(b)));
-                }
-            }
-        }
-        other => {
-            return Err(Error::RunFailed(format!(
-                "natural_key_fingerprint has type {other}, expected text"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// [`for_each_fp`] over a text column.
-fn each_hex<'a>(a: impl StringArrayType<'a>, f: &mut impl FnMut(usize, Option<Fp>)) -> Result<()> {
-    for (i, v) in a.iter().enumerate() {
-        match v {
-            None => f(i, None),
-            Some(v) => f(
-                i,
-                Some(fp_of_hex(v).ok_or_else(|| {
-                    Error::RunFailed(format!("natural_key_fingerprint \"{v}\" is not a SHA-256 in hex"))
-                })?),
-            ),
-        }
-    }
-    Ok(())
-}
-
-/// A hasher for keys that are already uniformly random (prefixes of SHA-256).
-#[derive(Default)]
-pub struct FpHasher(u64);
-
-impl Hasher for FpHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = (v as u64) ^ ((v >> 64) as u64);
-    }
-}
-
-pub type FpBuild = BuildHasherDefault<FpHasher>;
-pub type FpSet = HashSet<Fp, FpBuild>;
 
 /// What the build knows of one record.
 #[derive(Debug)]
@@ -285,14 +209,11 @@ impl Keys {
 enum Test {
     /// The record's current version is in run `.0` and is processed.
     Pick(Arc<Keys>, u32),
-    /// The key is in the set (see [`Heads`] for the second part: most rows are ruled out after
-    /// reading 6 hex characters).
-    InSet(Arc<FpSet>, Arc<Heads>),
     /// The row's group (its arguments, the `by` columns) is in the set.
     InGroups(Arc<GroupSet>),
 }
 
-/// A boolean UDF over a fingerprint column ([`pick_udf`], [`in_set_udf`]) or group columns
+/// A boolean UDF over a fingerprint column ([`pick_udf`]) or group columns
 /// ([`in_groups_udf`]).
 struct KeyTest {
     name: String,
@@ -311,7 +232,6 @@ impl PartialEq for KeyTest {
         self.name == other.name
             && match (&self.test, &other.test) {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
-                (Test::InSet(a, _), Test::InSet(b, _)) => Arc::ptr_eq(a, b),
                 (Test::InGroups(a), Test::InGroups(b)) => Arc::ptr_eq(a, b),
                 _ => false,
             }
@@ -325,7 +245,6 @@ impl std::hash::Hash for KeyTest {
         self.name.hash(state);
         let p = match &self.test {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
-            Test::InSet(a, _) => Arc::as_ptr(a) as usize,
             Test::InGroups(a) => Arc::as_ptr(a) as usize,
         };
         p.hash(state);
@@ -369,24 +288,10 @@ impl ScalarUDFImpl for KeyTest {
             return exec_err!("{} takes 1 argument", self.name);
         };
         let array = arg.to_array(args.number_rows)?;
-        if let (Test::InSet(set, heads), DataType::Utf8) = (&self.test, array.data_type()) {
-            let a = array.as_string::<i32>();
-            let out: BooleanArray = (0..a.len())
-                .map(|i| {
-                    if a.is_null(i) || set.is_empty() {
-                        return Some(false);
-                    }
-                    let v = a.value(i);
-                    Some(heads.may_contain_hex(v.as_bytes()) && fp_of_hex(v).is_some_and(|fp| set.contains(&fp)))
-                })
-                .collect();
-            return Ok(ColumnarValue::Array(Arc::new(out)));
-        }
         let mut out = vec![false; array.len()];
         let test = |fp: Fp| -> bool {
             match &self.test {
                 Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
-                Test::InSet(set, _) => set.contains(&fp),
                 Test::InGroups(_) => false, // answered above
             }
         };
@@ -407,96 +312,6 @@ fn key_test(name: &str, test: Test) -> ScalarUDF {
 /// `__ingot_pick(fp)`: the row (of run `run`) is the current version of a record to process.
 pub fn pick_udf(keys: Arc<Keys>, run: u32) -> ScalarUDF {
     key_test("__ingot_pick", Test::Pick(keys, run))
-}
-
-/// `__ingot_in_set(fp)`: the record is in `set`.
-pub fn in_set_udf(set: Arc<FpSet>) -> ScalarUDF {
-    let heads = Heads::of(&set);
-    key_test("__ingot_in_set", Test::InSet(set, Arc::new(heads)))
-}
-
-/// Bits of a key [`Heads`] looks at: its first 22 (a 512 KiB bitmap).
-const HEAD_BITS: u32 = 22;
-
-/// A bitmap of the first [`HEAD_BITS`] bits of a set's keys. A fingerprint whose bit is clear is
-/// not in the set, decided from its first 6 hex characters without hashing; with the 1% of a
-/// table a delta layer deletes (60,000 keys of 6M), 98.6% of the rows are decided so.
-pub struct Heads(Vec<u64>);
-
-impl Heads {
-    fn of(set: &FpSet) -> Heads {
-        let mut bits = vec![0u64; 1 << (HEAD_BITS - 6)];
-        for fp in set {
-            let h = (fp >> (128 - HEAD_BITS)) as usize;
-            bits[h >> 6] |= 1 << (h & 63);
-        }
-        Heads(bits)
-    }
-
-    /// False when the hex fingerprint `hex` is certainly not in the set (true also for text
-    /// that is not hex: the caller's full parse decides).
-    fn may_contain_hex(&self, hex: &[u8]) -> bool {
-        let Some(head) = hex.get(..6) else {
-            return true;
-        };
-        let mut v = 0u32;
-        for &c in head {
-            let d = HEX_VALUE[c as usize];
-            if d > 0x0f {
-                return true;
-            }
-            v = (v << 4) | d as u32;
-        }
-        let h = (v >> (24 - HEAD_BITS)) as usize;
-        self.0[h >> 6] & (1 << (h & 63)) != 0
-    }
-}
-
-/// `__ingot_fp128(fp)`: the 16-byte key of a hex fingerprint (FixedSizeBinary(16), ordered as the
-/// hex text), a narrow sort key for window anomalies.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Fp128 {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for Fp128 {
-    fn name(&self) -> &str {
-        "__ingot_fp128"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> datafusion::error::Result<DataType> {
-        match arg_types {
-            [_] => Ok(DataType::FixedSizeBinary(16)),
-            _ => plan_err!("__ingot_fp128 takes 1 argument"),
-        }
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
-        let [arg] = args.args.as_slice() else {
-            return exec_err!("__ingot_fp128 takes 1 argument");
-        };
-        let array = arg.to_array(args.number_rows)?;
-        let mut bytes = Vec::with_capacity(array.len() * 16);
-        let mut valid = Vec::with_capacity(array.len());
-        for_each_fp(&array, |_, fp| {
-            bytes.extend_from_slice(&fp.unwrap_or_default().to_be_bytes());
-            valid.push(fp.is_some());
-        })
-        .map_err(|e| datafusion::error::DataFusionError::Execution(e.to_string()))?;
-        let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
-        let out: ArrayRef = Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from(bytes), nulls)?);
-        Ok(ColumnarValue::Array(out))
-    }
-}
-
-pub fn fp128_udf() -> ScalarUDF {
-    ScalarUDF::from(Fp128 {
-        signature: Signature::any(1, Volatility::Immutable),
-    })
 }
 
 /// A set of group values (the `by` columns of a window anomaly): the groups an incremental build
@@ -667,7 +482,7 @@ mod tests {
         let mut next = rng(7);
         let hex = |fp: Fp| format!("{fp:032x}{:032x}", fp.rotate_left(17));
         let set: FpSet = (0..5000).map(|_| ((next() as u128) << 64) | next() as u128).collect();
-        let heads = Heads::of(&set);
+        let heads = crate::hash::fp::Heads::of(&set);
         for fp in &set {
             assert!(heads.may_contain_hex(hex(*fp).as_bytes()), "{fp:x}");
         }

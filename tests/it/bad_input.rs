@@ -177,7 +177,7 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
     // A live lock held by this test process (pid alive, fresh heartbeat).
     std::fs::create_dir_all(t.lake().join("_locks")).unwrap();
     let lock = serde_json::json!({
-        "run_id": "0000-test", "host": ingot::lock::hostname(), "pid": std::process::id(),
+        "run_id": "0000-test", "host": ingot::table::lock::hostname(), "pid": std::process::id(),
         "acquired_at": "now", "heartbeat_ms": chrono::Utc::now().timestamp_millis(), "ttl_ms": 60000
     });
     std::fs::write(t.lake().join("_locks/bookings.lock"), lock.to_string()).unwrap();

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::nightly::copy_dir;
+use crate::ops::nightly::copy_dir;
 use crate::util::{
     TestLake, assert_ok, demo_sources, demo_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
 };
@@ -178,7 +178,7 @@ fn loopback(
         .unwrap();
     let lake = t.lake().display().to_string();
     let cluster = rt
-        .block_on(ingot::cluster::loopback::start(&lake, 1, 2, executor_udfs))
+        .block_on(ingot::engine::cluster::loopback::start(&lake, 1, 2, executor_udfs))
         .unwrap();
     (rt, cluster.url)
 }
@@ -187,7 +187,7 @@ fn loopback(
 fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
     let local = TestLake::new();
     let remote = TestLake::new();
-    let (_rt, url) = loopback(&remote, ingot::cluster::udfs());
+    let (_rt, url) = loopback(&remote, ingot::engine::cluster::udfs());
     for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
         // day one: one run per source, so the first builds send their whole transform
         for f in ["hotels/2026-11-01_hotels.csv", "bookings/2026-11-01_bookings.csv"] {
@@ -346,7 +346,7 @@ fn an_executor_without_a_udf_fails_the_query_naming_it() {
             landing("hotels/2026-11-01_hotels.csv").to_str().unwrap(),
         ],
     );
-    let udfs = ingot::cluster::udfs()
+    let udfs = ingot::engine::cluster::udfs()
         .into_iter()
         .filter(|u| u.name() != "canonical_text")
         .collect();

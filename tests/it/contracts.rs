@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use ingot::contract::{Contract, ContractSet, FieldType};
-use ingot::yaml::Problems;
+use ingot::spec::contract::{Contract, ContractSet, FieldType};
+use ingot::spec::yaml::Problems;
 
 use crate::util::{TestLake, repo, stderr};
 

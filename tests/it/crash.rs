@@ -34,7 +34,7 @@ fn crash_at_every_failpoint(new_lake: fn() -> TestLake) {
     let clean_once = clean(false);
     let clean_then_skip = clean(true);
     let file = landing("bookings/2026-11-04_bookings_corrected.csv");
-    for point in ingot::failpoint::INGEST {
+    for point in ingot::table::failpoint::INGEST {
         let t = new_lake();
         seed(&t);
         let before = t.snapshot(SOURCES);

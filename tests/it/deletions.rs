@@ -431,7 +431,7 @@ fn crash_at_every_failpoint(new_lake: fn() -> TestLake) {
         t.snapshot(&["customers"])
     };
     let (once, then_skip) = (clean(false), clean(true));
-    for point in ingot::failpoint::INGEST {
+    for point in ingot::table::failpoint::INGEST {
         let t = lake_with(new_lake(), "full");
         t.ingest_ok("customers", &file(&t, "mon.csv", MONDAY));
         let before = t.snapshot(&["customers"]);

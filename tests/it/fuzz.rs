@@ -12,9 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ingot::contract::{Contract, ContractSet};
-use ingot::rules::RuleSet;
-use ingot::yaml::Problems;
+use ingot::spec::contract::{Contract, ContractSet};
+use ingot::spec::rules::RuleSet;
+use ingot::spec::yaml::Problems;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -217,10 +217,10 @@ fn fuzz_the_rules_parser() {
 
 #[test]
 fn fuzz_the_csv_and_ndjson_loader() {
-    use ingot::audit::RunStatus;
+    use ingot::table::audit::RunStatus;
     let dir = tempfile::tempdir().unwrap();
-    let ws = ingot::session::Workspace {
-        lake: ingot::lake::Lake::open(&dir.path().join("lake").display().to_string()).unwrap(),
+    let ws = ingot::engine::session::Workspace {
+        lake: ingot::table::lake::Lake::open(&dir.path().join("lake").display().to_string()).unwrap(),
         contracts_dir: repo().join("contracts"),
         rules_dir: repo().join("rules"),
         landing_dir: dir.path().join("landing"),
@@ -280,7 +280,7 @@ fn fuzz_the_csv_and_ndjson_loader() {
         })
         .unwrap();
     // nothing committed was lost or corrupted on the way
-    let report = rt.block_on(ingot::doctor::doctor(&ws)).unwrap();
+    let report = rt.block_on(ingot::ops::doctor::doctor(&ws)).unwrap();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(report.orphans.is_empty(), "{:?}", report.orphans);
 }

@@ -1,5 +1,5 @@
 //! Hashing: canonical text, row_hash, natural_key_fingerprint, normalize steps and the SQL
-//! UDFs (DESIGN §2).
+//! UDFs (docs/formats.md#hashes).
 //!
 //! The hex digests below were computed once with Python's `hashlib` from the spec formulas
 //! (not with this crate); `python_recomputes_every_vector` re-derives thousands more with

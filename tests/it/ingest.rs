@@ -1,6 +1,6 @@
 //! Ingest end to end through the real binary: run records, failure rows and bronze rows are
 //! compared whole against the independent oracle in data/expected.json (computed by the Python
-//! generator from the DESIGN.md formulas, not by ingot).
+//! generator from the formulas of docs/formats.md#hashes, not by ingot).
 
 use std::collections::BTreeMap;
 
@@ -313,8 +313,8 @@ fn parquet_input_gives_the_same_hashes_as_csv_and_rejects_uncastable_values() {
         .join("\n");
     std::fs::write(t.contracts().join("hotels_pq.yaml"), pq_contract).unwrap();
     let fields: Vec<String> = {
-        let mut problems = ingot::yaml::Problems::default();
-        let c = ingot::contract::Contract::from_file(&t.contracts().join("hotels_pq.yaml"), &mut problems)
+        let mut problems = ingot::spec::yaml::Problems::default();
+        let c = ingot::spec::contract::Contract::from_file(&t.contracts().join("hotels_pq.yaml"), &mut problems)
             .unwrap_or_else(|| panic!("{:?}", problems.items));
         c.fields.iter().map(|f| f.name.clone()).collect()
     };

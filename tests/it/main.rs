@@ -12,6 +12,7 @@ mod fuzz;
 mod hashing;
 mod ingest;
 mod kill;
+mod layering;
 mod nightly;
 mod ops;
 mod rekey;

@@ -310,7 +310,7 @@ fn every_rekey_failpoint_crash_then_rerun_equals_one_clean_rekey() {
     let clean = prepare();
     ok(&clean, &["rekey", "customers"]);
     let clean = clean.snapshot(&["customers"]);
-    for point in ingot::failpoint::REKEY {
+    for point in ingot::table::failpoint::REKEY {
         let t = prepare();
         let before = t.snapshot(&["customers"]);
         let out = t

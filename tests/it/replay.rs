@@ -200,7 +200,7 @@ fn every_ingest_failpoint_during_a_replay_then_rerun_equals_one_clean_replay() {
     let original = first_run(&clean);
     replay(&clean, &original);
     let want = state(&clean);
-    for point in ingot::failpoint::INGEST {
+    for point in ingot::table::failpoint::INGEST {
         let t = prepare();
         let original = first_run(&t);
         let out = t

@@ -15,9 +15,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
-use ingot::contract::{ContractSet, FieldType};
-use ingot::rules::{Action, AnomalyKind, RuleSet, RulesSet, Step, apply_steps};
-use ingot::yaml::Problems;
+use ingot::spec::contract::{ContractSet, FieldType};
+use ingot::spec::rules::{Action, AnomalyKind, RuleSet, RulesSet, Step, apply_steps};
+use ingot::spec::yaml::Problems;
 
 use crate::util::{TestLake, assert_ok, repo, sha256_hex, stderr, stdout};
 
@@ -209,7 +209,7 @@ fn repository_rules_load() {
         ("pageviews", "hotel_code", "session_started_at"),
         (28, 10.0, 7),
     );
-    // the story's spike: DESIGN.md section 4's own example, on the daily export
+    // the story's spike: the example of docs/guide.md#rules, on the daily export
     let traffic = rules.latest("site_traffic").unwrap();
     assert_eq!(
         traffic.rule_names().collect::<Vec<_>>(),

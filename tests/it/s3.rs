@@ -128,7 +128,7 @@ impl Moto {
     /// in-process object store).
     fn upload(&self, dir: &Path, bucket: &str, prefix: &str) {
         self.create_bucket(bucket);
-        let lake = ingot::lake::Lake::open_with(&format!("s3://{bucket}/{prefix}"), &self.options()).unwrap();
+        let lake = ingot::table::lake::Lake::open_with(&format!("s3://{bucket}/{prefix}"), &self.options()).unwrap();
         let rt = runtime();
         let mut stack = vec![(dir.to_path_buf(), String::new())];
         while let Some((d, rel)) = stack.pop() {
@@ -367,7 +367,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
     moto.upload(&repo().join("data/landing"), "cluster-in", "landing");
     let s3 = s3_lake(&moto, "cluster-lake");
     let lake_url = s3.lake_url.clone().unwrap();
-    let (_cluster, url) = crate::cluster::process_cluster(&lake_url, &moto.envs());
+    let (_cluster, url) = crate::engine::cluster::process_cluster(&lake_url, &moto.envs());
     let local = TestLake::new();
     let local_landing = repo().join("data/landing").display().to_string();
     let run = |t: &TestLake, cluster: Option<&str>, args: &[&str]| {
@@ -376,7 +376,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
         } else {
             &local_landing
         };
-        crate::cluster::ok_on(t, landing, cluster, args)
+        crate::engine::cluster::ok_on(t, landing, cluster, args)
     };
     let out = run(&s3, Some(&url), &["run"]);
     for stage in ["build: transform", "ingest: committed versions"] {
@@ -410,8 +410,8 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
 }
 
 /// A committed run record for the race tests.
-fn record(run_id: &str, seq: u64) -> ingot::audit::RunRecord {
-    use ingot::audit::{RunRecord, RunStatus};
+fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
+    use ingot::table::audit::{RunRecord, RunStatus};
     RunRecord {
         run_id: run_id.to_string(),
         source: "bookings".into(),
@@ -443,7 +443,7 @@ fn record(run_id: &str, seq: u64) -> ingot::audit::RunRecord {
 fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_round() {
     let moto = Moto::start();
     moto.create_bucket("race");
-    let lake = ingot::lake::Lake::open_with("s3://race/lake", &moto.options()).unwrap();
+    let lake = ingot::table::lake::Lake::open_with("s3://race/lake", &moto.options()).unwrap();
     let rt = runtime();
     for round in 1..=10u64 {
         let results: Vec<(String, bool, String)> = rt.block_on(async {
@@ -452,7 +452,7 @@ fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_rou
                     let lake = lake.clone();
                     let id = format!("round{round}-writer{w:02}");
                     tokio::spawn(async move {
-                        let r = ingot::audit::commit_run(&lake, &record(&id, round)).await;
+                        let r = ingot::table::audit::commit_run(&lake, &record(&id, round)).await;
                         let msg = r.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
                         (id, r.is_ok(), msg)
                     })
@@ -472,7 +472,7 @@ fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_rou
                 "round {round}: {id}: {msg}"
             );
         }
-        let log = rt.block_on(ingot::audit::read_run_log(&lake)).unwrap();
+        let log = rt.block_on(ingot::table::audit::read_run_log(&lake)).unwrap();
         assert_eq!(log.len() as u64, round, "round {round}");
         let committed = log.iter().find(|r| r.seq == round).unwrap();
         assert_eq!(
@@ -487,7 +487,7 @@ fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_rou
 fn eight_processes_taking_over_one_stale_s3_lock_leave_exactly_one_holder() {
     let moto = Moto::start();
     moto.create_bucket("locks");
-    let lake = ingot::lake::Lake::open_with("s3://locks/lake", &moto.options()).unwrap();
+    let lake = ingot::table::lake::Lake::open_with("s3://locks/lake", &moto.options()).unwrap();
     let rt = runtime();
     for round in 0..5 {
         // a lock whose heartbeat is long past its TTL, left by a crashed process elsewhere
@@ -503,7 +503,7 @@ fn eight_processes_taking_over_one_stale_s3_lock_leave_exactly_one_holder() {
                     let lake = lake.clone();
                     tokio::spawn(async move {
                         let id = format!("taker-{w}");
-                        let r = ingot::lock::acquire(&lake, "bookings", &id, Duration::from_secs(30)).await;
+                        let r = ingot::table::lock::acquire(&lake, "bookings", &id, Duration::from_secs(30)).await;
                         (id, r)
                     })
                 })
@@ -540,7 +540,12 @@ fn eight_processes_taking_over_one_stale_s3_lock_leave_exactly_one_holder() {
         rt.block_on(lock.release()).unwrap();
         // released: the next ingest takes it at once
         let next = rt
-            .block_on(ingot::lock::acquire(&lake, "bookings", "next", Duration::from_secs(30)))
+            .block_on(ingot::table::lock::acquire(
+                &lake,
+                "bookings",
+                "next",
+                Duration::from_secs(30),
+            ))
             .unwrap();
         rt.block_on(next.release()).unwrap();
     }

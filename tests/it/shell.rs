@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::Stdio;
 
-use ingot::shell::{Input, StatementReader};
+use ingot::query::shell::{Input, StatementReader};
 
 use crate::util::{TestLake, landing, stderr, stdout};
 

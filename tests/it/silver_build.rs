@@ -178,8 +178,8 @@ FROM w ORDER BY natural_key_fingerprint";
 #[test]
 fn the_sessions_spike_flags_exactly_the_day_with_ten_times_the_usual_sessions() {
     let t = TestLake::new();
-    crate::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
-    assert_ok(&crate::nightly::nightly(&t));
+    crate::ops::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&crate::ops::nightly::nightly(&t));
 
     let got = silver(&t, "site_traffic");
     let want = with_flags(t.query(TRAFFIC_V1_SQL), &["sessions_spike"]);
@@ -660,7 +660,7 @@ fn every_build_failpoint_crash_then_rerun_equals_one_clean_build() {
         silver_snapshot(&t)
     };
     let (clean_once, clean_then_noop) = (clean(false), clean(true));
-    for point in ingot::failpoint::BUILD {
+    for point in ingot::table::failpoint::BUILD {
         let t = TestLake::new();
         crash_seed(&t, &rules);
         let before = silver_snapshot(&t);

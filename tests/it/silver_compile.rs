@@ -1,5 +1,5 @@
 //! Silver plans (`ingot::silver::compile`): resolve, every step kind, validations and the
-//! anomaly semantics of DESIGN.md §4, over small MemTables and compared whole (every column of
+//! anomaly semantics of docs/guide.md#rules, over small MemTables and compared whole (every column of
 //! every row, sorted), plus one build over the repository's demo data.
 //!
 //! The anomaly expectations are computed by hand in the comments next to each row; the tests
@@ -21,13 +21,13 @@ use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
-use ingot::contract::{Contract, ContractSet};
-use ingot::rules::{RuleSet, RulesSet};
-use ingot::session::{DEFAULT_MEMORY_LIMIT, Workspace};
+use ingot::engine::session::{DEFAULT_MEMORY_LIMIT, Workspace};
 use ingot::silver::compile::{
     FAILURE_COLUMNS, FILTERED_COLUMNS, Lookup, Lookups, Transformed, explain, flag, read_inputs, resolve, transform,
 };
-use ingot::yaml::Problems;
+use ingot::spec::contract::{Contract, ContractSet};
+use ingot::spec::rules::{RuleSet, RulesSet};
+use ingot::spec::yaml::Problems;
 
 use crate::util::{TestLake, landing, repo};
 
@@ -1034,7 +1034,7 @@ async fn flag_without_anomalies_gives_an_empty_list_and_false() {
             ("row_hash", strings(&[Some("h")])),
         ],
     );
-    // the flags go after rules_version (DESIGN.md §5 order)
+    // the flags go after rules_version (the order of docs/formats.md#tables)
     assert_rows(
         &rows(flag(df, &rules).unwrap(), &[]).await,
         &[
@@ -1060,14 +1060,14 @@ async fn marketing_spend_v1_over_the_demo_data_flags_the_refund_and_lis01_after_
         t.ingest_ok("marketing_spend", &landing(file));
     }
     let ws = Workspace {
-        lake: ingot::lake::Lake::open(t.lake().to_str().unwrap()).unwrap(),
+        lake: ingot::table::lake::Lake::open(t.lake().to_str().unwrap()).unwrap(),
         contracts_dir: t.contracts(),
         rules_dir: repo().join("rules"),
         landing_dir: repo().join("data/landing"),
         memory_limit: DEFAULT_MEMORY_LIMIT,
         cluster: None,
     };
-    let catalog = ingot::catalog::open(&ws).await.unwrap();
+    let catalog = ingot::query::open_catalog(&ws, None).await.unwrap();
     let mut problems = Problems::default();
     let rules = RulesSet::load(&ws.rules_dir, &catalog.contracts, &mut problems);
     assert!(problems.is_empty(), "{:#?}", problems.items);

@@ -365,7 +365,7 @@ fn every_build_failpoint_of_a_delta_build_crash_then_rerun_equals_one_clean_buil
         (l.silver(), l.counts(), l.layers())
     };
     let (once, then_noop) = (clean(false), clean(true));
-    for point in ingot::failpoint::BUILD {
+    for point in ingot::table::failpoint::BUILD {
         let l = Lake::new(true);
         seed(&l);
         let before = (l.silver(), l.counts());

@@ -1,6 +1,6 @@
 //! The sqllogictest files in `tests/sqllogictests/*.slt`, run against the catalog of the demo
 //! lake (the nightly job over `data/landing` with the repository's rules), through the same
-//! read-only path as `ingot sql` ([`ingot::sql::query`]).
+//! read-only path as `ingot sql` ([`ingot::query::sql::query`]).
 //!
 //! `INGOT_SLT_COMPLETE=1 cargo test --test it slt` rewrites the expected results of the files
 //! from the current behaviour (review the diff before committing it).
@@ -44,7 +44,7 @@ impl sqllogictest::AsyncDB for IngotDb {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, ingot::Error> {
-        let df = ingot::sql::query(&self.ctx, sql).await?;
+        let df = ingot::query::sql::query(&self.ctx, sql).await?;
         let types: Vec<DefaultColumnType> = df
             .schema()
             .fields()
@@ -97,10 +97,10 @@ fn slt_files() -> Vec<PathBuf> {
 fn sqllogictest_files_over_the_demo_lake() {
     let t = TestLake::new();
     let landing = t.dir.path().join("landing");
-    crate::nightly::copy_dir(&repo().join("data/landing"), &landing);
-    assert_ok(&crate::nightly::nightly(&t));
-    let ws = ingot::session::Workspace {
-        lake: ingot::lake::Lake::open(&t.lake().display().to_string()).unwrap(),
+    crate::ops::nightly::copy_dir(&repo().join("data/landing"), &landing);
+    assert_ok(&crate::ops::nightly::nightly(&t));
+    let ws = ingot::engine::session::Workspace {
+        lake: ingot::table::lake::Lake::open(&t.lake().display().to_string()).unwrap(),
         contracts_dir: t.contracts(),
         rules_dir: repo().join("rules"),
         landing_dir: landing,
@@ -111,7 +111,7 @@ fn sqllogictest_files_over_the_demo_lake() {
         .enable_all()
         .build()
         .unwrap();
-    let catalog = rt.block_on(ingot::catalog::open(&ws)).unwrap();
+    let catalog = rt.block_on(ingot::query::open_catalog(&ws, None)).unwrap();
     let files = slt_files();
     assert!(files.len() >= 4, "{files:?}");
     let complete = std::env::var("INGOT_SLT_COMPLETE").is_ok_and(|v| v == "1");

@@ -320,7 +320,7 @@ fn every_undo_failpoint_crash_then_rerun_equals_one_clean_undo() {
         let clean = prepare();
         undo(&clean, &pick(&clean));
         let clean = state(&clean);
-        for point in ingot::failpoint::UNDO {
+        for point in ingot::table::failpoint::UNDO {
             let t = prepare();
             let id = pick(&t);
             let before = state(&t);

@@ -179,20 +179,9 @@ pub struct LakeSnapshot {
 }
 
 impl LakeSnapshot {
-    /// Assert equality table by table, showing the first differing row.
+    /// Assert equality table by table, showing the first differing row ([`assert_same_tables`]).
     pub fn assert_same(&self, other: &LakeSnapshot, context: &str) {
-        assert_eq!(
-            self.tables.keys().collect::<Vec<_>>(),
-            other.tables.keys().collect::<Vec<_>>(),
-            "{context}"
-        );
-        for (name, rows) in &self.tables {
-            let theirs = &other.tables[name];
-            for (i, (a, b)) in rows.iter().zip(theirs.iter()).enumerate() {
-                assert_eq!(a, b, "{context}: table {name} differs at row {i}");
-            }
-            assert_eq!(rows.len(), theirs.len(), "{context}: table {name} row count");
-        }
+        assert_same_tables(&self.tables, &other.tables, context);
     }
 }
 

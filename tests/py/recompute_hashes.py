@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recompute ingot's canonical text, row_hash and natural_key_fingerprint from DESIGN.md §2.
+"""Recompute ingot's canonical text, row_hash and natural_key_fingerprint (docs/formats.md#hashes).
 
 Independent cross-check for the Rust hashing module (stdlib only). Usage:
 

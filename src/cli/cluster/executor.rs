@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::cli::Cli;
-use crate::cluster::Endpoint;
-use crate::cluster::executor::{ExecutorOptions, serve};
-use crate::error::{Error, Result};
-use crate::session::parse_size;
+use crate::engine::cluster::Endpoint;
+use crate::engine::cluster::executor::{ExecutorOptions, serve};
+use crate::engine::session::parse_size;
+use crate::error::{Error, ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct ExecutorArgs {
@@ -48,7 +48,7 @@ fn concrete(addr: &str, what: &str) -> Result<Endpoint> {
     Ok(e)
 }
 
-pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<ExitStatus> {
     let memory_limit =
         parse_size(&cli.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))? as u64;
     let scheduler = Endpoint::parse(&args.scheduler, "--scheduler")?;
@@ -75,8 +75,8 @@ pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<u8> {
             memory_limit,
             lake: cli.lake.clone(),
         },
-        crate::cluster::udfs(),
+        crate::engine::cluster::udfs(),
     )
     .await?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

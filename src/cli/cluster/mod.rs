@@ -1,6 +1,6 @@
 //! `ingot cluster scheduler|executor`: the processes of an ingot cluster (Apache DataFusion
 //! Ballista with ingot's UDFs and object stores; cargo feature `cluster`). Clients use it with
-//! `--cluster df://HOST:PORT`; see [`crate::cluster`] for what runs where.
+//! `--cluster df://HOST:PORT`; see [`crate::engine::cluster`] for what runs where.
 
 mod executor;
 mod scheduler;
@@ -8,7 +8,7 @@ mod scheduler;
 use clap::Subcommand;
 
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -33,7 +33,7 @@ pub enum ClusterCommand {
     Executor(executor::ExecutorArgs),
 }
 
-pub async fn run(cli: &Cli, args: &ClusterArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &ClusterArgs) -> Result<ExitStatus> {
     match &args.command {
         ClusterCommand::Scheduler(a) => scheduler::run(cli, a).await,
         ClusterCommand::Executor(a) => executor::run(cli, a).await,

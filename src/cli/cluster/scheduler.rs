@@ -3,8 +3,8 @@
 use std::io::Write;
 
 use crate::cli::Cli;
-use crate::cluster::scheduler::{bind, serve};
-use crate::error::Result;
+use crate::engine::cluster::scheduler::{bind, serve};
+use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct SchedulerArgs {
@@ -14,7 +14,7 @@ pub struct SchedulerArgs {
     pub bind: String,
 }
 
-pub async fn run(cli: &Cli, args: &SchedulerArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &SchedulerArgs) -> Result<ExitStatus> {
     let listener = bind(&args.bind).await?;
     let addr = listener
         .local_addr()
@@ -24,6 +24,6 @@ pub async fn run(cli: &Cli, args: &SchedulerArgs) -> Result<u8> {
         cli.lake
     );
     let _ = std::io::stdout().flush();
-    serve(listener, &cli.lake, crate::cluster::udfs()).await?;
-    Ok(0)
+    serve(listener, &cli.lake, crate::engine::cluster::udfs()).await?;
+    Ok(ExitStatus::Success)
 }

@@ -1,0 +1,340 @@
+//! The SQL catalog over a lake: `bronze.<source>`, `bronze.<source>_current`, `silver.<table>`,
+//! `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`.
+//!
+//! `silver.<table>` is a listing table over the snapshot files (its manifest) of the table's
+//! latest succeeded build (its highest-numbered `succeeded` record), so a reader sees one
+//! complete build, never a mix; a table that has rules but no build yet is an empty table with
+//! the columns its latest rules version would produce. `audit.row_failure_log` holds the failure files of
+//! committed ingest runs and of succeeded builds.
+//!
+//! Tables are listing tables over the explicit list of files named by committed run records, so
+//! an uncommitted (crashed) run is invisible by construction and the same plans can later be
+//! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
+//! `natural_key_fingerprint` (newest `ingested_at`, then run id) over the runs since the source's
+//! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
+//! (`is_deleted`).
+//!
+//! DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
+//! are two small tables of their own in the default schema: `table_descriptions` (schema, table,
+//! kind, description) and `column_descriptions` (schema, table, column, type, nullable,
+//! description). The shell's `\d` reads them; so can any SQL or Flight SQL client.
+
+use std::sync::Arc;
+
+use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
+use datafusion::logical_expr::ExprFunctionExt;
+use datafusion::prelude::{SessionContext, col, lit};
+
+use crate::engine::session::Workspace;
+use crate::error::{Error, Result};
+use crate::spec::contract::{Contract, ContractSet};
+use crate::spec::yaml::Problems;
+use crate::table::audit::{
+    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log, read_run_log,
+    run_log_schema,
+};
+use crate::table::lake::{Lake, layout};
+pub use crate::table::parquet::{file_schema, table_over, table_over_file};
+
+/// A session with every table of the lake registered.
+pub struct Catalog {
+    pub ctx: SessionContext,
+    pub contracts: ContractSet,
+    pub runs: Vec<RunRecord>,
+    /// Every committed silver build record, by table then sequence number.
+    pub builds: Vec<BuildRecord>,
+    /// Problems of contracts that could not be loaded (their tables are missing).
+    pub problems: Problems,
+    /// The cluster queries run on (`--cluster`), see [`crate::engine::exec`].
+    pub cluster: Option<String>,
+}
+
+/// Open a session over the lake with all tables registered.
+pub async fn open(ws: &Workspace) -> Result<Catalog> {
+    open_as_of(ws, None).await
+}
+
+/// [`open`], with `silver.<table>` as it was at `as_of` (a build id, or a UTC time such as
+/// `2026-11-30T10:00:00Z` or `2026-11-30`): the snapshot of the table's build that was current
+/// then (a build later rolled back counts until its undo). Tables without a build then are empty.
+/// Bronze and audit tables are as they are now.
+pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> {
+    let ctx = ws.session()?;
+    let mut problems = Problems::default();
+    let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
+    let runs = read_run_log(&ws.lake).await?;
+    let builds = read_build_log(&ws.lake).await?;
+    let cutoff = as_of.map(|a| as_of_micros(a, &builds)).transpose()?;
+    let catalog = ctx
+        .catalog("ingot")
+        .ok_or_else(|| Error::Invalid("the default catalog \"ingot\" is missing".into()))?;
+    for schema in ["bronze", "silver", "audit"] {
+        catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
+    }
+    for contract in contracts.contracts.values() {
+        register_bronze(&ctx, &ws.lake, contract, &runs).await?;
+    }
+    let run_files: Vec<String> = runs
+        .iter()
+        .map(|r| ws.lake.url(&layout::run_record(&r.source, r.seq)))
+        .collect();
+    ctx.register_table("audit.ingestion_run_log", table_over(run_files, run_log_schema())?)?;
+    let mut failure_files: Vec<String> = runs
+        .iter()
+        .filter(|r| r.has_failures())
+        .map(|r| ws.lake.url(&layout::failures(&r.run_id)))
+        .collect();
+    failure_files.extend(
+        builds
+            .iter()
+            .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
+            .map(|b| ws.lake.url(&layout::silver_failures(&b.build_id))),
+    );
+    let build_files: Vec<String> = builds
+        .iter()
+        .map(|b| ws.lake.url(&layout::build_record(&b.table, b.seq)))
+        .collect();
+    ctx.register_table("audit.silver_build_log", table_over(build_files, build_log_schema())?)?;
+    register_silver(&ctx, ws, &contracts, &builds, cutoff).await?;
+    ctx.register_table(
+        "audit.row_failure_log",
+        table_over(failure_files, failure_log_schema())?,
+    )?;
+    register_descriptions(&ctx, ws, &contracts).await?;
+    Ok(Catalog {
+        ctx,
+        contracts,
+        runs,
+        builds,
+        problems,
+        cluster: ws.cluster.clone(),
+    })
+}
+
+async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
+    let files = |runs: Vec<&RunRecord>| -> Vec<String> {
+        runs.into_iter()
+            .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+            .collect()
+    };
+    let name = format!("bronze.{}", contract.source);
+    let all = files(bronze_runs(runs, &contract.source));
+    ctx.register_table(name.as_str(), table_over(all, contract.bronze_schema())?)?;
+    let current_files = files(current_runs(runs, &contract.source));
+    let rn = datafusion::functions_window::expr_fn::row_number()
+        .partition_by(vec![col("natural_key_fingerprint")])
+        .order_by(vec![
+            col("ingested_at").sort(false, true),
+            col("ingestion_run_id").sort(false, true),
+        ])
+        .build()?
+        .alias("__ingot_rn");
+    let current = ctx
+        .read_table(table_over(current_files, contract.bronze_schema())?)?
+        .window(vec![rn])?
+        .filter(col("__ingot_rn").eq(lit(1u64)))?
+        .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
+        .drop_columns(&["__ingot_rn"])?;
+    ctx.register_table(
+        format!("bronze.{}_current", contract.source).as_str(),
+        current.into_view(),
+    )?;
+    Ok(())
+}
+
+/// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,
+/// including the history from before a rekey.
+pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
+    runs.iter().filter(|r| r.source == source && r.has_data()).collect()
+}
+
+/// The runs that make up the current state of `source` (`bronze.<source>_current`, change
+/// detection, silver builds): the runs with data from the source's latest `ingot rekey` run on,
+/// or all of them when it was never re-keyed. The rekey run wrote every current record again
+/// under the new natural key, so nothing before it decides what is current.
+pub fn current_runs<'a>(runs: impl IntoIterator<Item = &'a RunRecord>, source: &str) -> Vec<&'a RunRecord> {
+    let loaded: Vec<&RunRecord> = runs
+        .into_iter()
+        .filter(|r| r.source == source && r.status.is_loaded())
+        .collect();
+    let from = loaded.iter().rposition(|r| r.is_rekey()).unwrap_or(0);
+    loaded[from..].iter().copied().filter(|r| r.has_data()).collect()
+}
+
+/// The build of `table` that was current at `t` (microseconds, UTC): the latest that had finished
+/// by then and was not rolled back before it.
+pub fn current_at<'a>(builds: &'a [BuildRecord], table: &str, t: i64) -> Option<&'a BuildRecord> {
+    builds
+        .iter()
+        .filter(|b| b.table == table && b.finished_at <= t)
+        .filter(|b| match b.status {
+            BuildStatus::Succeeded => true,
+            BuildStatus::RolledBack => b.rolled_back_at.is_some_and(|r| r > t),
+            BuildStatus::Failed => false,
+        })
+        .max_by_key(|b| (b.finished_at, b.seq))
+}
+
+/// `--as-of`: a build id (the moment it finished) or a UTC time.
+fn as_of_micros(as_of: &str, builds: &[BuildRecord]) -> Result<i64> {
+    if let Some(b) = builds.iter().find(|b| b.build_id == as_of) {
+        return Ok(b.finished_at);
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(as_of) {
+        return Ok(t.timestamp_micros());
+    }
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(as_of, format) {
+            return Ok(t.and_utc().timestamp_micros());
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(as_of, "%Y-%m-%d") {
+        // the end of that day
+        if let Some(t) = d.and_hms_micro_opt(23, 59, 59, 999_999) {
+            return Ok(t.and_utc().timestamp_micros());
+        }
+    }
+    Err(Error::Invalid(format!(
+        "--as-of \"{as_of}\": not a build id of audit.silver_build_log nor a UTC time; use e.g. \
+         2026-11-30T10:00:00Z, \"2026-11-30 10:00:00\" or 2026-11-30 (the end of that day)"
+    )))
+}
+
+/// The latest succeeded build of `table`, if any.
+pub fn latest_build<'a>(builds: &'a [BuildRecord], table: &str) -> Option<&'a BuildRecord> {
+    builds
+        .iter()
+        .filter(|b| b.table == table && b.status == BuildStatus::Succeeded)
+        .max_by_key(|b| b.seq)
+}
+
+/// `silver.<table>` for every table with a succeeded build (its latest snapshot). Tables with
+/// rules but no build yet are added by `crate::silver::register_planned` (the query layer's
+/// catalog does so).
+async fn register_silver(
+    ctx: &SessionContext,
+    ws: &Workspace,
+    _contracts: &ContractSet,
+    builds: &[BuildRecord],
+    as_of: Option<i64>,
+) -> Result<()> {
+    let mut tables: Vec<&str> = builds.iter().map(|b| b.table.as_str()).collect();
+    tables.dedup();
+    let mut built = std::collections::HashSet::new();
+    for table in tables {
+        let chosen = match as_of {
+            None => latest_build(builds, table),
+            Some(t) => current_at(builds, table, t),
+        };
+        if let Some(b) = chosen {
+            let provider = crate::table::silver::snapshot_table(ctx, &ws.lake, table, &b.build_id)
+                .await
+                .map_err(|e| match as_of {
+                    Some(_) => Error::Invalid(format!(
+                        "silver.{table} as of then is build {}, whose snapshot is no longer readable (removed by \
+                         `ingot gc` after its retention?): {e}",
+                        b.build_id
+                    )),
+                    None => e,
+                })?;
+            ctx.register_table(format!("silver.{table}").as_str(), provider)?;
+            built.insert(table.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// `table_descriptions` and `column_descriptions` (see the module docs), from the contracts, the
+/// rules' descriptions and the registered tables' schemas; registered anew when tables were added.
+pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contracts: &ContractSet) -> Result<()> {
+    for name in ["table_descriptions", "column_descriptions"] {
+        ctx.deregister_table(name)?;
+    }
+    let mut tables: Vec<[String; 4]> = Vec::new();
+    for (source, c) in &contracts.contracts {
+        let d = c.description.clone().unwrap_or_default();
+        tables.push(["bronze".into(), source.clone(), "every version".into(), d.clone()]);
+        tables.push([
+            "bronze".into(),
+            format!("{source}_current"),
+            "latest version per key".into(),
+            d,
+        ]);
+    }
+    let mut silver = ctx
+        .catalog("ingot")
+        .and_then(|c| c.schema("silver"))
+        .map(|s| s.table_names())
+        .unwrap_or_default();
+    silver.sort();
+    let mut ignored = Problems::default();
+    let rules = crate::spec::rules::RulesSet::load(&ws.rules_dir, contracts, &mut ignored);
+    for t in silver {
+        let d = rules.latest(&t).and_then(|r| r.description.clone()).unwrap_or_default();
+        tables.push(["silver".into(), t, "latest succeeded build".into(), d]);
+    }
+    for (t, d) in [
+        ("ingestion_run_log", "one row per ingestion run (its commit record)"),
+        (
+            "row_failure_log",
+            "every rejected row, bronze and silver, with its raw payload",
+        ),
+        ("silver_build_log", "one row per silver build"),
+    ] {
+        tables.push(["audit".into(), t.into(), "audit".into(), d.into()]);
+    }
+    let mut columns: Vec<[String; 6]> = Vec::new();
+    for [schema, table, _, _] in &tables {
+        let provider = ctx.table_provider(format!("{schema}.{table}").as_str()).await?;
+        // bronze and silver columns named like a contract field carry its description
+        let source = match schema.as_str() {
+            "bronze" => Some(table.strip_suffix("_current").unwrap_or(table)),
+            "silver" => Some(table.as_str()),
+            _ => None,
+        };
+        let contract = source.and_then(|s| contracts.contracts.get(s));
+        for f in provider.schema().fields() {
+            let d = contract
+                .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
+                .and_then(|x| x.description.clone())
+                .unwrap_or_default();
+            columns.push([
+                schema.clone(),
+                table.clone(),
+                f.name().clone(),
+                f.data_type().to_string(),
+                if f.is_nullable() { "yes" } else { "no" }.to_string(),
+                d,
+            ]);
+        }
+    }
+    ctx.register_table(
+        "table_descriptions",
+        strings_table(&["schema", "table", "kind", "description"], &tables)?,
+    )?;
+    ctx.register_table(
+        "column_descriptions",
+        strings_table(
+            &["schema", "table", "column", "type", "nullable", "description"],
+            &columns,
+        )?,
+    )?;
+    Ok(())
+}
+
+/// A small in-memory table of non-null strings, one row per array.
+fn strings_table<const N: usize>(names: &[&str; N], rows: &[[String; N]]) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let cols: Vec<ArrayRef> = (0..N)
+        .map(|i| Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r[i].as_str()))) as ArrayRef)
+        .collect();
+    let batch = RecordBatch::try_new(schema.clone(), cols)?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
+}

@@ -1,0 +1,9 @@
+//! Where plans run: the DataFusion session and its memory pool ([`session`]), the SQL catalog
+//! over the lake ([`catalog`]), local or cluster execution ([`exec`]) and the Ballista cluster
+//! (`cluster`, cargo feature `cluster`).
+
+pub mod catalog;
+#[cfg(feature = "cluster")]
+pub mod cluster;
+pub mod exec;
+pub mod session;

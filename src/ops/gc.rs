@@ -1,0 +1,230 @@
+//! `ingot gc [--dry-run]`: remove files nothing reads any more, never a committed, current one.
+//!
+//! Every data file of the lake is scoped by the run or build that wrote it (see
+//! [`crate::table::lake`]), so whether a file may go follows from the audit logs alone:
+//!
+//! | file | kept | removed |
+//! |---|---|---|
+//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…` | `r` is a committed run that loaded data (`succeeded`, `succeeded_with_failures`) | `r` has no committed record (a crashed or running ingest: only once the file is older than the grace period), or `r` published nothing (`failed`, `skipped_duplicate_file`: after the grace period), or `r` was rolled back more than the grace period ago |
+//! | `silver/<t>/build_id=<b>/…` | a file the manifest of a kept build names (kept: the latest succeeded build of `t`, and succeeded builds that finished less than the retention ago, whose snapshots stay queryable and which undo can return to); a manifest may name files in an earlier build's folder | `b` has no committed record (after the grace period), failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
+//! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded (its rejections are audit history) | `b` has no committed record, failed or was rolled back (after the grace period) |
+//!
+//! The run and build logs themselves, locks, and anything gc does not recognise are never
+//! touched. The grace period protects the files of a run or build still in progress: keep it
+//! longer than your longest ingest or build (default 24 hours). A removed older snapshot can no
+//! longer be restored by undoing the builds after it. Deleting is idempotent, so a crash during
+//! gc is repaired by running it again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::engine::catalog::latest_build;
+use crate::error::{Error, Result};
+use crate::table::audit::{BuildRecord, BuildStatus, RunRecord, RunStatus, read_build_log, read_run_log};
+use crate::table::lake::Lake;
+
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    /// Only report what would be removed.
+    pub dry_run: bool,
+    /// Files of uncommitted, failed or rolled-back runs and builds must be at least this old.
+    pub grace: Duration,
+    /// Succeeded builds other than the latest are kept this long after they finished.
+    pub retain: Duration,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            dry_run: false,
+            grace: Duration::from_secs(24 * 3600),
+            retain: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// One file gc removed (or would remove).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// Path relative to the lake root.
+    pub path: String,
+    pub bytes: u64,
+    /// Why: `uncommitted run`, `rolled-back build`, `snapshot past retention`, ...
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GcReport {
+    pub removed: Vec<Removal>,
+    /// Files that would go but are younger than the grace period.
+    pub in_grace: usize,
+    pub dry_run: bool,
+}
+
+/// Who wrote a file, from its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    Run(String),
+    Build { table: Option<String>, build_id: String },
+}
+
+/// The run or build a data file belongs to, or `None` for anything else (logs, locks, unknown).
+pub fn owner_of(rel: &str) -> Option<Owner> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    match parts.as_slice() {
+        ["bronze", _source, dir, _file] => dir.strip_prefix("run_id=").map(|id| Owner::Run(id.to_string())),
+        ["audit", "row_failure_log", dir, _file] => {
+            if let Some(id) = dir.strip_prefix("run_id=") {
+                Some(Owner::Run(id.to_string()))
+            } else {
+                dir.strip_prefix("build_id=").map(|id| Owner::Build {
+                    table: None,
+                    build_id: id.to_string(),
+                })
+            }
+        }
+        ["silver", table, dir, _file] => dir.strip_prefix("build_id=").map(|id| Owner::Build {
+            table: Some(table.to_string()),
+            build_id: id.to_string(),
+        }),
+        _ => None,
+    }
+}
+
+/// What the logs say about a run's or build's files: keep them, or the reason they may go and
+/// the moment from which the grace period counts (`None`: the file's own age).
+enum Verdict {
+    Keep,
+    Remove(&'static str, Option<i64>),
+}
+
+fn run_verdict(run: Option<&RunRecord>) -> Verdict {
+    match run {
+        None => Verdict::Remove("uncommitted run", None),
+        Some(r) => match r.status {
+            RunStatus::Succeeded | RunStatus::SucceededWithFailures => Verdict::Keep,
+            RunStatus::RolledBack => Verdict::Remove("rolled-back run", r.rolled_back_at),
+            RunStatus::Failed | RunStatus::SkippedDuplicateFile => Verdict::Remove("run that published nothing", None),
+        },
+    }
+}
+
+fn build_verdict(
+    build: Option<&BuildRecord>,
+    snapshot: bool,
+    latest: &HashMap<String, String>,
+    now: i64,
+    retain: Duration,
+) -> Verdict {
+    match build {
+        None => Verdict::Remove("uncommitted build", None),
+        Some(b) => match b.status {
+            BuildStatus::Failed => Verdict::Remove("failed build", None),
+            BuildStatus::RolledBack => Verdict::Remove("rolled-back build", b.rolled_back_at),
+            BuildStatus::Succeeded => {
+                // a succeeded build's rejections are audit history: only snapshots retire
+                if !snapshot
+                    || latest.get(&b.table) == Some(&b.build_id)
+                    || now - b.finished_at < retain.as_micros() as i64
+                {
+                    Verdict::Keep
+                } else {
+                    Verdict::Remove("snapshot past retention", None)
+                }
+            }
+        },
+    }
+}
+
+/// Remove (or with `dry_run` list) what nothing reads any more; see the module documentation.
+pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
+    let runs: BTreeMap<String, RunRecord> = read_run_log(lake)
+        .await?
+        .into_iter()
+        .map(|r| (r.run_id.clone(), r))
+        .collect();
+    let builds_all = read_build_log(lake).await?;
+    let mut latest: HashMap<String, String> = HashMap::new();
+    for b in &builds_all {
+        if let Some(l) = latest_build(&builds_all, &b.table) {
+            latest.insert(b.table.clone(), l.build_id.clone());
+        }
+    }
+    let builds: BTreeMap<String, &BuildRecord> = builds_all.iter().map(|b| (b.build_id.clone(), b)).collect();
+    let now = chrono::Utc::now().timestamp_micros();
+    // Files the kept snapshots read (a manifest may name files of earlier builds' folders).
+    let mut live: BTreeSet<String> = BTreeSet::new();
+    for b in &builds_all {
+        if matches!(build_verdict(Some(b), true, &latest, now, opts.retain), Verdict::Keep) {
+            live.extend(crate::silver::build::build_files(lake, &b.table, &b.build_id).await?);
+        }
+    }
+    let grace = opts.grace.as_micros() as i64;
+    let mut report = GcReport {
+        dry_run: opts.dry_run,
+        ..Default::default()
+    };
+    for prefix in ["bronze", "audit/row_failure_log", "silver"] {
+        for meta in lake.list(prefix).await? {
+            let Some(rel) = lake.relative(&meta.location) else {
+                continue;
+            };
+            let Some(owner) = owner_of(&rel) else { continue };
+            if live.contains(&rel) {
+                continue;
+            }
+            let verdict = match &owner {
+                Owner::Run(id) => run_verdict(runs.get(id)),
+                Owner::Build { table, build_id } => build_verdict(
+                    builds.get(build_id).copied(),
+                    table.is_some(),
+                    &latest,
+                    now,
+                    opts.retain,
+                ),
+            };
+            let Verdict::Remove(reason, since) = verdict else {
+                continue;
+            };
+            let since = since.unwrap_or_else(|| meta.last_modified.timestamp_micros());
+            if now - since < grace {
+                report.in_grace += 1;
+                continue;
+            }
+            if !opts.dry_run {
+                lake.delete(&rel).await?;
+                if report.removed.is_empty() {
+                    crate::table::failpoint::hit("gc.after_first_delete")?;
+                }
+            }
+            report.removed.push(Removal {
+                path: rel,
+                bytes: meta.size,
+                reason: reason.to_string(),
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// Parse a duration like `90s`, `30m`, `24h`, `7d` (or `0`).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let bad = || {
+        Error::Invalid(format!(
+            "invalid duration \"{s}\": use a number with s, m, h or d (e.g. 30m, 24h, 7d)"
+        ))
+    };
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "" if n == 0 => 0,
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(bad()),
+    };
+    Ok(Duration::from_secs(secs))
+}

@@ -1,0 +1,108 @@
+//! `ingot run`, the nightly job: ingest every new landing file, then build every silver table
+//! whose inputs changed.
+//!
+//! A landing file is *new* unless a run of its source already has the same file name and file
+//! hash, with a status other than `failed` (a failed file is retried only after the contract
+//! version changes). Files are ingested per source in sorted order, one run each, so a re-sent
+//! copy under another name is recorded as `skipped_duplicate_file` once. A table is built
+//! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, or
+//! when it has no succeeded build with its latest rules version yet. Running the job twice in a row
+//! changes nothing the second time. The landing folder can be local or `s3://bucket/prefix`
+//! ([`crate::ingest::landing`]).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::engine::session::Workspace;
+use crate::error::{Error, Result};
+use crate::ingest::landing::{Input, landing_files};
+use crate::ingest::{IngestOptions, ingest_input};
+use crate::silver::build::{BuildOptions, Built, build};
+use crate::spec::contract::ContractSet;
+use crate::spec::rules::RulesSet;
+use crate::spec::yaml::Problems;
+use crate::table::audit::{BuildStatus, RunRecord, RunStatus, read_build_log, read_run_log};
+
+/// What one nightly job did.
+#[derive(Debug, Default)]
+pub struct NightlyReport {
+    pub runs: Vec<RunRecord>,
+    pub builds: Vec<Built>,
+    /// Landing files found already loaded (not ingested again).
+    pub already_loaded: usize,
+}
+
+impl NightlyReport {
+    /// Did any run or build fail?
+    pub fn failed(&self) -> bool {
+        self.runs.iter().any(|r| r.status == RunStatus::Failed)
+            || self.builds.iter().any(|b| b.record.status == BuildStatus::Failed)
+    }
+}
+
+fn file_name(path: &str) -> &str {
+    Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or(path)
+}
+
+/// Has a run of this source already taken this file (same name and hash)?
+async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32, input: &Input) -> Result<bool> {
+    let name = input.file_name();
+    let bytes = input.size()? as i64;
+    let candidates: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| {
+            r.source == source
+                && file_name(&r.file_path) == name
+                && r.file_bytes == bytes
+                && (r.status != RunStatus::Failed || r.contract_version == contract_version)
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Ok(false);
+    }
+    let hash = input.digest().await?;
+    Ok(candidates.iter().any(|r| r.file_hash.as_deref() == Some(hash.as_str())))
+}
+
+/// Run the nightly job. `opts` are used for every ingest.
+pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&str)) -> Result<NightlyReport> {
+    let mut problems = Problems::default();
+    let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
+    let rules = RulesSet::load(&ws.rules_dir, &contracts, &mut problems);
+    if !problems.is_empty() {
+        return Err(Error::Config(problems.items));
+    }
+    let mut report = NightlyReport::default();
+    let runs = read_run_log(&ws.lake).await?;
+    let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
+    for (source, contract) in &contracts.contracts {
+        for input in landing_files(&ws.landing_dir, source).await? {
+            if already_loaded(&runs, source, contract.version as i32, &input).await? {
+                report.already_loaded += 1;
+                continue;
+            }
+            on_step(&format!("ingest {source} {}", input.display()));
+            let record = ingest_input(ws, contract.clone(), &input, opts).await?;
+            if record.has_data() {
+                loaded_sources.insert(source.clone());
+            }
+            report.runs.push(record);
+        }
+    }
+    let builds = read_build_log(&ws.lake).await?;
+    for table in rules.table_names() {
+        let Some(latest) = rules.latest(table) else { continue };
+        let contract = contracts.contracts.get(&latest.source);
+        let inputs_changed = loaded_sources.contains(&latest.source)
+            || contract.is_some_and(|c| c.resolve.iter().any(|r| loaded_sources.contains(&r.lookup)));
+        let built_with_latest = builds
+            .iter()
+            .any(|b| b.table == table && b.status == BuildStatus::Succeeded && b.rules_version == latest.version);
+        if !inputs_changed && built_with_latest {
+            continue;
+        }
+        on_step(&format!("build silver.{table}"));
+        report.builds.push(build(ws, table, &BuildOptions::default()).await?);
+    }
+    Ok(report)
+}

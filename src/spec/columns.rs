@@ -1,0 +1,93 @@
+//! Every column name ingot reserves, and the Arrow fields of the bronze metadata columns.
+//!
+//! The names are the columns of ingot's own tables (bronze, silver, audit); a contract field or
+//! a rules column may not take one of them. The tables' full schemas live in [`crate::table`].
+
+use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
+
+/// Column names a contract may not use: every column of every table in docs/formats.md#tables.
+pub const RESERVED_COLUMNS: &[&str] = &[
+    // bronze
+    "ingestion_run_id",
+    "file_hash",
+    "row_hash",
+    "natural_key_fingerprint",
+    "natural_key_version",
+    "contract_version",
+    "source_row_number",
+    "ingested_at",
+    "is_deleted",
+    "previous_natural_key_fingerprint",
+    // silver
+    "rules_version",
+    "anomaly_flags",
+    "is_anomaly",
+    "silver_build_id",
+    // audit.ingestion_run_log
+    "run_id",
+    "source",
+    "file_path",
+    "file_bytes",
+    "started_at",
+    "finished_at",
+    "status",
+    "rows_seen",
+    "rows_inserted",
+    "rows_updated",
+    "rows_unchanged",
+    "rows_failed",
+    "rows_deleted",
+    "previous_natural_key_version",
+    "replay_of",
+    "error",
+    "ingot_version",
+    // audit.row_failure_log
+    "layer",
+    "table",
+    "raw_payload",
+    "rule",
+    "reason",
+    "failed_at",
+    // audit.silver_build_log
+    "build_id",
+    "rules_sha256",
+    "mode",
+    "rebuild_filter",
+    "rows_read",
+    "rows_written",
+    "rows_filtered",
+    "rows_rejected",
+    "rows_flagged",
+];
+
+/// Arrow type of `timestamp` fields: microseconds since the epoch, UTC.
+pub fn timestamp_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// The bronze columns after the contract fields (docs/formats.md#tables), in order.
+pub fn meta_fields() -> Vec<Field> {
+    vec![
+        Field::new("ingestion_run_id", DataType::Utf8, true),
+        Field::new("file_hash", DataType::Utf8, true),
+        Field::new("row_hash", DataType::Utf8, true),
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("natural_key_version", DataType::Int32, true),
+        Field::new("contract_version", DataType::Int32, true),
+        Field::new("source_row_number", DataType::Int64, true),
+        Field::new("ingested_at", timestamp_type(), true),
+        Field::new(IS_DELETED, DataType::Boolean, true),
+        Field::new(PREVIOUS_FINGERPRINT, DataType::Utf8, true),
+    ]
+}
+
+/// Bronze column: true on a tombstone, the version that ends a record (a natural key absent from
+/// a `delivery: full` file). Files written before deletions existed lack it: null counts as false.
+pub const IS_DELETED: &str = "is_deleted";
+
+/// Bronze column: on the versions `ingot rekey` wrote, the record's fingerprint under the previous
+/// natural-key version; null on every other row.
+pub const PREVIOUS_FINGERPRINT: &str = "previous_natural_key_fingerprint";
+
+/// Silver column: the version of the rules that produced a row.
+pub const RULES_VERSION: &str = "rules_version";

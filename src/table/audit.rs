@@ -1,0 +1,735 @@
+//! Audit tables: `audit.ingestion_run_log`, `audit.row_failure_log` and `audit.silver_build_log`
+//! (docs/formats.md#tables).
+//!
+//! A run-log record is the commit of its run: it is written once, as a one-row Parquet file, with
+//! a create-if-absent put (see [`crate::table::lake`]). Failure rows are streamed to a run-scoped Parquet
+//! file that only becomes visible through the run's committed record.
+//!
+//! The run log has an `ignored_columns` column (comma-separated input
+//! columns dropped under `unknown_fields: ignore`, null when none), `rolled_back_at` (set by
+//! `ingot undo`), `rows_deleted` (tombstones of a `delivery: full` run), `natural_key_version`
+//! (the key version of the fingerprints the run wrote) and `previous_natural_key_version` (set only
+//! on the run of an `ingot rekey`: the key version it migrated from).
+//!
+//! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
+//! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
+//! file holds `rows_inserted + rows_updated + rows_deleted` rows (new versions, then tombstones).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    TimestampMicrosecondArray, TimestampMicrosecondBuilder,
+};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
+};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use object_store::ObjectStoreExt;
+
+use crate::error::{Error, Result};
+use crate::spec::contract::timestamp_type;
+use crate::table::bronze::RunFileWriter;
+use crate::table::lake::{Lake, layout};
+
+pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Status of a run (docs/formats.md#tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Succeeded,
+    SucceededWithFailures,
+    Failed,
+    SkippedDuplicateFile,
+    RolledBack,
+}
+
+impl RunStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::SucceededWithFailures => "succeeded_with_failures",
+            RunStatus::Failed => "failed",
+            RunStatus::SkippedDuplicateFile => "skipped_duplicate_file",
+            RunStatus::RolledBack => "rolled_back",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        Some(match s {
+            "succeeded" => RunStatus::Succeeded,
+            "succeeded_with_failures" => RunStatus::SucceededWithFailures,
+            "failed" => RunStatus::Failed,
+            "skipped_duplicate_file" => RunStatus::SkippedDuplicateFile,
+            "rolled_back" => RunStatus::RolledBack,
+            _ => return None,
+        })
+    }
+
+    /// Does this run's data count (bronze rows, failure rows, file_hash for skipping)?
+    pub fn is_loaded(&self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::SucceededWithFailures)
+    }
+}
+
+/// One row of `audit.ingestion_run_log`. Times are microseconds since the epoch, UTC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub source: String,
+    pub contract_version: i32,
+    pub file_path: String,
+    pub file_hash: Option<String>,
+    pub file_bytes: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub status: RunStatus,
+    pub rows_seen: i64,
+    pub rows_inserted: i64,
+    pub rows_updated: i64,
+    pub rows_unchanged: i64,
+    pub rows_failed: i64,
+    pub replay_of: Option<String>,
+    pub error: Option<String>,
+    pub ingot_version: String,
+    pub ignored_columns: Option<String>,
+    /// When `ingot undo` rolled the run back (microseconds, UTC); extension column.
+    pub rolled_back_at: Option<i64>,
+    /// Tombstones written: current records whose natural key a `delivery: full` file did not
+    /// have (extension column; null in older records reads as 0).
+    pub rows_deleted: i64,
+    /// The natural-key version of the fingerprints the run wrote (extension column; null in
+    /// older records: then the run's bronze file says).
+    pub natural_key_version: Option<i32>,
+    /// Set on the runs `ingot rekey` commits: the natural-key version it migrated from
+    /// (extension column).
+    pub previous_natural_key_version: Option<i32>,
+    /// Position of the record among the source's run records (1-based): its commit slot. Not a
+    /// column; it is the record's file name.
+    pub seq: u64,
+}
+
+impl RunRecord {
+    /// Did this run write a bronze data file?
+    pub fn has_data(&self) -> bool {
+        self.status.is_loaded() && self.rows_written() > 0
+    }
+
+    /// Rows of the run's bronze file: new versions and tombstones.
+    pub fn rows_written(&self) -> i64 {
+        self.rows_inserted + self.rows_updated + self.rows_deleted
+    }
+
+    /// Is this the run of an `ingot rekey`?
+    pub fn is_rekey(&self) -> bool {
+        self.previous_natural_key_version.is_some()
+    }
+
+    pub fn has_failures(&self) -> bool {
+        self.status.is_loaded() && self.rows_failed > 0
+    }
+}
+
+pub fn run_log_schema() -> SchemaRef {
+    let ts = timestamp_type();
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("contract_version", DataType::Int32, false),
+        Field::new("file_path", DataType::Utf8, false),
+        Field::new("file_hash", DataType::Utf8, true),
+        Field::new("file_bytes", DataType::Int64, false),
+        Field::new("started_at", ts.clone(), false),
+        Field::new("finished_at", ts, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows_seen", DataType::Int64, false),
+        Field::new("rows_inserted", DataType::Int64, false),
+        Field::new("rows_updated", DataType::Int64, false),
+        Field::new("rows_unchanged", DataType::Int64, false),
+        Field::new("rows_failed", DataType::Int64, false),
+        Field::new("replay_of", DataType::Utf8, true),
+        Field::new("error", DataType::Utf8, true),
+        Field::new("ingot_version", DataType::Utf8, false),
+        Field::new("ignored_columns", DataType::Utf8, true),
+        Field::new("rolled_back_at", timestamp_type(), true),
+        Field::new("rows_deleted", DataType::Int64, true),
+        Field::new("natural_key_version", DataType::Int32, true),
+        Field::new("previous_natural_key_version", DataType::Int32, true),
+    ]))
+}
+
+pub fn failure_log_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("layer", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("table", DataType::Utf8, true),
+        Field::new("source_row_number", DataType::Int64, true),
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("raw_payload", DataType::Utf8, false),
+        Field::new("rule", DataType::Utf8, false),
+        Field::new("reason", DataType::Utf8, false),
+        Field::new("rules_version", DataType::Int32, true),
+        Field::new("failed_at", timestamp_type(), false),
+    ]))
+}
+
+fn ts_array(v: i64) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
+}
+
+fn opt_ts_array(v: Option<i64>) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
+}
+
+fn str_array(v: Option<&str>) -> ArrayRef {
+    Arc::new(StringArray::from(vec![v]))
+}
+
+fn i64_array(v: i64) -> ArrayRef {
+    Arc::new(Int64Array::from(vec![v]))
+}
+
+impl RunRecord {
+    pub fn to_batch(&self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            str_array(Some(&self.run_id)),
+            str_array(Some(&self.source)),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![self.contract_version])),
+            str_array(Some(&self.file_path)),
+            str_array(self.file_hash.as_deref()),
+            i64_array(self.file_bytes),
+            ts_array(self.started_at),
+            ts_array(self.finished_at),
+            str_array(Some(self.status.as_str())),
+            i64_array(self.rows_seen),
+            i64_array(self.rows_inserted),
+            i64_array(self.rows_updated),
+            i64_array(self.rows_unchanged),
+            i64_array(self.rows_failed),
+            str_array(self.replay_of.as_deref()),
+            str_array(self.error.as_deref()),
+            str_array(Some(&self.ingot_version)),
+            str_array(self.ignored_columns.as_deref()),
+            opt_ts_array(self.rolled_back_at),
+            i64_array(self.rows_deleted),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
+                self.natural_key_version,
+            ])),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
+                self.previous_natural_key_version,
+            ])),
+        ];
+        Ok(RecordBatch::try_new(run_log_schema(), cols)?)
+    }
+
+    /// Read every record of a batch in the run-log schema.
+    fn from_columns(c: &LogColumns<'_>) -> Result<Vec<RunRecord>> {
+        let mut out = Vec::with_capacity(c.batch.num_rows());
+        for r in 0..c.batch.num_rows() {
+            let status_text = c.str("status")?.value(r);
+            let status = RunStatus::parse(status_text)
+                .ok_or_else(|| Error::RunFailed(format!("run log has unknown status \"{status_text}\"")))?;
+            out.push(RunRecord {
+                run_id: c.text("run_id", r)?,
+                source: c.text("source", r)?,
+                contract_version: c.i32("contract_version")?.value(r),
+                file_path: c.text("file_path", r)?,
+                file_hash: c.opt("file_hash", r)?,
+                file_bytes: c.i64("file_bytes")?.value(r),
+                started_at: c.ts("started_at")?.value(r),
+                finished_at: c.ts("finished_at")?.value(r),
+                status,
+                rows_seen: c.i64("rows_seen")?.value(r),
+                rows_inserted: c.i64("rows_inserted")?.value(r),
+                rows_updated: c.i64("rows_updated")?.value(r),
+                rows_unchanged: c.i64("rows_unchanged")?.value(r),
+                rows_failed: c.i64("rows_failed")?.value(r),
+                replay_of: c.opt("replay_of", r)?,
+                error: c.opt("error", r)?,
+                ingot_version: c.text("ingot_version", r)?,
+                ignored_columns: match c.batch.column_by_name("ignored_columns") {
+                    Some(_) => c.opt("ignored_columns", r)?,
+                    None => None,
+                },
+                rolled_back_at: c.opt_ts("rolled_back_at", r)?,
+                rows_deleted: c.opt_i64("rows_deleted", r)?.unwrap_or(0),
+                natural_key_version: c.opt_i32("natural_key_version", r)?,
+                previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
+                seq: 0,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Serialize one batch as a complete Parquet file in memory (small audit records).
+pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(
+        &mut buf,
+        batch.schema(),
+        Some(crate::table::bronze::writer_properties_for(&batch.schema())),
+    )?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(Bytes::from(buf))
+}
+
+/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another run of the source committed since this one started: nothing of this
+/// run is published.
+pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
+    commit_run_record(lake, record, "ingest.before_commit").await
+}
+
+/// [`commit_run`] with the name of the failpoint hit just before the put (`ingot undo` commits
+/// run records too).
+pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::table::failpoint::hit(failpoint)?;
+    if !lake
+        .put_create(&layout::run_record(&record.source, record.seq), bytes)
+        .await?
+    {
+        return Err(Error::Locked(format!(
+            "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
+             over); nothing of run {} was published: run the same command again",
+            record.source, record.run_id, record.run_id
+        )));
+    }
+    Ok(())
+}
+
+/// The next commit slot of `source`, given the run log.
+pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
+    runs.iter()
+        .filter(|r| r.source == source)
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
+/// Every committed run record of the lake, in start order (then run id).
+pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
+    let out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
+        r.seq = seq
+    })
+    .await?;
+    let mut out = latest_per_id(out, |r| (r.source.clone(), r.run_id.clone()), |r| r.seq);
+    out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
+    Ok(out)
+}
+
+/// One record per id: the one in the highest slot. A log is append-only; `ingot undo` marks a run
+/// or build `rolled_back` by committing a copy of its record, with the new status, into the next
+/// slot, and that copy supersedes the original everywhere (catalog, audit tables, next slot).
+fn latest_per_id<T, K: Ord>(records: Vec<T>, id: impl Fn(&T) -> K, seq: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut best: std::collections::BTreeMap<K, T> = std::collections::BTreeMap::new();
+    for r in records {
+        let k = id(&r);
+        match best.get(&k) {
+            Some(have) if seq(have) >= seq(&r) => {}
+            _ => {
+                best.insert(k, r);
+            }
+        }
+    }
+    best.into_values().collect()
+}
+
+/// Typed access to the columns of a log record batch, with errors naming the log and column.
+struct LogColumns<'a> {
+    batch: &'a RecordBatch,
+    log: &'static str,
+}
+
+impl<'a> LogColumns<'a> {
+    fn col(&self, name: &str) -> Result<&'a ArrayRef> {
+        self.batch
+            .column_by_name(name)
+            .ok_or_else(|| Error::RunFailed(format!("{} record lacks column {name}", self.log)))
+    }
+
+    fn bad(&self, name: &str, what: &str) -> Error {
+        Error::RunFailed(format!("{} column {name} is not {what}", self.log))
+    }
+
+    fn str(&self, name: &str) -> Result<&'a StringArray> {
+        self.col(name)?
+            .as_string_opt::<i32>()
+            .ok_or_else(|| self.bad(name, "utf8"))
+    }
+
+    fn i64(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int64Type>> {
+        self.col(name)?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| self.bad(name, "int64"))
+    }
+
+    fn i32(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int32Type>> {
+        self.col(name)?
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(|| self.bad(name, "int32"))
+    }
+
+    fn ts(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
+        self.col(name)?
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .ok_or_else(|| self.bad(name, "a timestamp"))
+    }
+
+    /// A nullable timestamp of a column that older records may lack (`None` then).
+    fn opt_ts(&self, name: &str, row: usize) -> Result<Option<i64>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.ts(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
+    }
+
+    /// A nullable int64 of a column that older records may lack (`None` then).
+    fn opt_i64(&self, name: &str, row: usize) -> Result<Option<i64>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.i64(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
+    }
+
+    /// A nullable int32 of a column that older records may lack (`None` then).
+    fn opt_i32(&self, name: &str, row: usize) -> Result<Option<i32>> {
+        if self.batch.column_by_name(name).is_none() {
+            return Ok(None);
+        }
+        let a = self.i32(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row)))
+    }
+
+    /// A nullable text value.
+    fn opt(&self, name: &str, row: usize) -> Result<Option<String>> {
+        let a = self.str(name)?;
+        Ok((!a.is_null(row)).then(|| a.value(row).to_string()))
+    }
+
+    fn text(&self, name: &str, row: usize) -> Result<String> {
+        Ok(self.str(name)?.value(row).to_string())
+    }
+}
+
+/// Every record of one log (`rel`), each with the sequence number its file name carries.
+async fn read_log<T>(
+    lake: &Lake,
+    rel: &str,
+    log: &'static str,
+    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+    mut set_seq: impl FnMut(&mut T, u64),
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for meta in lake.list(rel).await? {
+        if meta.location.extension() != Some("parquet") {
+            continue;
+        }
+        let seq = meta
+            .location
+            .filename()
+            .and_then(|f| f.strip_suffix(".parquet"))
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the {log}: {}", meta.location)))?;
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
+            for mut record in parse(&LogColumns { batch: &batch, log })? {
+                set_seq(&mut record, seq);
+                out.push(record);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A rejected record, bronze or silver.
+#[derive(Debug, Clone)]
+pub struct FailureRow {
+    pub source_row_number: Option<i64>,
+    pub natural_key_fingerprint: Option<String>,
+    pub raw_payload: String,
+    pub rule: String,
+    pub reason: String,
+}
+
+/// Streams failure rows of one run into its run-scoped Parquet file.
+pub struct FailureWriter {
+    run_id: String,
+    layer: &'static str,
+    source: String,
+    table: Option<String>,
+    rules_version: Option<i32>,
+    failed_at: i64,
+    pending: Vec<FailureRow>,
+    file: RunFileWriter,
+    pub count: u64,
+}
+
+const FAILURE_FLUSH: usize = 8192;
+
+impl FailureWriter {
+    pub fn new(lake: &Lake, run_id: &str, source: &str, failed_at: i64) -> FailureWriter {
+        FailureWriter {
+            run_id: run_id.to_string(),
+            layer: "bronze",
+            source: source.to_string(),
+            table: None,
+            rules_version: None,
+            failed_at,
+            pending: Vec::new(),
+            file: RunFileWriter::new(lake, layout::failures(run_id), failure_log_schema()),
+            count: 0,
+        }
+    }
+
+    pub async fn push(&mut self, row: FailureRow) -> Result<()> {
+        self.pending.push(row);
+        self.count += 1;
+        if self.pending.len() >= FAILURE_FLUSH {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    fn batch(&mut self) -> Result<RecordBatch> {
+        let n = self.pending.len();
+        let mut run = StringBuilder::with_capacity(n, n * 36);
+        let mut layer = StringBuilder::new();
+        let mut source = StringBuilder::new();
+        let mut table = StringBuilder::new();
+        let mut row_no = Int64Builder::with_capacity(n);
+        let mut fp = StringBuilder::new();
+        let mut raw = StringBuilder::new();
+        let mut rule = StringBuilder::new();
+        let mut reason = StringBuilder::new();
+        let mut rv = Int32Builder::with_capacity(n);
+        let mut at = TimestampMicrosecondBuilder::with_capacity(n);
+        for f in self.pending.drain(..) {
+            run.append_value(&self.run_id);
+            layer.append_value(self.layer);
+            source.append_value(&self.source);
+            table.append_option(self.table.as_deref());
+            row_no.append_option(f.source_row_number);
+            fp.append_option(f.natural_key_fingerprint.as_deref());
+            raw.append_value(&f.raw_payload);
+            rule.append_value(&f.rule);
+            reason.append_value(&f.reason);
+            rv.append_option(self.rules_version);
+            at.append_value(self.failed_at);
+        }
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(run.finish()),
+            Arc::new(layer.finish()),
+            Arc::new(source.finish()),
+            Arc::new(table.finish()),
+            Arc::new(row_no.finish()),
+            Arc::new(fp.finish()),
+            Arc::new(raw.finish()),
+            Arc::new(rule.finish()),
+            Arc::new(reason.finish()),
+            Arc::new(rv.finish()),
+            Arc::new(at.finish().with_timezone("UTC")),
+        ];
+        Ok(RecordBatch::try_new(failure_log_schema(), cols)?)
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = self.batch()?;
+        self.file.write(&batch).await
+    }
+
+    /// Flush and close the file (if any row was written). Returns the number of rows.
+    pub async fn finish(mut self) -> Result<u64> {
+        self.flush().await?;
+        self.file.finish().await?;
+        Ok(self.count)
+    }
+}
+
+// ---- audit.silver_build_log ---------------------------------------------------------------------
+
+/// Status of a silver build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+    Succeeded,
+    Failed,
+    /// Undone by `ingot undo <build_id>`: the table is back at the previous snapshot.
+    RolledBack,
+}
+
+impl BuildStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BuildStatus::Succeeded => "succeeded",
+            BuildStatus::Failed => "failed",
+            BuildStatus::RolledBack => "rolled_back",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BuildStatus> {
+        Some(match s {
+            "succeeded" => BuildStatus::Succeeded,
+            "failed" => BuildStatus::Failed,
+            "rolled_back" => BuildStatus::RolledBack,
+            _ => return None,
+        })
+    }
+}
+
+/// One row of `audit.silver_build_log` (docs/formats.md#tables): the commit of a silver build. Times are
+/// microseconds since the epoch, UTC. `rows_read = rows_written + rows_filtered + rows_rejected`
+/// counts the input rows this build processed (an incremental build processes only changed
+/// records); `rows_flagged` counts the flagged rows of the whole published table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildRecord {
+    pub build_id: String,
+    pub table: String,
+    pub rules_version: i32,
+    pub rules_sha256: String,
+    /// `full`, `incremental` or `rebuild`.
+    pub mode: String,
+    pub rebuild_filter: Option<String>,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub status: BuildStatus,
+    pub rows_read: i64,
+    pub rows_written: i64,
+    pub rows_filtered: i64,
+    pub rows_rejected: i64,
+    pub rows_flagged: i64,
+    pub error: Option<String>,
+    /// When `ingot undo` rolled the build back (microseconds, UTC); extension column.
+    pub rolled_back_at: Option<i64>,
+    /// Position among the table's build records (1-based): its commit slot and file name.
+    pub seq: u64,
+}
+
+pub fn build_log_schema() -> SchemaRef {
+    let ts = timestamp_type();
+    Arc::new(Schema::new(vec![
+        Field::new("build_id", DataType::Utf8, false),
+        Field::new("table", DataType::Utf8, false),
+        Field::new("rules_version", DataType::Int32, false),
+        Field::new("rules_sha256", DataType::Utf8, false),
+        Field::new("mode", DataType::Utf8, false),
+        Field::new("rebuild_filter", DataType::Utf8, true),
+        Field::new("started_at", ts.clone(), false),
+        Field::new("finished_at", ts, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows_read", DataType::Int64, false),
+        Field::new("rows_written", DataType::Int64, false),
+        Field::new("rows_filtered", DataType::Int64, false),
+        Field::new("rows_rejected", DataType::Int64, false),
+        Field::new("rows_flagged", DataType::Int64, false),
+        Field::new("error", DataType::Utf8, true),
+        Field::new("rolled_back_at", timestamp_type(), true),
+    ]))
+}
+
+impl BuildRecord {
+    pub fn to_batch(&self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            str_array(Some(&self.build_id)),
+            str_array(Some(&self.table)),
+            Arc::new(datafusion::arrow::array::Int32Array::from(vec![self.rules_version])),
+            str_array(Some(&self.rules_sha256)),
+            str_array(Some(&self.mode)),
+            str_array(self.rebuild_filter.as_deref()),
+            ts_array(self.started_at),
+            ts_array(self.finished_at),
+            str_array(Some(self.status.as_str())),
+            i64_array(self.rows_read),
+            i64_array(self.rows_written),
+            i64_array(self.rows_filtered),
+            i64_array(self.rows_rejected),
+            i64_array(self.rows_flagged),
+            str_array(self.error.as_deref()),
+            opt_ts_array(self.rolled_back_at),
+        ];
+        Ok(RecordBatch::try_new(build_log_schema(), cols)?)
+    }
+
+    fn from_columns(c: &LogColumns<'_>) -> Result<Vec<BuildRecord>> {
+        let mut out = Vec::with_capacity(c.batch.num_rows());
+        for r in 0..c.batch.num_rows() {
+            let status_text = c.str("status")?.value(r);
+            let status = BuildStatus::parse(status_text)
+                .ok_or_else(|| Error::RunFailed(format!("build log has unknown status \"{status_text}\"")))?;
+            out.push(BuildRecord {
+                build_id: c.text("build_id", r)?,
+                table: c.text("table", r)?,
+                rules_version: c.i32("rules_version")?.value(r),
+                rules_sha256: c.text("rules_sha256", r)?,
+                mode: c.text("mode", r)?,
+                rebuild_filter: c.opt("rebuild_filter", r)?,
+                started_at: c.ts("started_at")?.value(r),
+                finished_at: c.ts("finished_at")?.value(r),
+                status,
+                rows_read: c.i64("rows_read")?.value(r),
+                rows_written: c.i64("rows_written")?.value(r),
+                rows_filtered: c.i64("rows_filtered")?.value(r),
+                rows_rejected: c.i64("rows_rejected")?.value(r),
+                rows_flagged: c.i64("rows_flagged")?.value(r),
+                error: c.opt("error", r)?,
+                rolled_back_at: c.opt_ts("rolled_back_at", r)?,
+                seq: 0,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Commit a build: its record goes into the table's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another build of the table committed since this one started: nothing of this
+/// build is published.
+pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
+    commit_build_record(lake, record, "build.before_commit").await
+}
+
+/// [`commit_build`] with the name of the failpoint hit just before the put.
+pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::table::failpoint::hit(failpoint)?;
+    if !lake
+        .put_create(&layout::build_record(&record.table, record.seq), bytes)
+        .await?
+    {
+        return Err(Error::Locked(format!(
+            "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
+             was published: run the same command again",
+            record.table, record.build_id, record.build_id
+        )));
+    }
+    Ok(())
+}
+
+/// Every committed build record of the lake, by table then sequence number.
+pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
+    let out = read_log(
+        lake,
+        layout::BUILD_LOG,
+        "build log",
+        BuildRecord::from_columns,
+        |r, seq| r.seq = seq,
+    )
+    .await?;
+    let mut out = latest_per_id(out, |r| (r.table.clone(), r.build_id.clone()), |r| r.seq);
+    out.sort_by(|a, b| (&a.table, a.seq).cmp(&(&b.table, b.seq)));
+    Ok(out)
+}

@@ -1,0 +1,221 @@
+//! One ingest per source at a time: a lock object in the lake.
+//!
+//! The lock is taken with a create-if-absent put of `_locks/<source>.lock` (`If-None-Match: *` on
+//! S3) and kept alive by a heartbeat that rewrites it every third of its time-to-live. A second
+//! ingest of the same source fails at once with a message naming the holder. A lock whose
+//! heartbeat is older than its TTL, or whose process is gone (same host, pid not alive), is stale
+//! and is taken over, so a crashed process never blocks the source for longer than the TTL.
+//!
+//! On stores with compare-and-swap (S3: `If-Match` on the ETag) every change of a lock object after
+//! its creation is conditional on the version last seen: of two processes taking over the same
+//! stale lock exactly one wins, a heartbeat never overwrites a lock another run took over, and
+//! releasing marks the object `released` rather than deleting it (S3 has no conditional delete in
+//! object_store 0.13), which the next ingest takes over like a missing lock.
+//!
+//! Hazard: on the local file system (no compare-and-swap) takeover is delete-then-create and a
+//! heartbeat or release is check-then-write, two steps each; and on any store a process paused past
+//! its TTL loses the lock. So the lock is only advisory, and correctness does not rest on it: each
+//! run commits into the source's next sequence slot with a create-if-absent put
+//! ([`crate::table::audit::commit_run`]), so of two runs that started from the same state only one can
+//! publish; the other fails and publishes nothing.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::table::lake::{Lake, Replaced, layout};
+use object_store::UpdateVersion;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LockInfo {
+    pub run_id: String,
+    pub host: String,
+    pub pid: u32,
+    pub acquired_at: String,
+    pub heartbeat_ms: i64,
+    pub ttl_ms: i64,
+    /// Set when the holder released the lock on a store that keeps the lock object (S3): the
+    /// next ingest takes it over as if it were absent.
+    #[serde(default)]
+    pub released: bool,
+}
+
+pub struct SourceLock {
+    lake: Lake,
+    rel: String,
+    info: LockInfo,
+    heartbeat: JoinHandle<()>,
+}
+
+/// Default time-to-live of a lock; `INGOT_LOCK_TTL_SECS` overrides it.
+pub fn default_ttl() -> Duration {
+    let secs = std::env::var("INGOT_LOCK_TTL_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs.max(1))
+}
+
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for its length; gethostname writes a NUL-terminated name into it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl LockInfo {
+    fn is_stale(&self, now: i64) -> bool {
+        let expired = now.saturating_sub(self.heartbeat_ms) > self.ttl_ms;
+        let dead = self.host == hostname() && !pid_alive(self.pid);
+        expired || dead || self.released
+    }
+}
+
+/// Take the lock of `source` for `run_id`.
+pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> Result<SourceLock> {
+    let rel = layout::lock(source);
+    let info = LockInfo {
+        run_id: run_id.to_string(),
+        host: hostname(),
+        pid: std::process::id(),
+        acquired_at: chrono::Utc::now().to_rfc3339(),
+        heartbeat_ms: now_ms(),
+        ttl_ms: ttl.as_millis() as i64,
+        released: false,
+    };
+    let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
+    let take = |version: Option<UpdateVersion>| {
+        let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), version, ttl);
+        SourceLock {
+            lake: lake.clone(),
+            rel: rel.clone(),
+            info: info.clone(),
+            heartbeat,
+        }
+    };
+    for attempt in 0..3 {
+        if let Some(version) = lake.put_create_versioned(&rel, body.clone()).await? {
+            return Ok(take(Some(version)));
+        }
+        let Some((bytes, version)) = lake.get_versioned(&rel).await? else {
+            continue; // released in between
+        };
+        match serde_json::from_slice::<LockInfo>(&bytes).ok() {
+            Some(h) if !h.is_stale(now_ms()) => {
+                let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default();
+                return Err(Error::Locked(format!(
+                    "source \"{source}\" is being ingested by run {} (pid {} on {}, since {}); \
+                     one ingest per source runs at a time. Re-run when it has finished; a lock \
+                     left by a crashed process expires at {expires} ({})",
+                    h.run_id,
+                    h.pid,
+                    h.host,
+                    h.acquired_at,
+                    lake.url(&rel)
+                )));
+            }
+            // Stale, released or unreadable: take it over, atomically where the store can.
+            _ => match lake.replace_if(&rel, body.clone(), version).await? {
+                Replaced::Done(version) => return Ok(take(Some(version))),
+                Replaced::Conflict => {} // another process took it or refreshed it: look again
+                Replaced::Unsupported if attempt < 2 => lake.delete(&rel).await?,
+                Replaced::Unsupported => {}
+            },
+        }
+    }
+    Err(Error::Locked(format!(
+        "source \"{source}\": could not take the lock {}; another ingest of the source is starting. Re-run it",
+        lake.url(&rel)
+    )))
+}
+
+/// Refresh the lock every third of its TTL while it is ours. Where the store can replace
+/// conditionally (S3) a refresh is an `If-Match` put of the version last written, so a lock
+/// taken over by another run is never overwritten; elsewhere it reads the holder first.
+fn spawn_heartbeat(
+    lake: Lake,
+    rel: String,
+    mut info: LockInfo,
+    mut version: Option<UpdateVersion>,
+    ttl: Duration,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            info.heartbeat_ms = now_ms();
+            let Ok(body) = serde_json::to_vec(&info).map(Bytes::from) else {
+                return;
+            };
+            if let Some(v) = &version {
+                match lake.replace_if(&rel, body.clone(), v.clone()).await {
+                    Ok(Replaced::Done(next)) => {
+                        version = Some(next);
+                        continue;
+                    }
+                    Ok(Replaced::Conflict) => return, // taken over
+                    Err(_) => continue,               // try again at the next beat
+                    Ok(Replaced::Unsupported) => version = None,
+                }
+            }
+            // Refresh only a lock that is still ours (it may have been taken over).
+            if !holds(&lake, &rel, &info.run_id).await {
+                return;
+            }
+            let _ = lake.put(&rel, body).await;
+        }
+    })
+}
+
+async fn holds(lake: &Lake, rel: &str, run_id: &str) -> bool {
+    match lake.get(rel).await {
+        Ok(Some(bytes)) => serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == run_id && !h.released),
+        _ => false,
+    }
+}
+
+impl SourceLock {
+    /// Release the lock if it is still ours (a lock taken over by another run is left alone).
+    /// Where the store can replace conditionally (S3) the lock object is marked released with an
+    /// `If-Match` put, which cannot clobber a lock another run took over meanwhile; elsewhere it
+    /// is deleted after checking it is still ours.
+    pub async fn release(self) -> Result<()> {
+        self.heartbeat.abort();
+        let _ = self.heartbeat.await;
+        let mut info = self.info.clone();
+        info.released = true;
+        let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
+        // The heartbeat may have moved the version on: use the lock's current one if it is ours.
+        let current = match self.lake.get_versioned(&self.rel).await? {
+            Some((bytes, v)) if serde_json::from_slice::<LockInfo>(&bytes).is_ok_and(|h| h.run_id == info.run_id) => v,
+            _ => return Ok(()),
+        };
+        match self.lake.replace_if(&self.rel, body, current).await? {
+            Replaced::Done(_) | Replaced::Conflict => Ok(()),
+            Replaced::Unsupported => {
+                if holds(&self.lake, &self.rel, &self.info.run_id).await {
+                    self.lake.delete(&self.rel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The lake's on-disk formats and commit protocol: object stores ([`store`]) and the lake layout
+//! with its commit order ([`lake`]), the writer lock ([`lock`]), failpoints for crash tests
+//! ([`failpoint`]), bronze runs ([`bronze`]) and the audit tables ([`audit`]).
+
+pub mod audit;
+pub mod bronze;
+pub mod failpoint;
+pub mod lake;
+pub mod lock;
+pub mod parquet;
+pub mod silver;
+pub mod store;

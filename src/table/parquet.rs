@@ -1,0 +1,46 @@
+//! Parquet files of the lake as DataFusion tables: the schema stored in a file, and listing
+//! tables over exactly the files a commit names (never a folder glob, which would also see
+//! uncommitted or undone files).
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::empty::EmptyTable;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::prelude::SessionContext;
+
+use crate::error::Result;
+use crate::table::lake::Lake;
+
+/// The Arrow schema stored in one Parquet file ingot wrote (strings stay `Utf8`, not views).
+pub async fn file_schema(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<SchemaRef> {
+    let url = ListingTableUrl::parse(lake.url(rel))?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default().with_force_view_types(false)))
+        .with_file_extension(".parquet");
+    Ok(options.infer_schema(&ctx.state(), &url).await?)
+}
+
+/// A listing table over one Parquet file ingot wrote, with the schema stored in it.
+pub async fn table_over_file(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result<Arc<dyn TableProvider>> {
+    let schema = file_schema(ctx, lake, rel).await?;
+    table_over(vec![lake.url(rel)], schema)
+}
+
+/// A Parquet listing table over exactly `files` (an [`EmptyTable`] when there are none, which a
+/// plan sent to a cluster carries as an empty relation, see [`crate::engine::exec`]).
+pub fn table_over(files: Vec<String>, schema: SchemaRef) -> Result<Arc<dyn TableProvider>> {
+    if files.is_empty() {
+        return Ok(Arc::new(EmptyTable::new(schema)));
+    }
+    let urls = files
+        .iter()
+        .map(ListingTableUrl::parse)
+        .collect::<datafusion::error::Result<Vec<_>>>()?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .with_schema(schema);
+    Ok(Arc::new(ListingTable::try_new(config)?))
+}
