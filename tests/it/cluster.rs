@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::ops::nightly::copy_dir;
+use crate::nightly::copy_dir;
 use crate::util::{
     TestLake, assert_ok, demo_sources, demo_tables, id_names, landing, normalize_rows, repo, stderr, stdout,
 };

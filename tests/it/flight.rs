@@ -34,8 +34,8 @@ impl Drop for Server {
 fn a_real_flight_sql_client_queries_browses_and_is_refused_what_it_may_not_do() {
     let python = venv_python();
     let t = TestLake::new();
-    crate::ops::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
-    assert_ok(&crate::ops::nightly::nightly(&t));
+    crate::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&crate::nightly::nightly(&t));
     let mut child = t
         .command()
         .arg("--rules")

@@ -15,8 +15,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
+use ingot::silver::apply_steps;
 use ingot::spec::contract::{ContractSet, FieldType};
-use ingot::spec::rules::{Action, AnomalyKind, RuleSet, RulesSet, Step, apply_steps};
+use ingot::spec::rules::{Action, AnomalyKind, RuleSet, RulesSet, Step};
 use ingot::spec::yaml::Problems;
 
 use crate::util::{TestLake, assert_ok, repo, sha256_hex, stderr, stdout};

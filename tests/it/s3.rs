@@ -367,7 +367,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
     moto.upload(&repo().join("data/landing"), "cluster-in", "landing");
     let s3 = s3_lake(&moto, "cluster-lake");
     let lake_url = s3.lake_url.clone().unwrap();
-    let (_cluster, url) = crate::engine::cluster::process_cluster(&lake_url, &moto.envs());
+    let (_cluster, url) = crate::cluster::process_cluster(&lake_url, &moto.envs());
     let local = TestLake::new();
     let local_landing = repo().join("data/landing").display().to_string();
     let run = |t: &TestLake, cluster: Option<&str>, args: &[&str]| {
@@ -376,7 +376,7 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
         } else {
             &local_landing
         };
-        crate::engine::cluster::ok_on(t, landing, cluster, args)
+        crate::cluster::ok_on(t, landing, cluster, args)
     };
     let out = run(&s3, Some(&url), &["run"]);
     for stage in ["build: transform", "ingest: committed versions"] {

@@ -178,8 +178,8 @@ FROM w ORDER BY natural_key_fingerprint";
 #[test]
 fn the_sessions_spike_flags_exactly_the_day_with_ten_times_the_usual_sessions() {
     let t = TestLake::new();
-    crate::ops::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
-    assert_ok(&crate::ops::nightly::nightly(&t));
+    crate::nightly::copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&crate::nightly::nightly(&t));
 
     let got = silver(&t, "site_traffic");
     let want = with_flags(t.query(TRAFFIC_V1_SQL), &["sessions_spike"]);

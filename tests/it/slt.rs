@@ -97,8 +97,8 @@ fn slt_files() -> Vec<PathBuf> {
 fn sqllogictest_files_over_the_demo_lake() {
     let t = TestLake::new();
     let landing = t.dir.path().join("landing");
-    crate::ops::nightly::copy_dir(&repo().join("data/landing"), &landing);
-    assert_ok(&crate::ops::nightly::nightly(&t));
+    crate::nightly::copy_dir(&repo().join("data/landing"), &landing);
+    assert_ok(&crate::nightly::nightly(&t));
     let ws = ingot::engine::session::Workspace {
         lake: ingot::table::lake::Lake::open(&t.lake().display().to_string()).unwrap(),
         contracts_dir: t.contracts(),
