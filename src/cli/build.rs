@@ -1,9 +1,9 @@
-//! `ingot build <table> [--full | --rebuild-where PRED] [--rules-version N]`: one silver build,
-//! one line saying what it did.
+//! `ingot build <table> [--full | --rebuild-where PRED] [--rules-version N] [--dry-run]`: one
+//! silver build, one line saying what it did (or, with `--dry-run`, what it would do).
 
 use crate::cli::Cli;
-use crate::error::{ExitStatus, Result};
-use crate::silver::build::{BuildOptions, Built, build};
+use crate::error::{Error, ExitStatus, Result};
+use crate::silver::build::{BuildOptions, Built, build, dry_run};
 use crate::table::audit::{BuildRecord, BuildStatus};
 
 #[derive(Debug, clap::Args)]
@@ -20,9 +20,14 @@ pub struct BuildArgs {
     /// Build with this rules version instead of the latest.
     #[arg(long, value_name = "N")]
     pub rules_version: Option<i32>,
-    /// Print the build record as one JSON object instead of a sentence.
+    /// Print the build record (with --dry-run: the plan) as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Print the plan of the build (full, incremental, delta layer, rebuild or nothing to do;
+    /// the runs it would read and the records it would process, keep and remove) and write
+    /// nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
@@ -32,6 +37,17 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
         rebuild_where: args.rebuild_where.clone(),
         rules_version: args.rules_version,
     };
+    if args.dry_run {
+        let plan = dry_run(&ws, &args.table, &opts).await?;
+        if args.json {
+            let json = serde_json::to_string(&plan).map_err(|e| Error::Internal(format!("plan as JSON: {e}")))?;
+            println!("{json}");
+        } else {
+            println!("{plan}");
+            println!("dry run: nothing was written");
+        }
+        return Ok(ExitStatus::Success);
+    }
     // A spinner while the build runs, when a person is watching.
     let spinner = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !args.json).then(|| {
         let s = indicatif::ProgressBar::new_spinner();

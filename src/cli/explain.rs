@@ -1,11 +1,12 @@
-//! `ingot explain <table> [--rules-version N]`: the rules in words, then the DataFusion logical
-//! plans they compile to (silver's rows with their flags, and the rejected rows).
+//! `ingot explain <table> [--rules-version N]`: the rules in words, what `ingot build` would do
+//! now (the build plan), then the DataFusion logical plans the rules compile to (silver's rows
+//! with their flags, and the rejected rows).
 
 use std::fmt::Write;
 
 use crate::cli::Cli;
 use crate::error::{ExitStatus, Result};
-use crate::silver::build::load_rules;
+use crate::silver::build::{BuildOptions, load_rules, plan_summary};
 use crate::silver::compile::{explain, read_inputs};
 use crate::spec::rules::{Action, AnomalyKind, RuleSet, Step};
 
@@ -25,6 +26,19 @@ pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitStatus> {
     let inputs = read_inputs(&catalog.ctx, &catalog.contracts, &rules).await?;
     let mut out = summary(&rules, &inputs.contract);
     out.push('\n');
+    let opts = BuildOptions {
+        rules_version: args.rules_version,
+        ..BuildOptions::default()
+    };
+    // The plan of an incremental build now; a build that would be refused says why.
+    match plan_summary(&ws, &catalog, &rules, &opts).await {
+        Ok(p) => {
+            let _ = writeln!(out, "build plan (ingot build {} now):\n{}\n", args.table, p);
+        }
+        Err(e) => {
+            let _ = writeln!(out, "build plan (ingot build {} now): refused: {e}\n", args.table);
+        }
+    }
     out.push_str(&explain(
         &catalog.ctx,
         &rules,

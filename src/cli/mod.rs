@@ -95,8 +95,10 @@ pub enum Command {
     /// rebuilds every row; --rebuild-where "rules_version < 2" rebuilds only matching rows. Anomaly
     /// flags are recomputed over the whole table. A `fail` validation fails the build (exit 1,
     /// nothing published); an edited rules version that a build already used is refused (exit 2).
+    /// --dry-run prints what the build would do and writes nothing.
     Build(build::BuildArgs),
-    /// Print the rules of a silver table and the DataFusion logical plans they compile to.
+    /// Print the rules of a silver table, what `ingot build` would do now (its plan), and the
+    /// DataFusion logical plans the rules compile to.
     Explain(explain::ExplainArgs),
     /// The nightly job: ingest every new file under <landing>/<source>/ (sorted, one run each),
     /// then build every silver table whose inputs changed; print one summary table.

@@ -1,0 +1,161 @@
+//! Publishing a build: the manifest and `inputs.json`, then the commit (the build-log record,
+//! written last, into the table's next slot). A crash before the record leaves files nothing
+//! reads; a failed build publishes only its record and deletes what it wrote (best effort).
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+
+use super::execute::Names;
+use super::parts::PartOut;
+use super::{Built, now_micros};
+use crate::error::{Error, Result};
+use crate::table::audit::{BuildRecord, BuildStatus, commit_build, parquet_bytes};
+use crate::table::lake::{Lake, layout};
+use crate::table::silver::{Manifest, state_schema};
+
+/// What the output pass wrote: file names (in the build's folder) and counts.
+#[derive(Default)]
+pub(super) struct Outputs {
+    pub total: PartOut,
+    pub data: Vec<String>,
+    pub state: Vec<String>,
+    /// Rows a `filter` step removed.
+    pub filtered: u64,
+    /// The build's failure file (lake-relative) and whether it has rows.
+    pub failures: String,
+    pub wrote_failures: bool,
+}
+
+impl Outputs {
+    /// Name a state file that the pass wrote `rows` rows to (an empty one is left out).
+    pub fn add_state(&mut self, rows: u64, name: String) {
+        if rows > 0 {
+            self.state.push(name);
+        }
+    }
+}
+
+/// Write the build's manifest and `inputs.json` (the digest of what `resolve` read).
+pub(super) async fn put_manifest(lake: &Lake, record: &BuildRecord, m: &Manifest, digest: &str) -> Result<()> {
+    let bytes = serde_json::to_vec(m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    lake.put(&layout::silver_manifest(&record.table, &record.build_id), bytes.into())
+        .await?;
+    let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
+    lake.put(
+        &layout::silver_inputs(&record.table, &record.build_id),
+        inputs_json.into(),
+    )
+    .await?;
+    crate::table::failpoint::hit("build.after_data")
+}
+
+/// Commit `record` (succeeded or failed) with its finish time.
+pub(super) async fn commit(lake: &Lake, record: &mut BuildRecord) -> Result<()> {
+    record.finished_at = now_micros();
+    commit_build(lake, record).await?;
+    crate::table::failpoint::hit("build.after_commit")
+}
+
+/// Publish a build whose table is the previous build's (nothing to do): its manifest `m` names
+/// the previous build's files.
+pub(super) async fn publish_unchanged(
+    lake: &Lake,
+    record: &mut BuildRecord,
+    prev: &BuildRecord,
+    m: Manifest,
+    digest: &str,
+) -> Result<Built> {
+    put_manifest(lake, record, &m, digest).await?;
+    record.rows_flagged = prev.rows_flagged;
+    commit(lake, record).await?;
+    let rows = m.rows.unwrap_or(0);
+    Ok(Built {
+        record: record.clone(),
+        table_rows: rows,
+        kept_rows: rows,
+    })
+}
+
+/// A `fail` validation failed: the build fails, nothing but its record is published.
+pub(super) async fn fail_build(lake: &Lake, record: &mut BuildRecord, out: Outputs) -> Result<Built> {
+    let total = &out.total;
+    let names: Vec<String> = total.failed_rules.iter().map(|r| format!("\"{r}\"")).collect();
+    record.status = BuildStatus::Failed;
+    record.error = Some(format!(
+        "validation {} (action: fail) failed for {} row{}; nothing was published; first failing {}",
+        names.join(", "),
+        total.failed,
+        if total.failed == 1 { "" } else { "s" },
+        total.first_failed.join("; ")
+    ));
+    commit(lake, record).await?;
+    let mut rels: Vec<String> = out
+        .data
+        .iter()
+        .chain(&out.state)
+        .map(|n| layout::silver_file(&record.table, &record.build_id, n))
+        .collect();
+    if out.wrote_failures {
+        rels.push(out.failures.clone());
+    }
+    for rel in rels {
+        let _ = lake.delete(&rel).await;
+    }
+    Ok(Built {
+        record: record.clone(),
+        table_rows: 0,
+        kept_rows: 0,
+    })
+}
+
+/// Publish a whole snapshot: its files (an empty part and state file when the pass wrote none),
+/// the manifest, then the record.
+pub(super) async fn publish_full(
+    lake: &Lake,
+    record: &mut BuildRecord,
+    mut out: Outputs,
+    schema: &SchemaRef,
+    mut names: Names,
+    run_ids: Vec<String>,
+    digest: &str,
+) -> Result<Built> {
+    let (table, build_id) = (record.table.clone(), record.build_id.clone());
+    if out.data.is_empty() {
+        let n = names.next("part");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(schema.clone()))?,
+        )
+        .await?;
+        out.data.push(n);
+    }
+    if out.state.is_empty() {
+        let n = names.next("state");
+        lake.put(
+            &layout::silver_file(&table, &build_id, &n),
+            parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
+        )
+        .await?;
+        out.state.push(n);
+    }
+    let total = &out.total;
+    let m = Manifest {
+        data: out.data.clone(),
+        state: out.state.clone(),
+        deltas: Vec::new(),
+        runs: Some(run_ids),
+        rows: Some(total.rows),
+    };
+    put_manifest(lake, record, &m, digest).await?;
+    record.rows_written = total.written as i64;
+    record.rows_rejected = total.rejected as i64;
+    record.rows_filtered = out.filtered as i64;
+    record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
+    record.rows_flagged = total.flagged as i64;
+    commit(lake, record).await?;
+    Ok(Built {
+        record: record.clone(),
+        table_rows: total.rows,
+        kept_rows: total.rows - total.written,
+    })
+}

@@ -1,0 +1,157 @@
+//! The narrow scans a build plan decides with: the fingerprints of every bronze run (which run
+//! holds each record's current version) and the previous build's state (what it decided per
+//! record), into one [`Keys`] map of ~32 bytes a record.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int32Array, RecordBatch};
+use datafusion::arrow::compute::cast as arrow_cast;
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
+use datafusion::catalog::TableProvider;
+use datafusion::logical_expr::Expr;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+
+use crate::engine::catalog::{Catalog, table_over};
+use crate::error::{Error, Result};
+use crate::hash::fp::for_each_fp;
+use crate::silver::compile::RULES_VERSION;
+use crate::silver::keys::{Keys, NONE, outcome_of};
+use crate::spec::contract::Contract;
+use crate::table::audit::RunRecord;
+use crate::table::lake::{Lake, layout};
+use crate::table::silver::{FP, OUTCOME, RUN_ID, Side, c, dict_type, layers, manifest, table_over_build_files};
+
+/// For every row of a text column, `f(value)` evaluated once per distinct value.
+fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Vec<T>> {
+    let dict = arrow_cast(col, &dict_type())?;
+    let dict = dict.as_dictionary::<Int32Type>();
+    let values = arrow_cast(dict.values(), &DataType::Utf8)?;
+    let values = values.as_string::<i32>();
+    let mapped: Vec<T> = (0..values.len()).map(|i| f(values.value(i))).collect();
+    Ok(dict.keys().values().iter().map(|k| mapped[*k as usize]).collect())
+}
+
+/// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
+pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
+    let mut runs = crate::engine::catalog::current_runs(&catalog.runs, source);
+    runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
+    runs
+}
+
+pub(super) fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dyn TableProvider>> {
+    table_over(
+        vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
+        contract.bronze_schema(),
+    )
+}
+
+/// One pass over the fingerprints of every bronze run of the source, newest first: the current
+/// run of every record (none for a record whose latest version is a tombstone).
+pub(super) async fn current_keys(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[&RunRecord],
+) -> Result<Keys> {
+    let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
+    let mut keys = Keys::new(
+        runs.iter().map(|r| r.run_id.clone()).collect(),
+        usize::try_from(capacity).unwrap_or(0),
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let fps = ctx
+            .read_table(run_table(lake, contract, run)?)?
+            .select(vec![c(FP), c(crate::table::bronze::IS_DELETED)])?;
+        let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let mut missing = false;
+            let deleted = b.column(1).as_boolean_opt();
+            for_each_fp(b.column(0), |row, fp| match fp {
+                Some(fp) => {
+                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
+                    keys.see_current(fp, i as u32, tombstone)
+                }
+                None => missing = true,
+            })?;
+            if missing {
+                return Err(Error::RunFailed(format!(
+                    "bronze run {} of \"{}\" has a row without {FP}",
+                    run.run_id, run.source
+                )));
+            }
+        }
+    }
+    keys.forget_deleted();
+    Ok(keys)
+}
+
+/// Add the previous build's state to `keys`.
+pub(super) async fn previous_state(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    keys: &mut Keys,
+    table: &str,
+    build_id: &str,
+) -> Result<()> {
+    let m = manifest(lake, table, build_id).await?;
+    let mut index: HashMap<String, u32> = keys
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.clone(), i as u32))
+        .collect();
+    let df = if m.deltas.is_empty() {
+        ctx.read_table(table_over_build_files(ctx, lake, table, build_id, &m.state).await?)?
+    } else {
+        match layers(ctx, lake, table, build_id, Side::State).await? {
+            Some(df) => df,
+            None => return Ok(()),
+        }
+    };
+    let df = df.select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
+    let mut stream = crate::engine::exec::stream(cluster, df, "build: previous state").await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let runs = per_value(b.column(1), |r| keys.run_index(r, &mut index))?;
+        let outcomes = per_value(b.column(2), outcome_of)?;
+        let versions = arrow_cast(b.column(3), &DataType::Int32)?;
+        let versions = versions.as_primitive::<Int32Type>();
+        let mut rows = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |i, fp| {
+            if let Some(fp) = fp {
+                rows.push((i, fp));
+            }
+        })?;
+        for (i, fp) in rows {
+            keys.see_previous(fp, runs[i], versions.value(i), outcomes[i]);
+        }
+    }
+    Ok(())
+}
+
+/// The rules versions of the previous state that `pred` (a predicate on `rules_version`) matches.
+pub(super) async fn matching_versions(ctx: &SessionContext, keys: &Keys, pred: &Expr) -> Result<HashSet<i32>> {
+    let versions: BTreeSet<i32> = keys
+        .map
+        .values()
+        .filter(|e| e.prev != NONE)
+        .map(|e| e.version)
+        .collect();
+    let schema = Arc::new(Schema::new(vec![Field::new(RULES_VERSION, DataType::Int32, true)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int32Array::from(versions.into_iter().collect::<Vec<_>>()))],
+    )?;
+    // A handful of distinct versions: the result is tiny.
+    let matched = ctx.read_batch(batch)?.filter(pred.clone().is_true())?.collect().await?;
+    let mut out = HashSet::new();
+    for b in matched {
+        out.extend(b.column(0).as_primitive::<Int32Type>().iter().flatten());
+    }
+    Ok(out)
+}
