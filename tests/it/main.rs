@@ -1,6 +1,7 @@
 //! The one integration-test binary (each test binary links DataFusion again).
 
 mod bad_input;
+mod build_plan;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod contracts;
