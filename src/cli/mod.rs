@@ -189,7 +189,6 @@ impl Cli {
         let memory_limit =
             parse_size(&self.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))?;
         Ok(Workspace {
-            lake: Lake::open(&self.lake)?,
             contracts_dir: self.contracts.clone(),
             rules_dir: self.rules.clone(),
             landing_dir: self.landing.clone(),
@@ -199,6 +198,7 @@ impl Cli {
             } else {
                 memory_limit
             },
+            ..Workspace::new(Lake::open(&self.lake)?)
         })
     }
 }

@@ -1,4 +1,5 @@
-//! The workspace (lake, contracts, rules, landing folders) and DataFusion sessions over it.
+//! The workspace (lake, contracts, rules, landing folders, where time and ids come from) and
+//! DataFusion sessions over it.
 //!
 //! Every `SessionContext` ingot creates has a bounded memory pool that spills (`--memory-limit`),
 //! the hashing UDFs registered, and the lake's object store registered, so plans run the same from
@@ -6,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -43,9 +45,121 @@ pub struct Workspace {
     /// `--cluster df://HOST:PORT`: run DataFusion plans on this Ballista cluster (see
     /// [`crate::engine::exec`]); `None` runs everything in this process.
     pub cluster: Option<String>,
+    /// The time of day of run and build records (`started_at`, `finished_at`, `rolled_back_at`)
+    /// and gc's grace periods. Source locks keep the system clock: their leases are shared
+    /// between processes.
+    pub clock: Arc<dyn Clock>,
+    /// New run and build ids.
+    pub ids: Arc<dyn IdSource>,
+}
+
+/// Where the pipeline reads the time of day: [`SystemClock`] by default; tests inject a
+/// [`ManualClock`] to fix time or step it (backwards too).
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Microseconds since the Unix epoch, UTC.
+    fn now_micros(&self) -> i64;
+}
+
+/// Where new run and build ids come from: [`UuidV7`] by default (unique across hosts, sortable
+/// by creation time); tests inject [`SequentialIds`].
+pub trait IdSource: Send + Sync + std::fmt::Debug {
+    fn new_id(&self) -> String;
+}
+
+/// The host's clock.
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_micros(&self) -> i64 {
+        chrono::Utc::now().timestamp_micros()
+    }
+}
+
+/// A clock that says what it was set to, advanced by a fixed step on every reading (0: frozen).
+#[derive(Debug)]
+pub struct ManualClock {
+    now: AtomicI64,
+    step: i64,
+}
+
+impl ManualClock {
+    /// Starting at `micros`, advancing `step` microseconds per reading.
+    pub fn new(micros: i64, step: i64) -> ManualClock {
+        ManualClock {
+            now: AtomicI64::new(micros),
+            step,
+        }
+    }
+
+    /// Set the time (earlier than before, to test a clock that steps back).
+    pub fn set(&self, micros: i64) {
+        self.now.store(micros, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_micros(&self) -> i64 {
+        self.now.fetch_add(self.step, Ordering::SeqCst)
+    }
+}
+
+/// UUIDv7 text ids.
+#[derive(Debug, Default)]
+pub struct UuidV7;
+
+impl IdSource for UuidV7 {
+    fn new_id(&self) -> String {
+        uuid::Uuid::now_v7().to_string()
+    }
+}
+
+/// `<prefix>000001`, `<prefix>000002`, ...: predictable ids for tests.
+#[derive(Debug)]
+pub struct SequentialIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl SequentialIds {
+    pub fn new(prefix: &str) -> SequentialIds {
+        SequentialIds {
+            prefix: prefix.to_string(),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl IdSource for SequentialIds {
+    fn new_id(&self) -> String {
+        format!("{}{:06}", self.prefix, self.next.fetch_add(1, Ordering::SeqCst))
+    }
 }
 
 impl Workspace {
+    /// A workspace over `lake` with the default folders (`contracts`, `rules`, `data/landing`),
+    /// memory limit, no cluster, the system clock and UUIDv7 ids.
+    pub fn new(lake: Lake) -> Workspace {
+        Workspace {
+            lake,
+            contracts_dir: PathBuf::from("contracts"),
+            rules_dir: PathBuf::from("rules"),
+            landing_dir: PathBuf::from("data/landing"),
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            cluster: None,
+            clock: Arc::new(SystemClock),
+            ids: Arc::new(UuidV7),
+        }
+    }
+
+    pub fn now_micros(&self) -> i64 {
+        self.clock.now_micros()
+    }
+
+    pub fn new_id(&self) -> String {
+        self.ids.new_id()
+    }
+
     /// A new DataFusion session: memory pool, UDFs and the lake's object store.
     pub fn session(&self) -> Result<SessionContext> {
         let runtime = RuntimeEnvBuilder::new()

@@ -138,10 +138,6 @@ pub async fn ingest_input(
     }
 }
 
-fn now_micros() -> i64 {
-    chrono::Utc::now().timestamp_micros()
-}
-
 /// Ingest one file as one run and return its committed record.
 pub async fn ingest_file(
     ws: &Workspace,
@@ -149,8 +145,8 @@ pub async fn ingest_file(
     path: &Path,
     opts: &IngestOptions,
 ) -> Result<RunRecord> {
-    let run_id = uuid::Uuid::now_v7().to_string();
-    let started_at = now_micros();
+    let run_id = ws.new_id();
+    let started_at = ws.now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
     let mut record = RunRecord {
         run_id: run_id.clone(),
@@ -204,7 +200,7 @@ pub async fn ingest_file(
             record.rows_unchanged = 0;
             record.rows_failed = 0;
             record.rows_deleted = 0;
-            record.finished_at = now_micros();
+            record.finished_at = ws.now_micros();
             commit_run(&ws.lake, &record).await.map(|_| record)
         }
         Err(e) => Err(e),
@@ -244,7 +240,7 @@ async fn run(
         {
             record.status = RunStatus::SkippedDuplicateFile;
             record.error = None;
-            record.finished_at = now_micros();
+            record.finished_at = ws.now_micros();
             record.ignored_columns = None;
             commit_run(&ws.lake, record).await?;
             return Ok(());
@@ -372,7 +368,7 @@ async fn load(
     } else {
         RunStatus::Succeeded
     };
-    record.finished_at = now_micros();
+    record.finished_at = ws.now_micros();
     if stats.seen != stats.inserted + stats.updated + stats.unchanged + stats.failed {
         return Err(Error::RunFailed(format!(
             "internal error: counts do not reconcile (seen {} != inserted {} + updated {} + unchanged {} + failed {}); nothing was published",

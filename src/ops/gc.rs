@@ -151,6 +151,8 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         }
     }
     let builds: BTreeMap<String, &BuildRecord> = builds_all.iter().map(|b| (b.build_id.clone(), b)).collect();
+    // the system clock, not the workspace's: grace periods compare it with the store's
+    // modification times
     let now = chrono::Utc::now().timestamp_micros();
     // Files the kept snapshots read (a manifest may name files of earlier builds' folders).
     let mut live: BTreeSet<String> = BTreeSet::new();

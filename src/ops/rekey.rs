@@ -148,13 +148,9 @@ pub fn undo_blocker(runs: &[RunRecord], run: &RunRecord) -> Option<String> {
     ))
 }
 
-fn now_micros() -> i64 {
-    chrono::Utc::now().timestamp_micros()
-}
-
 /// Re-key `contract.source` under the contract's natural key (see the module documentation).
 pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
-    let holder = format!("rekey-{}", uuid::Uuid::now_v7());
+    let holder = format!("rekey-{}", ws.new_id());
     let lock =
         crate::table::lock::acquire(&ws.lake, &contract.source, &holder, crate::table::lock::default_ttl()).await?;
     let result = async {
@@ -207,8 +203,8 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         }
     }
 
-    let run_id = uuid::Uuid::now_v7().to_string();
-    let started_at = now_micros();
+    let run_id = ws.new_id();
+    let started_at = ws.now_micros();
     let mut record = RunRecord {
         run_id: run_id.clone(),
         source: source.clone(),
@@ -295,7 +291,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     } else {
         RunStatus::Succeeded
     };
-    record.finished_at = now_micros();
+    record.finished_at = ws.now_micros();
     commit_run_record(&ws.lake, &record, "rekey.before_commit").await?;
     Ok(Rekeyed::Run(Box::new(record)))
 }

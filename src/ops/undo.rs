@@ -92,10 +92,6 @@ impl Undone {
     }
 }
 
-fn now_micros() -> i64 {
-    chrono::Utc::now().timestamp_micros()
-}
-
 /// Undo the run or build `id` (see the module documentation).
 pub async fn undo(ws: &Workspace, id: &str) -> Result<Undone> {
     let runs = read_run_log(&ws.lake).await?;
@@ -131,7 +127,7 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
     if let Some(n) = nothing_for_run(&run) {
         return Ok(n);
     }
-    let holder = format!("undo-{}", uuid::Uuid::now_v7());
+    let holder = format!("undo-{}", ws.new_id());
     let lock = crate::table::lock::acquire(&ws.lake, &run.source, &holder, crate::table::lock::default_ttl()).await?;
     let result = async {
         crate::table::failpoint::hit("undo.after_lock")?;
@@ -151,7 +147,7 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         }
         let mut record = now.clone();
         record.status = RunStatus::RolledBack;
-        record.rolled_back_at = Some(now_micros());
+        record.rolled_back_at = Some(ws.now_micros());
         record.seq = next_seq(&runs, &run.source);
         commit_run_record(&ws.lake, &record, "undo.before_commit").await?;
         crate::table::failpoint::hit("undo.after_commit")?;
@@ -213,7 +209,7 @@ async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) 
     crate::table::failpoint::hit("undo.after_lock")?;
     let mut record = build.clone();
     record.status = BuildStatus::RolledBack;
-    record.rolled_back_at = Some(now_micros());
+    record.rolled_back_at = Some(ws.now_micros());
     record.seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
     commit_build_record(&ws.lake, &record, "undo.before_commit").await?;
     crate::table::failpoint::hit("undo.after_commit")?;

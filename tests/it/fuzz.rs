@@ -219,13 +219,13 @@ fn fuzz_the_rules_parser() {
 fn fuzz_the_csv_and_ndjson_loader() {
     use ingot::table::audit::RunStatus;
     let dir = tempfile::tempdir().unwrap();
+    let lake = ingot::table::lake::Lake::open(&dir.path().join("lake").display().to_string()).unwrap();
     let ws = ingot::engine::session::Workspace {
-        lake: ingot::table::lake::Lake::open(&dir.path().join("lake").display().to_string()).unwrap(),
         contracts_dir: repo().join("contracts"),
         rules_dir: repo().join("rules"),
         landing_dir: dir.path().join("landing"),
         memory_limit: 256 << 20,
-        cluster: None,
+        ..ingot::engine::session::Workspace::new(lake)
     };
     let mut ignored = Problems::default();
     let contracts = ContractSet::load(&ws.contracts_dir, &mut ignored);

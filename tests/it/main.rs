@@ -28,3 +28,4 @@ mod silver_delta;
 mod slt;
 mod undo;
 mod util;
+mod workspace;

@@ -1060,12 +1060,11 @@ async fn marketing_spend_v1_over_the_demo_data_flags_the_refund_and_lis01_after_
         t.ingest_ok("marketing_spend", &landing(file));
     }
     let ws = Workspace {
-        lake: ingot::table::lake::Lake::open(t.lake().to_str().unwrap()).unwrap(),
         contracts_dir: t.contracts(),
         rules_dir: repo().join("rules"),
         landing_dir: repo().join("data/landing"),
         memory_limit: DEFAULT_MEMORY_LIMIT,
-        cluster: None,
+        ..Workspace::new(ingot::table::lake::Lake::open(t.lake().to_str().unwrap()).unwrap())
     };
     let catalog = ingot::query::open_catalog(&ws, None).await.unwrap();
     let mut problems = Problems::default();

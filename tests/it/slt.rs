@@ -99,13 +99,13 @@ fn sqllogictest_files_over_the_demo_lake() {
     let landing = t.dir.path().join("landing");
     crate::nightly::copy_dir(&repo().join("data/landing"), &landing);
     assert_ok(&crate::nightly::nightly(&t));
+    let lake = ingot::table::lake::Lake::open(&t.lake().display().to_string()).unwrap();
     let ws = ingot::engine::session::Workspace {
-        lake: ingot::table::lake::Lake::open(&t.lake().display().to_string()).unwrap(),
         contracts_dir: t.contracts(),
         rules_dir: repo().join("rules"),
         landing_dir: landing,
         memory_limit: 256 << 20,
-        cluster: None,
+        ..ingot::engine::session::Workspace::new(lake)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

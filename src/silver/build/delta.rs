@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::Built;
 use super::parts::{PartOut, write_keys};
 use super::publish::{commit, put_manifest};
+use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
 use crate::hash::fp::FpSet;
 use crate::spec::rules::RuleSet;
@@ -133,13 +134,14 @@ pub(super) struct DeltaFiles {
 /// Publish a delta build: its deletion files, then a manifest of the previous layers plus this
 /// one, then the record.
 pub(super) async fn publish_delta(
-    lake: &Lake,
+    ws: &Workspace,
     record: &mut BuildRecord,
     prev: &BuildRecord,
     base: DeltaBase<'_>,
     out: DeltaOut,
     files: DeltaFiles,
 ) -> Result<Built> {
+    let lake = &ws.lake;
     let (table, build_id) = (record.table.clone(), record.build_id.clone());
     let (deleted, deleted_state) = (
         "deleted-00000.parquet".to_string(),
@@ -166,7 +168,7 @@ pub(super) async fn publish_delta(
     record.rows_filtered = files.filtered as i64;
     record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
     record.rows_flagged = (prev.rows_flagged + total.flagged as i64 - out.old_flagged as i64).max(0);
-    commit(lake, record).await?;
+    commit(ws, record).await?;
     Ok(Built {
         record: record.clone(),
         table_rows,

@@ -60,7 +60,7 @@ pub(super) async fn execute(
     record: &mut BuildRecord,
 ) -> Result<Built> {
     if let (Some(m), Some(prev)) = (plan.unchanged.clone(), plan.previous) {
-        return publish_unchanged(&ws.lake, record, prev, m, &plan.digest).await;
+        return publish_unchanged(ws, record, prev, m, &plan.digest).await;
     }
     let (table, build_id) = (record.table.clone(), record.build_id.clone());
     let env = Env {
@@ -114,7 +114,7 @@ pub(super) async fn execute(
         env.lake.delete(rel).await?;
     }
     if outputs.total.failed > 0 {
-        return fail_build(env.lake, record, outputs).await;
+        return fail_build(ws, record, outputs).await;
     }
     if let (Some(d), Some(out), Some(prev)) = (delta, delta_out, previous) {
         let files = DeltaFiles {
@@ -125,9 +125,9 @@ pub(super) async fn execute(
             total: outputs.total,
             filtered: outputs.filtered,
         };
-        return publish_delta(env.lake, record, prev, d, out, files).await;
+        return publish_delta(ws, record, prev, d, out, files).await;
     }
-    publish_full(env.lake, record, outputs, &flagger.schema, names, run_ids, &digest).await
+    publish_full(ws, record, outputs, &flagger.schema, names, run_ids, &digest).await
 }
 
 /// The silver columns of the transform, then `silver_build_id` (every field nullable).

@@ -79,17 +79,13 @@ pub fn load_rules(ws: &Workspace, catalog: &Catalog, table: &str, version: Optio
     rules.select(table, version)
 }
 
-fn now_micros() -> i64 {
-    chrono::Utc::now().timestamp_micros()
-}
-
 /// Build `table` (see the module documentation). A build that fails a `fail` validation returns
 /// its committed `failed` record (the caller exits 1); other errors are returned as errors, and
 /// those that are not the user's input are recorded as a `failed` build first.
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
     memory::limit_arenas();
-    let build_id = uuid::Uuid::now_v7().to_string();
-    let started_at = now_micros();
+    let build_id = ws.new_id();
+    let started_at = ws.now_micros();
     let catalog = crate::engine::catalog::open(ws).await?;
     let rules = load_rules(ws, &catalog, table, opts.rules_version)?;
     check_unchanged_rules(ws, &catalog, &rules)?;
@@ -132,7 +128,7 @@ pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<B
             // Record the failure (best effort) so the build log tells what happened.
             record.status = BuildStatus::Failed;
             record.error = Some(e.to_string());
-            record.finished_at = now_micros();
+            record.finished_at = ws.now_micros();
             let _ = commit_build(&ws.lake, &record).await;
             Err(e)
         }

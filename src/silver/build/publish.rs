@@ -5,9 +5,10 @@
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 
+use super::Built;
 use super::execute::Names;
 use super::parts::PartOut;
-use super::{Built, now_micros};
+use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
 use crate::table::audit::{BuildRecord, BuildStatus, commit_build, parquet_bytes};
 use crate::table::lake::{Lake, layout};
@@ -50,24 +51,24 @@ pub(super) async fn put_manifest(lake: &Lake, record: &BuildRecord, m: &Manifest
 }
 
 /// Commit `record` (succeeded or failed) with its finish time.
-pub(super) async fn commit(lake: &Lake, record: &mut BuildRecord) -> Result<()> {
-    record.finished_at = now_micros();
-    commit_build(lake, record).await?;
+pub(super) async fn commit(ws: &Workspace, record: &mut BuildRecord) -> Result<()> {
+    record.finished_at = ws.now_micros();
+    commit_build(&ws.lake, record).await?;
     crate::table::failpoint::hit("build.after_commit")
 }
 
 /// Publish a build whose table is the previous build's (nothing to do): its manifest `m` names
 /// the previous build's files.
 pub(super) async fn publish_unchanged(
-    lake: &Lake,
+    ws: &Workspace,
     record: &mut BuildRecord,
     prev: &BuildRecord,
     m: Manifest,
     digest: &str,
 ) -> Result<Built> {
-    put_manifest(lake, record, &m, digest).await?;
+    put_manifest(&ws.lake, record, &m, digest).await?;
     record.rows_flagged = prev.rows_flagged;
-    commit(lake, record).await?;
+    commit(ws, record).await?;
     let rows = m.rows.unwrap_or(0);
     Ok(Built {
         record: record.clone(),
@@ -77,7 +78,7 @@ pub(super) async fn publish_unchanged(
 }
 
 /// A `fail` validation failed: the build fails, nothing but its record is published.
-pub(super) async fn fail_build(lake: &Lake, record: &mut BuildRecord, out: Outputs) -> Result<Built> {
+pub(super) async fn fail_build(ws: &Workspace, record: &mut BuildRecord, out: Outputs) -> Result<Built> {
     let total = &out.total;
     let names: Vec<String> = total.failed_rules.iter().map(|r| format!("\"{r}\"")).collect();
     record.status = BuildStatus::Failed;
@@ -88,7 +89,7 @@ pub(super) async fn fail_build(lake: &Lake, record: &mut BuildRecord, out: Outpu
         if total.failed == 1 { "" } else { "s" },
         total.first_failed.join("; ")
     ));
-    commit(lake, record).await?;
+    commit(ws, record).await?;
     let mut rels: Vec<String> = out
         .data
         .iter()
@@ -99,7 +100,7 @@ pub(super) async fn fail_build(lake: &Lake, record: &mut BuildRecord, out: Outpu
         rels.push(out.failures.clone());
     }
     for rel in rels {
-        let _ = lake.delete(&rel).await;
+        let _ = ws.lake.delete(&rel).await;
     }
     Ok(Built {
         record: record.clone(),
@@ -111,7 +112,7 @@ pub(super) async fn fail_build(lake: &Lake, record: &mut BuildRecord, out: Outpu
 /// Publish a whole snapshot: its files (an empty part and state file when the pass wrote none),
 /// the manifest, then the record.
 pub(super) async fn publish_full(
-    lake: &Lake,
+    ws: &Workspace,
     record: &mut BuildRecord,
     mut out: Outputs,
     schema: &SchemaRef,
@@ -122,20 +123,22 @@ pub(super) async fn publish_full(
     let (table, build_id) = (record.table.clone(), record.build_id.clone());
     if out.data.is_empty() {
         let n = names.next("part");
-        lake.put(
-            &layout::silver_file(&table, &build_id, &n),
-            parquet_bytes(&RecordBatch::new_empty(schema.clone()))?,
-        )
-        .await?;
+        ws.lake
+            .put(
+                &layout::silver_file(&table, &build_id, &n),
+                parquet_bytes(&RecordBatch::new_empty(schema.clone()))?,
+            )
+            .await?;
         out.data.push(n);
     }
     if out.state.is_empty() {
         let n = names.next("state");
-        lake.put(
-            &layout::silver_file(&table, &build_id, &n),
-            parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
-        )
-        .await?;
+        ws.lake
+            .put(
+                &layout::silver_file(&table, &build_id, &n),
+                parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
+            )
+            .await?;
         out.state.push(n);
     }
     let total = &out.total;
@@ -146,13 +149,13 @@ pub(super) async fn publish_full(
         runs: Some(run_ids),
         rows: Some(total.rows),
     };
-    put_manifest(lake, record, &m, digest).await?;
+    put_manifest(&ws.lake, record, &m, digest).await?;
     record.rows_written = total.written as i64;
     record.rows_rejected = total.rejected as i64;
     record.rows_filtered = out.filtered as i64;
     record.rows_read = record.rows_written + record.rows_rejected + record.rows_filtered;
     record.rows_flagged = total.flagged as i64;
-    commit(lake, record).await?;
+    commit(ws, record).await?;
     Ok(Built {
         record: record.clone(),
         table_rows: total.rows,
