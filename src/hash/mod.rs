@@ -146,27 +146,92 @@ pub(crate) fn canonical_columns<'a>(arrays: impl Iterator<Item = &'a dyn Array>)
     arrays.map(CanonicalColumn::new).collect()
 }
 
+/// The message a `row_hash` digests, built field by field: the one place that decides its bytes
+/// (the format version, then per field `|` and the escaped canonical text or `\N`), for typed
+/// columns and loaders' texts alike.
+struct RowMessage {
+    bytes: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl RowMessage {
+    fn new() -> Self {
+        RowMessage {
+            bytes: Vec::with_capacity(256),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Start the next row's message.
+    #[inline]
+    fn start(&mut self) {
+        self.bytes.clear();
+        self.bytes.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+    }
+
+    /// Append one field: `write` appends its canonical text and returns false for a null;
+    /// `escape` is false for a field whose text cannot contain `\` or `|`.
+    #[inline]
+    fn field(&mut self, escape: bool, write: impl FnOnce(&mut Vec<u8>) -> bool) {
+        self.bytes.push(TEXT_SEPARATOR);
+        let start = self.bytes.len();
+        if write(&mut self.bytes) {
+            if escape {
+                escape_from(&mut self.bytes, start, &mut self.scratch);
+            }
+        } else {
+            self.bytes.extend_from_slice(b"\\N");
+        }
+    }
+}
+
+/// The message a `natural_key_fingerprint` digests: `{version}|` then the fields' texts joined
+/// by `|`, a null as the empty string, nothing escaped.
+struct KeyMessage {
+    bytes: Vec<u8>,
+    digits: itoa::Buffer,
+    fields: usize,
+}
+
+impl KeyMessage {
+    fn new() -> Self {
+        KeyMessage {
+            bytes: Vec::with_capacity(128),
+            digits: itoa::Buffer::new(),
+            fields: 0,
+        }
+    }
+
+    #[inline]
+    fn start(&mut self, version: i64) {
+        self.bytes.clear();
+        self.bytes.extend_from_slice(self.digits.format(version).as_bytes());
+        self.bytes.push(b'|');
+        self.fields = 0;
+    }
+
+    /// Append one field; `write` appends its text (nothing for a null).
+    #[inline]
+    fn field(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        if self.fields > 0 {
+            self.bytes.push(b'|');
+        }
+        self.fields += 1;
+        write(&mut self.bytes);
+    }
+}
+
 /// `row_hash` of `num_rows` rows over already-downcast columns.
 pub(crate) fn row_hash_columns(columns: &[CanonicalColumn<'_>], num_rows: usize) -> Result<ArrayRef> {
     let mut out = HexOutput::with_capacity(num_rows);
-    let mut message = Vec::with_capacity(256);
-    let mut scratch = Vec::new();
+    let mut message = RowMessage::new();
     let escape: Vec<bool> = columns.iter().map(|c| c.may_need_escape()).collect();
     for row in 0..num_rows {
-        message.clear();
-        message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+        message.start();
         for (column, &escape) in columns.iter().zip(&escape) {
-            message.push(b'|');
-            let start = message.len();
-            if column.write(row, &mut message) {
-                if escape {
-                    escape_from(&mut message, start, &mut scratch);
-                }
-            } else {
-                message.extend_from_slice(b"\\N");
-            }
+            message.field(escape, |buf| column.write(row, buf));
         }
-        out.push_digest(&message)?;
+        out.push_digest(&message.bytes)?;
     }
     out.finish()
 }
@@ -248,29 +313,24 @@ pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool])
     let mut out = HexOutput::with_capacity(rows);
     // Every field of a row, in order: a plain row is hashed straight from the texts.
     let whole_rows = fields.len() == texts.fields && fields.iter().enumerate().all(|(k, &f)| k == f);
-    let mut message = Vec::with_capacity(256);
-    let mut scratch = Vec::new();
+    let mut message = RowMessage::new();
     for row in 0..rows {
+        // a plain row's texts are its message after the version, byte for byte
         if whole_rows && let Some(body) = texts.plain_row(row) {
             out.push_digest_of(&[ROW_HASH_FORMAT_VERSION, body])?;
             continue;
         }
-        message.clear();
-        message.extend_from_slice(ROW_HASH_FORMAT_VERSION);
+        message.start();
         for (&f, &escape) in fields.iter().zip(escape) {
-            message.push(b'|');
-            match texts.get(row, f) {
+            message.field(escape, |buf| match texts.get(row, f) {
                 Some(text) => {
-                    let start = message.len();
-                    message.extend_from_slice(text);
-                    if escape {
-                        escape_from(&mut message, start, &mut scratch);
-                    }
+                    buf.extend_from_slice(text);
+                    true
                 }
-                None => message.extend_from_slice(b"\\N"),
-            }
+                None => false,
+            });
         }
-        out.push_digest(&message)?;
+        out.push_digest(&message.bytes)?;
     }
     out.finish()
 }
@@ -279,22 +339,17 @@ pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool])
 pub fn fingerprint_texts(version: i64, texts: &FieldTexts<'_>, fields: &[usize]) -> Result<ArrayRef> {
     let rows = texts.rows();
     let mut out = HexOutput::with_capacity(rows);
-    let mut message = Vec::with_capacity(64);
-    let mut digits = itoa::Buffer::new();
-    let version = digits.format(version).as_bytes();
+    let mut message = KeyMessage::new();
     for row in 0..rows {
-        message.clear();
-        message.extend_from_slice(version);
-        message.push(b'|');
-        for (i, &f) in fields.iter().enumerate() {
-            if i > 0 {
-                message.push(b'|');
-            }
-            if let Some(text) = texts.get(row, f) {
-                message.extend_from_slice(text);
-            }
+        message.start(version);
+        for &f in fields {
+            message.field(|buf| {
+                if let Some(text) = texts.get(row, f) {
+                    buf.extend_from_slice(text);
+                }
+            });
         }
-        out.push_digest(&message)?;
+        out.push_digest(&message.bytes)?;
     }
     out.finish()
 }
@@ -325,8 +380,7 @@ pub(crate) fn fingerprint_columns(
     num_rows: usize,
 ) -> Result<ArrayRef> {
     let mut out = HexOutput::with_capacity(num_rows);
-    let mut message = Vec::with_capacity(256);
-    let mut digits = itoa::Buffer::new();
+    let mut message = KeyMessage::new();
     for row in 0..num_rows {
         let version = match version {
             KeyVersion::Constant(v) => v,
@@ -335,16 +389,13 @@ pub(crate) fn fingerprint_columns(
                 return exec_err!("natural_key_fingerprint: version is null in row {}", row + 1);
             }
         };
-        message.clear();
-        message.extend_from_slice(digits.format(version).as_bytes());
-        message.push(b'|');
-        for (i, column) in columns.iter().enumerate() {
-            if i > 0 {
-                message.push(b'|');
-            }
-            column.write(row, &mut message);
+        message.start(version);
+        for column in columns {
+            message.field(|buf| {
+                column.write(row, buf);
+            });
         }
-        out.push_digest(&message)?;
+        out.push_digest(&message.bytes)?;
     }
     out.finish()
 }
