@@ -1,4 +1,4 @@
-//! `ingot gc` and `ingot doctor`: see [`crate::ops::gc`] and [`crate::ops::doctor`].
+//! `ingot gc`: see [`crate::ops::gc`].
 
 use crate::cli::Cli;
 use crate::error::{ExitStatus, Result};
@@ -19,7 +19,7 @@ pub struct GcArgs {
     pub retain: String,
 }
 
-pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
+pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let opts = GcOptions {
         dry_run: args.dry_run,
@@ -43,27 +43,4 @@ pub async fn gc(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
 
 fn prefix(flag: &str, e: crate::Error) -> crate::Error {
     crate::Error::Invalid(format!("{flag}: {e}"))
-}
-
-pub async fn doctor(cli: &Cli) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
-    let report = crate::ops::doctor::doctor(&ws).await?;
-    for v in &report.violations {
-        println!("{v}");
-    }
-    for o in &report.orphans {
-        println!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
-    }
-    println!(
-        "doctor: {} run{} and {} build{} checked, {} violation{}, {} orphan file{}",
-        report.runs_checked,
-        if report.runs_checked == 1 { "" } else { "s" },
-        report.builds_checked,
-        if report.builds_checked == 1 { "" } else { "s" },
-        report.violations.len(),
-        if report.violations.len() == 1 { "" } else { "s" },
-        report.orphans.len(),
-        if report.orphans.len() == 1 { "" } else { "s" },
-    );
-    Ok(ExitStatus::failed_if(!report.violations.is_empty()))
 }

@@ -2,16 +2,21 @@
 //! dispatch to one module per command, each returning an [`ExitStatus`]
 //! (docs/guide.md#exit-codes).
 
-mod audit_views;
 mod build;
 mod check;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod doctor;
 mod explain;
+mod failures;
 mod gc;
 pub(crate) mod ingest;
 mod rekey;
+mod replay;
 mod run;
+mod runs;
+#[cfg(feature = "flight")]
+mod serve;
 mod sql;
 mod undo;
 
@@ -108,9 +113,9 @@ pub enum Command {
     /// row changes nothing the second time. Exit 1 when any run or build failed.
     Run(run::RunArgs),
     /// Show the ingestion runs, oldest first.
-    Runs(audit_views::RunsArgs),
+    Runs(runs::RunsArgs),
     /// Show rejected rows with their rule, reason and raw payload.
-    Failures(audit_views::FailuresArgs),
+    Failures(failures::FailuresArgs),
     /// Roll back one committed ingestion run or one silver build, exactly.
     ///
     /// For a run: its bronze rows and failure rows stop counting; records it inserted disappear,
@@ -125,7 +130,7 @@ pub enum Command {
     /// to the contract); each keeps its record number in the original file. Only rows no earlier
     /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
     /// shows which rows a replay loaded (replayed_by).
-    Replay(undo::ReplayArgs),
+    Replay(replay::ReplayArgs),
     /// Move a source's bronze to the contract's new natural key, as one committed run.
     ///
     /// Needed after natural_key (its fields or version) changed in contracts/<source>.yaml: until
@@ -148,7 +153,7 @@ pub enum Command {
     /// lake as it is then; DDL, DML, COPY and SET are refused. With --token (or INGOT_TOKEN) each
     /// call must send "authorization: Bearer <token>". Binds to loopback by default.
     #[cfg(feature = "flight")]
-    Serve(ServeArgs),
+    Serve(serve::ServeArgs),
     /// Check the lake's invariants; print every violation with its location, exit 1 if any.
     ///
     /// Checks that committed runs and builds have their files, that counts reconcile with the
@@ -160,17 +165,6 @@ pub enum Command {
     /// or `ingot cluster executor`; then pass --cluster df://HOST:PORT to build, sql, ingest, run.
     #[cfg(feature = "cluster")]
     Cluster(cluster::ClusterArgs),
-}
-
-#[cfg(feature = "flight")]
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port; the bound address is printed).
-    #[arg(long, default_value = "127.0.0.1:50051")]
-    pub addr: String,
-    /// Require this bearer token on every call.
-    #[arg(long, env = "INGOT_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
 }
 
 /// Output options shared by commands that print rows.
@@ -246,19 +240,16 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         Command::Build(args) => build::run(&cli, args).await,
         Command::Explain(args) => explain::run(&cli, args).await,
         Command::Run(args) => run::run(&cli, args).await,
-        Command::Runs(args) => audit_views::runs(&cli, args).await,
-        Command::Failures(args) => audit_views::failures(&cli, args).await,
+        Command::Runs(args) => runs::run(&cli, args).await,
+        Command::Failures(args) => failures::run(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
-        Command::Replay(args) => undo::replay(&cli, args).await,
+        Command::Replay(args) => replay::run(&cli, args).await,
         Command::Rekey(args) => rekey::run(&cli, args).await,
-        Command::Gc(args) => gc::gc(&cli, args).await,
-        Command::Doctor => gc::doctor(&cli).await,
+        Command::Gc(args) => gc::run(&cli, args).await,
+        Command::Doctor => doctor::run(&cli).await,
         #[cfg(feature = "cluster")]
         Command::Cluster(args) => cluster::run(&cli, args).await,
         #[cfg(feature = "flight")]
-        Command::Serve(args) => {
-            crate::query::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;
-            Ok(ExitStatus::Success)
-        }
+        Command::Serve(args) => serve::run(&cli, args).await,
     }
 }

@@ -6,21 +6,6 @@
 //! value per call to a caller-owned buffer, with no allocation per row (except
 //! `Decimal256`, formatted through arrow's big-integer `Display`).
 //!
-//! Rules, exactly:
-//! * strings as they are; integers in plain decimal; booleans `true` / `false`;
-//! * floats via Rust's `Display`, which is the shortest text that reads back as the same
-//!   float, positional, never an exponent (`1`, `1.5`, `-0`, `0.0000001`, `NaN`, `inf`, `-inf`);
-//! * decimals in plain notation with exactly the declared scale (`12.50`, `-0.05`); scale 0
-//!   gives no dot; a negative scale `s` appends `-s` zeros to the unscaled integer (`0` stays
-//!   `0`);
-//! * dates `YYYY-MM-DD` in the proleptic Gregorian calendar; years outside `0000..=9999` use
-//!   the ISO 8601 expanded form that chrono's `Display` also uses: `-0001-12-31`,
-//!   `+10000-01-01` (year 0 is 1 BC). `Date64` is floored to its day;
-//! * timestamps (any unit; the stored value is the UTC epoch, whatever the zone) as
-//!   `YYYY-MM-DDTHH:MM:SS`, then `.` and the fraction without trailing zeros only when it is
-//!   not zero, then `Z`. Dates before 1970 floor correctly (`-1 ms` is
-//!   `1969-12-31T23:59:59.999Z`).
-//!
 //! Hazards: these bytes are a persisted contract. Any change here changes every stored hash;
 //! it needs a new row-hash format version, not an edit. Unsupported types are reported by
 //! [`check_supported`] / [`CanonicalColumn::new`]; [`write_canonical`] cannot report them
@@ -76,6 +61,21 @@ pub fn write_canonical(array: &dyn Array, row: usize, buf: &mut Vec<u8>) -> bool
 }
 
 /// An array downcast once, ready to write the canonical text of any of its rows.
+///
+/// Rules, exactly:
+/// * strings as they are; integers in plain decimal; booleans `true` / `false`;
+/// * floats via Rust's `Display`, which is the shortest text that reads back as the same
+///   float, positional, never an exponent (`1`, `1.5`, `-0`, `0.0000001`, `NaN`, `inf`, `-inf`);
+/// * decimals in plain notation with exactly the declared scale (`12.50`, `-0.05`); scale 0
+///   gives no dot; a negative scale `s` appends `-s` zeros to the unscaled integer (`0` stays
+///   `0`);
+/// * dates `YYYY-MM-DD` in the proleptic Gregorian calendar; years outside `0000..=9999` use
+///   the ISO 8601 expanded form that chrono's `Display` also uses: `-0001-12-31`,
+///   `+10000-01-01` (year 0 is 1 BC). `Date64` is floored to its day;
+/// * timestamps (any unit; the stored value is the UTC epoch, whatever the zone) as
+///   `YYYY-MM-DDTHH:MM:SS`, then `.` and the fraction without trailing zeros only when it is
+///   not zero, then `Z`. Dates before 1970 floor correctly (`-1 ms` is
+///   `1969-12-31T23:59:59.999Z`).
 #[derive(Debug)]
 pub struct CanonicalColumn<'a> {
     /// Validity of the rows (for a dictionary: of its keys).

@@ -1,42 +1,11 @@
 //! Ingest: one input file becomes one run of bronze (docs/operations.md).
 //!
-//! The sequence of a run, and where a crash can hit it:
-//!
-//! 1. take the source lock; refuse a contract whose natural-key version differs from the one the
-//!    source's bronze is keyed with (see [`crate::ops::rekey`]); hash the file's bytes; a file already loaded by a committed run is
-//!    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
-//!    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
-//!    2-3 run (the bronze writer waits for the hash before its first rows);
-//! 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
-//!    bronze runs of the source's current state ([`crate::engine::catalog::current_runs`]), oldest
-//!    first, so the newest version wins (a tombstone makes its key absent);
-//! 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
-//!    inserted / updated / unchanged / failed → stream new versions and failures to run-scoped
-//!    Parquet files; for a `delivery: full` file, then append a **tombstone** for every current
-//!    key the file lacked (see below);
-//! 4. check the input did not change while it was read, commit the run-log record into the
-//!    source's next sequence slot (create-if-absent: a run that lost its lock to another run that
-//!    committed first publishes nothing), release the lock.
-//!
-//! In-file natural-key conflicts are found during the pass; a file that has any is processed a
-//! second time with the conflicting keys known, so that every record of a conflicting key is
-//! rejected (the first pass's run-scoped files are overwritten, never published).
-//!
-//! # Deletions (`delivery: full`)
-//!
-//! A full delivery is the whole source: a record current before the run whose natural key the
-//! file does not have is deleted by a tombstone version in the run's own data file, after its new
-//! versions: `is_deleted = true`, the record's fingerprint and natural-key fields (from its latest
-//! version), every other field, `row_hash` and `source_row_number` null. The key index already
-//! knows which current keys the file had; a rejected row whose key could be computed, and every row
-//! of a natural-key conflict, count as delivered (a malformed row today is not a deletion). The
-//! tombstones' keys and fields come from reading the current state's files once more, newest
-//! first. They count in `rows_deleted` and are undone with the run. A replay never deletes.
-//!
-//! Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
-//! the source and the file; everything else streams in batches. When the estimated keys exceed
-//! the index budget (half of `--memory-limit`, or `INGOT_INDEX_MEMORY`), change detection is
-//! partitioned and spilled to disk instead ([`spill`]), so memory does not grow with the data.
+//! A run takes the source lock, hashes the file (an identical loaded file is skipped), builds the
+//! change-detection index from the committed runs of the source's current state, streams typed,
+//! hashed and classified rows into run-scoped Parquet files, and commits one run-log record into
+//! the source's next slot (create-if-absent). Nothing is visible before that put, so a crash at
+//! any point is healed by running the same command again. [`ingest_file`] gives the sequence and
+//! where a crash can hit it; [`load`] the deletions of `delivery: full` and the memory bounds.
 
 pub mod columns;
 pub mod csv;
@@ -139,6 +108,28 @@ pub async fn ingest_input(
 }
 
 /// Ingest one file as one run and return its committed record.
+///
+/// The sequence of a run, and where a crash can hit it:
+///
+/// 1. take the source lock; refuse a contract whose natural-key version differs from the one the
+///    source's bronze is keyed with (see [`crate::ops::rekey`]); hash the file's bytes; a file already loaded by a committed run is
+///    recorded as `skipped_duplicate_file` and nothing is read. Only a file of the same size as a
+///    loaded one can be a duplicate: any other file is hashed on a thread of its own while steps
+///    2-3 run (the bronze writer waits for the hash before its first rows);
+/// 2. build the change-detection index (fingerprint → row_hash prefixes) from the committed
+///    bronze runs of the source's current state ([`crate::engine::catalog::current_runs`]), oldest
+///    first, so the newest version wins (a tombstone makes its key absent);
+/// 3. parse (a blocking thread) → type and check → hash with the SQL UDFs → classify each row as
+///    inserted / updated / unchanged / failed → stream new versions and failures to run-scoped
+///    Parquet files; for a `delivery: full` file, then append a **tombstone** for every current
+///    key the file lacked (see below);
+/// 4. check the input did not change while it was read, commit the run-log record into the
+///    source's next sequence slot (create-if-absent: a run that lost its lock to another run that
+///    committed first publishes nothing), release the lock.
+///
+/// In-file natural-key conflicts are found during the pass; a file that has any is processed a
+/// second time with the conflicting keys known, so that every record of a conflicting key is
+/// rejected (the first pass's run-scoped files are overwritten, never published).
 pub async fn ingest_file(
     ws: &Workspace,
     contract: Arc<Contract>,
@@ -274,6 +265,20 @@ async fn run(
 
 /// Load the file (after the duplicate check): build the index, run the pass(es), fill the
 /// record's counts and status.
+///
+/// A full delivery is the whole source: a record current before the run whose natural key the
+/// file does not have is deleted by a tombstone version in the run's own data file, after its new
+/// versions: `is_deleted = true`, the record's fingerprint and natural-key fields (from its latest
+/// version), every other field, `row_hash` and `source_row_number` null. The key index already
+/// knows which current keys the file had; a rejected row whose key could be computed, and every row
+/// of a natural-key conflict, count as delivered (a malformed row today is not a deletion). The
+/// tombstones' keys and fields come from reading the current state's files once more, newest
+/// first. They count in `rows_deleted` and are undone with the run. A replay never deletes.
+///
+/// Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
+/// the source and the file; everything else streams in batches. When the estimated keys exceed
+/// the index budget (half of `--memory-limit`, or `INGOT_INDEX_MEMORY`), change detection is
+/// partitioned and spilled to disk instead ([`spill`]), so memory does not grow with the data.
 #[allow(clippy::too_many_arguments)]
 async fn load(
     ws: &Workspace,

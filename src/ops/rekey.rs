@@ -6,54 +6,10 @@
 //! record's identity. Ingest refuses to mix versions ([`check_key_version`]): until the source is
 //! re-keyed, every ingest of it fails with exit 2 naming both versions and this command.
 //!
-//! # What a rekey writes
-//!
-//! Bronze is append-only, and a rekey keeps it so. The rekey run reads the source's current state
-//! (the runs of [`crate::engine::catalog::current_runs`], newest first, so the first row of an old
-//! fingerprint is that record's current version; a record whose latest version is a tombstone is
-//! not current) and appends one version per current record under the new key to its own
-//! run-scoped file: the record's fields, `row_hash`, `file_hash`, `contract_version` and
-//! `source_row_number` as they were, `natural_key_fingerprint` and `natural_key_version` under
-//! the new key, `previous_natural_key_fingerprint` = the fingerprint it had, `ingestion_run_id` and
-//! `ingested_at` of the rekey run. From that run on, `bronze.<source>_current`, change detection
-//! and silver builds read only the rekey run and the runs after it; the older versions stay in
-//! `bronze.<source>` under the fingerprint they were written with (their `natural_key_version` says
-//! which), reachable from the new key through `previous_natural_key_fingerprint`. The next silver
-//! build removes the old fingerprints and adds the new ones (a full and an incremental build agree).
-//!
-//! # Conflicts
-//!
-//! Two current records that the new key maps to one fingerprint:
-//!
-//! * with the same `row_hash` (the same contents), they become one record: the newer is written,
-//!   the other counts as `unchanged`;
-//! * with different contents, that is a conflict, treated like an in-file natural-key conflict of
-//!   an ingest: ingot will not pick one. Every record of the key is logged to
-//!   `audit.row_failure_log` with rule `rekey_conflict`, the new fingerprint, its record number and
-//!   its bronze fields as JSON (`raw_payload`), and a reason naming the others' previous
-//!   fingerprints; none of them is current under the new key (they disappear from `_current` and,
-//!   at the next build, from silver) until a delivery brings that key again (it is then
-//!   `inserted`). Their versions stay in `bronze.<source>` under the old key.
-//!
-//! The run record: `file_path` `rekey <source>: natural_key v<old> -> v<new>`, no file hash,
-//! `natural_key_version` = the new version and `previous_natural_key_version` = the old one (which
-//! marks a rekey run); `rows_seen` current records read, `rows_inserted` written under the new key,
-//! `rows_unchanged` merged duplicates, `rows_failed` records in conflict, so it reconciles like any
-//! run.
-//!
-//! # Commit, crashes, undo
-//!
-//! Same protocol as an ingest (see [`crate::table::lake`]): under the source's lock, the data file, then
-//! the failure file, then the run record into the source's next slot with a create-if-absent put.
-//! A crash before the put leaves orphans nothing reads; running `ingot rekey` again starts over
-//! (failpoints [`crate::table::failpoint::REKEY`]); after the put, it says the source is keyed already.
-//! `ingot undo <rekey run>` restores the old keys (the rekey run's file stops counting, so the runs
-//! before it are the current state again); it is refused while runs after the rekey exist (they
-//! were keyed with the new key: undo them first), and a run from before the rekey cannot be undone
-//! alone (undo the rekey first).
-//!
-//! Memory: two key indexes ([`InMemory`], about 32 bytes a slot each: old and new fingerprints);
-//! the data streams in batches, read twice (once to find conflicts, once to write).
+//! Invariants: bronze stays append-only (one new version per current record, under the new key,
+//! with `previous_natural_key_fingerprint`); two records the new key merges with different
+//! contents are a conflict, never a silent pick ([`log_conflicts`]); the commit and its undo are
+//! those of an ingest ([`rekey`]). What is written: [`rekey_locked`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -149,6 +105,18 @@ pub fn undo_blocker(runs: &[RunRecord], run: &RunRecord) -> Option<String> {
 }
 
 /// Re-key `contract.source` under the contract's natural key (see the module documentation).
+///
+/// Same protocol as an ingest (see [`crate::table::lake`]): under the source's lock, the data file, then
+/// the failure file, then the run record into the source's next slot with a create-if-absent put.
+/// A crash before the put leaves orphans nothing reads; running `ingot rekey` again starts over
+/// (failpoints [`crate::table::failpoint::REKEY`]); after the put, it says the source is keyed already.
+/// `ingot undo <rekey run>` restores the old keys (the rekey run's file stops counting, so the runs
+/// before it are the current state again); it is refused while runs after the rekey exist (they
+/// were keyed with the new key: undo them first), and a run from before the rekey cannot be undone
+/// alone (undo the rekey first).
+///
+/// Memory: two key indexes ([`InMemory`], about 32 bytes a slot each: old and new fingerprints);
+/// the data streams in batches, read twice (once to find conflicts, once to write).
 pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
     let holder = format!("rekey-{}", ws.new_id());
     let lock =
@@ -166,6 +134,18 @@ pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
     result
 }
 
+/// Bronze is append-only, and a rekey keeps it so. The rekey run reads the source's current state
+/// (the runs of [`crate::engine::catalog::current_runs`], newest first, so the first row of an old
+/// fingerprint is that record's current version; a record whose latest version is a tombstone is
+/// not current) and appends one version per current record under the new key to its own
+/// run-scoped file: the record's fields, `row_hash`, `file_hash`, `contract_version` and
+/// `source_row_number` as they were, `natural_key_fingerprint` and `natural_key_version` under
+/// the new key, `previous_natural_key_fingerprint` = the fingerprint it had, `ingestion_run_id` and
+/// `ingested_at` of the rekey run. From that run on, `bronze.<source>_current`, change detection
+/// and silver builds read only the rekey run and the runs after it; the older versions stay in
+/// `bronze.<source>` under the fingerprint they were written with (their `natural_key_version` says
+/// which), reachable from the new key through `previous_natural_key_fingerprint`. The next silver
+/// build removes the old fingerprints and adds the new ones (a full and an incremental build agree).
 async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecord]) -> Result<Rekeyed> {
     let source = &contract.source;
     let new_version = contract.natural_key.version as i32;
@@ -518,6 +498,24 @@ struct Held {
 }
 
 /// Log every record of each conflicting new key, naming the others.
+///
+/// Two current records that the new key maps to one fingerprint:
+///
+/// * with the same `row_hash` (the same contents), they become one record: the newer is written,
+///   the other counts as `unchanged`;
+/// * with different contents, that is a conflict, treated like an in-file natural-key conflict of
+///   an ingest: ingot will not pick one. Every record of the key is logged to
+///   `audit.row_failure_log` with rule `rekey_conflict`, the new fingerprint, its record number and
+///   its bronze fields as JSON (`raw_payload`), and a reason naming the others' previous
+///   fingerprints; none of them is current under the new key (they disappear from `_current` and,
+///   at the next build, from silver) until a delivery brings that key again (it is then
+///   `inserted`). Their versions stay in `bronze.<source>` under the old key.
+///
+/// The run record: `file_path` `rekey <source>: natural_key v<old> -> v<new>`, no file hash,
+/// `natural_key_version` = the new version and `previous_natural_key_version` = the old one (which
+/// marks a rekey run); `rows_seen` current records read, `rows_inserted` written under the new key,
+/// `rows_unchanged` merged duplicates, `rows_failed` records in conflict, so it reconciles like any
+/// run.
 async fn log_conflicts(contract: &Contract, version: i32, held: Vec<Held>, failures: &mut FailureWriter) -> Result<()> {
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for h in &held {

@@ -1,47 +1,13 @@
 //! `ingot undo <id>`: roll back one committed ingestion run or one silver build (docs/operations.md).
 //!
-//! # Runs
+//! An undo commits a copy of the run's (or build's) log record with status `rolled_back` into the
+//! next slot of its log, under the source's lock, with the create-if-absent put of every commit:
+//! logs stay append-only and the copy supersedes the original wherever the log is read. Nothing
+//! is deleted (the files stay until `ingot gc`); undoing twice is a no-op that says so.
 //!
-//! Undoing run `R` of source `S` commits a copy of `R`'s run-log record with status
-//! `rolled_back` (and `rolled_back_at` set) into `S`'s next slot, with the same create-if-absent
-//! put that commits an ingest, under `S`'s ingest lock. Logs are append-only: the copy
-//! supersedes the original record wherever the log is read ([`crate::table::audit::read_run_log`]
-//! keeps the highest slot of each run id). From that put on, `R`'s bronze data file and its
-//! failure file are no longer named by a loaded run, so:
-//!
-//! * records `R` inserted disappear from `bronze.<S>` and `bronze.<S>_current`;
-//! * records `R` updated return to their previous version (the window behind `_current` picks
-//!   the newest remaining version); records that a later run updated again keep that later
-//!   version;
-//! * `R`'s failure rows disappear from `audit.row_failure_log`;
-//! * the next incremental silver build removes or reverts the rows concerned (records no longer
-//!   current, or whose current version changed, are processed again);
-//! * re-ingesting the same file with `ingot ingest` loads it again (a rolled-back run does not
-//!   count for the duplicate-file skip), but the nightly job (`ingot run`) does not pick it up
-//!   again by itself: a file you undid stays undone until you ingest it on purpose.
-//!
-//! The files stay where they are until `ingot gc` removes them, so nothing is lost by the undo
-//! itself. Undoing a rolled-back run is a no-op that says so; a run that loaded nothing (failed,
-//! skipped duplicate) has nothing to undo.
-//!
-//! A run of a `delivery: full` file also wrote tombstones for the records the file lacked: they
-//! stop counting with the rest of its file, so those records are current again (the message
-//! says how many). Around a re-key (see [`crate::ops::rekey`]) undo refuses what would mix natural-key
-//! versions: a rekey run while runs after it exist, and a run from before a rekey that still
-//! counts.
-//!
-//! Caveat, by construction: an undo removes exactly the rows the run *wrote*. A record a later
-//! run delivered again unchanged was not written by that later run (it was `unchanged`), so
-//! undoing the run that first wrote it removes it even though the later file also had it.
-//!
-//! # Builds
-//!
-//! Undoing build `B` of table `T` commits a copy of `B`'s build-log record with status
-//! `rolled_back` into `T`'s next slot. `silver.<T>` is the snapshot of the latest succeeded
-//! build, so it is the previous snapshot again (or empty when `B` was the first), atomically;
-//! the next incremental build starts from that snapshot's state. Only the latest succeeded build
-//! of a table can be undone (undo the later ones first). A rolled-back build no longer pins its
-//! rules version's SHA-256.
+//! Hazards: around a rekey, undo refuses what would mix natural-key versions; an undo removes
+//! exactly the rows the run *wrote*, so a record a later run re-delivered unchanged goes with
+//! it. [`undo_run`] and [`undo_build`] say what each undo changes.
 
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
@@ -123,6 +89,37 @@ fn nothing_for_run(run: &RunRecord) -> Option<Undone> {
     }
 }
 
+/// Undoing run `R` of source `S` commits a copy of `R`'s run-log record with status
+/// `rolled_back` (and `rolled_back_at` set) into `S`'s next slot, with the same create-if-absent
+/// put that commits an ingest, under `S`'s ingest lock. Logs are append-only: the copy
+/// supersedes the original record wherever the log is read ([`crate::table::audit::read_run_log`]
+/// keeps the highest slot of each run id). From that put on, `R`'s bronze data file and its
+/// failure file are no longer named by a loaded run, so:
+///
+/// * records `R` inserted disappear from `bronze.<S>` and `bronze.<S>_current`;
+/// * records `R` updated return to their previous version (the window behind `_current` picks
+///   the newest remaining version); records that a later run updated again keep that later
+///   version;
+/// * `R`'s failure rows disappear from `audit.row_failure_log`;
+/// * the next incremental silver build removes or reverts the rows concerned (records no longer
+///   current, or whose current version changed, are processed again);
+/// * re-ingesting the same file with `ingot ingest` loads it again (a rolled-back run does not
+///   count for the duplicate-file skip), but the nightly job (`ingot run`) does not pick it up
+///   again by itself: a file you undid stays undone until you ingest it on purpose.
+///
+/// The files stay where they are until `ingot gc` removes them, so nothing is lost by the undo
+/// itself. Undoing a rolled-back run is a no-op that says so; a run that loaded nothing (failed,
+/// skipped duplicate) has nothing to undo.
+///
+/// A run of a `delivery: full` file also wrote tombstones for the records the file lacked: they
+/// stop counting with the rest of its file, so those records are current again (the message
+/// says how many). Around a re-key (see [`crate::ops::rekey`]) undo refuses what would mix natural-key
+/// versions: a rekey run while runs after it exist, and a run from before a rekey that still
+/// counts.
+///
+/// Caveat, by construction: an undo removes exactly the rows the run *wrote*. A record a later
+/// run delivered again unchanged was not written by that later run (it was `unchanged`), so
+/// undoing the run that first wrote it removes it even though the later file also had it.
 async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
     if let Some(n) = nothing_for_run(&run) {
         return Ok(n);
@@ -158,6 +155,12 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
     result
 }
 
+/// Undoing build `B` of table `T` commits a copy of `B`'s build-log record with status
+/// `rolled_back` into `T`'s next slot. `silver.<T>` is the snapshot of the latest succeeded
+/// build, so it is the previous snapshot again (or empty when `B` was the first), atomically;
+/// the next incremental build starts from that snapshot's state. Only the latest succeeded build
+/// of a table can be undone (undo the later ones first). A rolled-back build no longer pins its
+/// rules version's SHA-256.
 async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) -> Result<Undone> {
     match build.status {
         BuildStatus::RolledBack => {

@@ -1,23 +1,8 @@
 //! The lake: where tables live, and the commit protocol that makes crashes harmless.
 //!
 //! All storage goes through `object_store`, so the local disk and S3 (`s3://bucket/prefix`, feature
-//! `s3`, see [`crate::table::store`]) behave alike. Layout under the lake root:
-//!
-//! ```text
-//! bronze/<source>/run_id=<run>/part-00000.parquet        run-scoped data (invisible until committed)
-//! audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
-//! audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
-//! _locks/<source>.lock                                   one ingest per source at a time
-//! silver/<table>/build_id=<build>/part-NNNNN.parquet     a build's complete snapshot of the table
-//! silver/<table>/build_id=<build>/state-NNNNN.parquet    (fingerprint key, run, outcome, version) per record
-//! silver/<table>/build_id=<build>/manifest.json          the snapshot's and the state's files
-//! silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
-//! audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
-//! audit/silver_build_log/<table>/<seq>.parquet           a build's commit record (create-if-absent)
-//! ```
-//!
-//! Silver builds commit the same way: every file of a build is build-scoped and becomes visible
-//! only through its `silver_build_log` record, the table's next numbered object.
+//! `s3`, see [`crate::table::store`]) behave alike; [`Lake`] shows the layout. Silver builds commit
+//! like runs: every file of a build is build-scoped and visible only through its build-log record.
 //!
 //! Commit order (docs/formats.md#commit-protocol): data file, then failure file, then the run-log record with
 //! `PutMode::Create`. Readers only look at files named by committed run-log records, so a crash
@@ -51,6 +36,21 @@ pub enum Replaced {
 }
 
 /// A lake root on an object store.
+///
+/// Layout under the lake root:
+///
+/// ```text
+/// bronze/<source>/run_id=<run>/part-00000.parquet        run-scoped data (invisible until committed)
+/// audit/row_failure_log/run_id=<run>/part-00000.parquet  run-scoped failures (same)
+/// audit/ingestion_run_log/<source>/<seq>.parquet         the commit record: one put, create-if-absent
+/// _locks/<source>.lock                                   one ingest per source at a time
+/// silver/<table>/build_id=<build>/part-NNNNN.parquet     a build's complete snapshot of the table
+/// silver/<table>/build_id=<build>/state-NNNNN.parquet    (fingerprint key, run, outcome, version) per record
+/// silver/<table>/build_id=<build>/manifest.json          the snapshot's and the state's files
+/// silver/<table>/build_id=<build>/inputs.json            digest of what resolve read (lookups, contracts)
+/// audit/row_failure_log/build_id=<build>/part-00000.parquet  a build's silver rejections
+/// audit/silver_build_log/<table>/<seq>.parquet           a build's commit record (create-if-absent)
+/// ```
 #[derive(Debug, Clone)]
 pub struct Lake {
     pub store: Arc<dyn ObjectStore>,

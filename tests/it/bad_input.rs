@@ -206,7 +206,13 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
 fn tiny_contract(t: &TestLake) {
     std::fs::write(
         t.contracts().join("tiny.yaml"),
-        "source: tiny\nversion: 1\nfields:\n  - {name: k, type: string, required: true, normalize: [trim]}\n  - {name: n, type: int32}\nnatural_key: {version: 1, fields: [k]}\n",
+        r#"source: tiny
+version: 1
+fields:
+  - {name: k, type: string, required: true, normalize: [trim]}
+  - {name: n, type: int32}
+natural_key: {version: 1, fields: [k]}
+"#,
     )
     .unwrap();
 }

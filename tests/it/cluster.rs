@@ -131,13 +131,7 @@ fn whole_lake(t: &TestLake) -> BTreeMap<String, Vec<Row>> {
 fn assert_same_lake(local: &TestLake, remote: &TestLake) {
     let a = whole_lake(local);
     let b = whole_lake(remote);
-    for (name, rows) in &a {
-        let theirs = &b[name];
-        for (i, (x, y)) in rows.iter().zip(theirs).enumerate() {
-            assert_eq!(x, y, "{name} differs at row {i}, local vs cluster");
-        }
-        assert_eq!(rows.len(), theirs.len(), "{name}: row count, local vs cluster");
-    }
+    crate::util::assert_same_tables(&b, &a, "cluster vs local");
     for name in ["silver.bookings", "audit.row_failure_log", "bronze.bookings"] {
         assert!(a[name].len() > 10, "the comparison must cover real rows of {name}");
     }

@@ -99,7 +99,15 @@ fn every_problem_is_reported_with_location_and_choices() {
 
 #[test]
 fn natural_key_and_source_name_are_checked() {
-    let text = "source: other\nversion: 1\nfields:\n  - name: a\n    type: string\nnatural_key:\n  version: 1\n  fields: [a, b, a]\n";
+    let text = r#"source: other
+version: 1
+fields:
+  - name: a
+    type: string
+natural_key:
+  version: 1
+  fields: [a, b, a]
+"#;
     let got = problems_of("contracts/bookings.yaml", text);
     assert_eq!(
         got,
@@ -113,7 +121,12 @@ fn natural_key_and_source_name_are_checked() {
 
 #[test]
 fn yaml_syntax_error_is_located() {
-    let got = problems_of("c/x.yaml", "source: x\nfields: [a\n");
+    let got = problems_of(
+        "c/x.yaml",
+        r#"source: x
+fields: [a
+"#,
+    );
     assert_eq!(got.len(), 1);
     assert!(got[0].starts_with("c/x.yaml:3:"), "{got:?}");
     assert!(got[0].contains("invalid YAML"), "{got:?}");
@@ -125,7 +138,11 @@ fn check_command_reports_all_files_and_exits_2() {
     std::fs::write(t.contracts().join("bookings.yaml"), BAD).unwrap();
     std::fs::write(
         t.contracts().join("extra.yaml"),
-        "source: extra\nversion: 1\nfields: []\nnatural_key: {version: 1, fields: []}\n",
+        r#"source: extra
+version: 1
+fields: []
+natural_key: {version: 1, fields: []}
+"#,
     )
     .unwrap();
     let out = t.run(&["check"]);

@@ -449,7 +449,16 @@ fn ndjson_numbers_are_typed_from_their_exact_digits() {
     let t = TestLake::new();
     std::fs::write(
         t.contracts().join("exact.yaml"),
-        "source: exact\nversion: 1\nformat: ndjson\nfields:\n  - {name: id, type: string, required: true}\n  - {name: d, type: \"decimal(38,2)\"}\n  - {name: i, type: int64}\n  - {name: b, type: boolean}\nnatural_key: {version: 1, fields: [id]}\n",
+        r#"source: exact
+version: 1
+format: ndjson
+fields:
+  - {name: id, type: string, required: true}
+  - {name: d, type: "decimal(38,2)"}
+  - {name: i, type: int64}
+  - {name: b, type: boolean}
+natural_key: {version: 1, fields: [id]}
+"#,
     )
     .unwrap();
     let input = t.dir.path().join("exact.ndjson");
@@ -477,7 +486,16 @@ fn parquet_values_are_never_rounded_and_text_columns_use_the_contract_formats() 
     let t = TestLake::new();
     std::fs::write(
         t.contracts().join("pq.yaml"),
-        "source: pq\nversion: 1\nformat: parquet\nfields:\n  - {name: id, type: string, required: true}\n  - {name: i, type: int64}\n  - {name: d, type: \"decimal(12,2)\"}\n  - {name: dt, type: date, format: \"%d/%m/%Y\"}\nnatural_key: {version: 1, fields: [id]}\n",
+        r#"source: pq
+version: 1
+format: parquet
+fields:
+  - {name: id, type: string, required: true}
+  - {name: i, type: int64}
+  - {name: d, type: "decimal(12,2)"}
+  - {name: dt, type: date, format: "%d/%m/%Y"}
+natural_key: {version: 1, fields: [id]}
+"#,
     )
     .unwrap();
     let file = t.dir.path().join("in.parquet");
@@ -515,7 +533,21 @@ fn hashes_from_input_text_equal_the_udfs_over_typed_values() {
     let t = TestLake::new();
     std::fs::write(
         t.contracts().join("canon.yaml"),
-        "source: canon\nversion: 1\nformat: csv\ncsv: {delimiter: \",\", header: true, quote: '\"', null_values: [\"\"]}\nfields:\n  - {name: id, type: int64, required: true}\n  - {name: n, type: int32}\n  - {name: d, type: \"decimal(15,2)\"}\n  - {name: z, type: \"decimal(9,0)\"}\n  - {name: dt, type: date}\n  - {name: b, type: boolean}\n  - {name: s, type: string}\n  - {name: v, type: string, volatile: true}\nnatural_key: {version: 3, fields: [id, s]}\n",
+        r#"source: canon
+version: 1
+format: csv
+csv: {delimiter: ",", header: true, quote: '"', null_values: [""]}
+fields:
+  - {name: id, type: int64, required: true}
+  - {name: n, type: int32}
+  - {name: d, type: "decimal(15,2)"}
+  - {name: z, type: "decimal(9,0)"}
+  - {name: dt, type: date}
+  - {name: b, type: boolean}
+  - {name: s, type: string}
+  - {name: v, type: string, volatile: true}
+natural_key: {version: 3, fields: [id, s]}
+"#,
     )
     .unwrap();
     let canonical = t.dir.path().join("canonical.csv");
@@ -545,7 +577,20 @@ fn hashes_from_input_text_equal_the_udfs_over_typed_values() {
     // no null and no `|` or `\` to escape is hashed straight from the captured texts.
     std::fs::write(
         t.contracts().join("plain.yaml"),
-        "source: plain\nversion: 1\nformat: csv\ncsv: {delimiter: \",\", header: true, quote: '\"', null_values: [\"\"]}\nfields:\n  - {name: id, type: int64, required: true}\n  - {name: n, type: int32}\n  - {name: d, type: \"decimal(15,2)\"}\n  - {name: z, type: \"decimal(9,0)\"}\n  - {name: dt, type: date}\n  - {name: b, type: boolean}\n  - {name: s, type: string}\nnatural_key: {version: 3, fields: [id, s]}\n",
+        r#"source: plain
+version: 1
+format: csv
+csv: {delimiter: ",", header: true, quote: '"', null_values: [""]}
+fields:
+  - {name: id, type: int64, required: true}
+  - {name: n, type: int32}
+  - {name: d, type: "decimal(15,2)"}
+  - {name: z, type: "decimal(9,0)"}
+  - {name: dt, type: date}
+  - {name: b, type: boolean}
+  - {name: s, type: string}
+natural_key: {version: 3, fields: [id, s]}
+"#,
     )
     .unwrap();
     for file in [&canonical, &other] {

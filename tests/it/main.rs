@@ -10,7 +10,9 @@ mod deletions;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
+mod golden;
 mod hashing;
+mod hashing_python;
 mod ingest;
 mod kill;
 mod layering;
@@ -22,6 +24,7 @@ mod rules;
 #[cfg(feature = "s3")]
 mod s3;
 mod shell;
+mod silver_anomaly;
 mod silver_build;
 mod silver_compile;
 mod silver_delta;

@@ -471,19 +471,37 @@ steps:
 fn version_table_and_source_must_match() {
     let f = "rules/orders/v1.yaml";
     assert_lines(
-        &problems_of(f, "table: orders\nsource: orders\nversion: 2\n"),
+        &problems_of(
+            f,
+            r#"table: orders
+source: orders
+version: 2
+"#,
+        ),
         &[format!(
             "{f}:3:10: version 2 must equal N of the file name \"v1.yaml\" (1); add a new file v<N>.yaml for a new version"
         )],
     );
     assert_lines(
-        &problems_of(f, "table: shops\nsource: orders\nversion: 1\n"),
+        &problems_of(
+            f,
+            r#"table: shops
+source: orders
+version: 1
+"#,
+        ),
         &[format!(
             "{f}:1:8: table \"shops\" must equal the folder name \"orders\""
         )],
     );
     assert_lines(
-        &problems_of(f, "table: orders\nsource: order\nversion: 1\n"),
+        &problems_of(
+            f,
+            r#"table: orders
+source: order
+version: 1
+"#,
+        ),
         &[format!(
             "{f}:2:9: source \"order\" is not a known contract; sources are: orders, shops"
         )],
@@ -498,7 +516,13 @@ fn version_table_and_source_must_match() {
     );
     let g = "rules/orders/version1.yaml";
     assert_lines(
-        &problems_of(g, "table: orders\nsource: orders\nversion: 0\n"),
+        &problems_of(
+            g,
+            r#"table: orders
+source: orders
+version: 0
+"#,
+        ),
         &[
             format!(
                 "{g}:1:1: rules file name \"version1.yaml\" must be v<N>.yaml, N being the version (v1.yaml, v2.yaml, ...)"
@@ -507,7 +531,12 @@ fn version_table_and_source_must_match() {
         ],
     );
     let h = "rules/orders/v1.yaml";
-    let got = problems_of(h, "table: orders\nsteps: [\n");
+    let got = problems_of(
+        h,
+        r#"table: orders
+steps: [
+"#,
+    );
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(
         got[0].starts_with(&format!("{h}:3:")) && got[0].contains("invalid YAML"),

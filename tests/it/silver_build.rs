@@ -9,7 +9,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::util::{TestLake, assert_ok, landing, repo, stderr, stdout};
+use crate::util::{TestLake, assert_ok, assert_same_rows, landing, repo, stderr, stdout};
 
 type Row = BTreeMap<String, Value>;
 
@@ -68,13 +68,6 @@ fn without(rows: &[Row], column: &str) -> Vec<Row> {
             r
         })
         .collect()
-}
-
-fn assert_same_rows(got: &[Row], want: &[Row], context: &str) {
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert_eq!(a, b, "{context}: row {i} differs");
-    }
-    assert_eq!(got.len(), want.len(), "{context}: row count");
 }
 
 fn builds(t: &TestLake) -> Vec<Row> {

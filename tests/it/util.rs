@@ -300,11 +300,16 @@ pub fn assert_same_tables(
         "{context}"
     );
     for (name, rows) in want {
-        for (i, (a, b)) in got[name].iter().zip(rows).enumerate() {
-            assert_eq!(a, b, "{context}: {name} row {i}");
-        }
-        assert_eq!(got[name].len(), rows.len(), "{context}: {name} row count");
+        assert_same_rows(&got[name], rows, &format!("{context}: {name}"));
     }
+}
+
+/// Two lists of rows are equal, row by row in order; a difference names the first differing row.
+pub fn assert_same_rows(got: &[BTreeMap<String, Value>], want: &[BTreeMap<String, Value>], context: &str) {
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a, b, "{context}: row {i} differs");
+    }
+    assert_eq!(got.len(), want.len(), "{context}: row count");
 }
 
 /// The python of the project's venv `name` (at the repository root), created and `packages`

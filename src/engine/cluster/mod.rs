@@ -1,5 +1,5 @@
 //! Running ingot's DataFusion plans on an Apache DataFusion Ballista cluster of ingot processes
-//! (cargo feature `cluster`).
+//! (cargo feature `cluster`; what runs where: docs/guide.md#running-on-a-cluster).
 //!
 //! A cluster is one scheduler ([`scheduler`], `ingot cluster scheduler`) and any number of
 //! executors ([`executor`], `ingot cluster executor`). The stock Ballista binaries cannot run
@@ -8,41 +8,9 @@
 //! [`client`]), the scheduler's session builder and every executor's function registry. A
 //! missing one is reported by name ([`client::explain_error`]).
 //!
-//! # What runs where (`--cluster df://HOST:PORT` or `INGOT_CLUSTER`)
-//!
-//! The client process plans; the scheduler splits a plan into stages and the executors run
-//! them, reading the lake's files themselves and shuffling between each other; the client reads
-//! the final stage's rows back over Arrow Flight. Everything that writes the lake — data files,
-//! failure files, state files, manifests and the commit records (create-if-absent puts) — stays
-//! in the client, so the commit protocol of [`crate::table::lake`] is unchanged: a cluster never
-//! commits anything, and a client that dies leaves only uncommitted files.
-//!
-//! * `ingot sql`: the whole query runs on the cluster (`information_schema` queries and the
-//!   shell's `\d` stay local: they only read the catalog).
-//! * `ingot build`: every plan of the build runs on the cluster — the scans of bronze
-//!   fingerprints and of the previous state, the selection of the records to process and of the
-//!   rows to keep, the rules transform (resolve joins, steps, validations, `to_json_row`
-//!   payloads), the window-anomaly sort, and the filtered-row and resolve-rejection plans. The
-//!   selections, which run locally as lookups in the build's in-memory key map
-//!   (`__ingot_pick`, `__ingot_in_set`), become joins with build-scoped files of 16-byte keys
-//!   that the client writes (`keys-*.parquet`, deleted before the commit). The client keeps the
-//!   decisions (the key map, from the scans' streams), re-computes flags on the streamed output
-//!   rows, splits them into the snapshot, the failures and the state, writes them (streamed,
-//!   never collected) and commits.
-//! * `ingot ingest`: the scan of the source's committed bronze files (fingerprint and row hash
-//!   of every version, the input of change detection) runs on the cluster. Reading, typing and
-//!   hashing the landing file is ingot's own streaming code (CSV/NDJSON parser, typed columns,
-//!   the hashing kernels the UDFs use), not a DataFusion plan, and the file is on the client's
-//!   disk: it runs in the client, as do classification, writing and the commit.
-//!
-//! # Object stores
-//!
-//! Executors read and (for shuffles) write files themselves, so every process of a cluster must
-//! reach the lake under the same URL: [`object_store_registry`] builds the registry the
-//! scheduler and the executors use from the lake location they are started with (`--lake` /
-//! `INGOT_LAKE`), the same way the client opens it ([`crate::table::lake::Lake::open`]). A local lake
-//! works when all processes run on one machine (or share the path); an object-store lake
-//! (`s3://...`) is the way to spread executors over machines.
+//! Invariant: everything that writes the lake (data, failure and state files, manifests, commit
+//! records) stays in the client, so a cluster never commits anything and a client that dies
+//! leaves only uncommitted files.
 
 pub mod client;
 pub mod executor;
@@ -77,6 +45,13 @@ pub fn udfs() -> Vec<ScalarUDF> {
 ///
 /// This is the one hook for other stores: when `Lake::open` learns a scheme (`s3://`), the
 /// scheduler and the executors reach that lake the same way the client does.
+///
+/// Executors read and (for shuffles) write files themselves, so every process of a cluster must
+/// reach the lake under the same URL: [`object_store_registry`] builds the registry the
+/// scheduler and the executors use from the lake location they are started with (`--lake` /
+/// `INGOT_LAKE`), the same way the client opens it ([`crate::table::lake::Lake::open`]). A local lake
+/// works when all processes run on one machine (or share the path); an object-store lake
+/// (`s3://...`) is the way to spread executors over machines.
 pub fn object_store_registry(lake: &str) -> Result<Arc<dyn ObjectStoreRegistry>> {
     let registry = DefaultObjectStoreRegistry::new();
     let lake = crate::table::lake::Lake::open(lake)?;
