@@ -1,0 +1,67 @@
+//! What a build reads: the source's `_current` rows and those of the sources its contract's
+//! `resolve` entries look up.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::common::TableReference;
+use datafusion::dataframe::DataFrame;
+use datafusion::prelude::SessionContext;
+
+use crate::error::{Error, Result};
+use crate::spec::contract::{Contract, ContractSet};
+use crate::spec::rules::RuleSet;
+
+/// The current rows of a lookup source and its contract (for the key's `normalize` steps).
+#[derive(Clone)]
+pub struct Lookup {
+    pub contract: Arc<Contract>,
+    /// Typically `bronze.<lookup>_current`.
+    pub rows: DataFrame,
+}
+
+/// Lookups by source name.
+pub type Lookups = BTreeMap<String, Lookup>;
+
+/// What a build of one rules version reads.
+pub struct Inputs {
+    pub contract: Arc<Contract>,
+    /// `bronze.<source>_current`.
+    pub input: DataFrame,
+    pub lookups: Lookups,
+}
+
+/// `bronze.<source>_current` as a table reference (never parsed from text).
+pub fn current_table(source: &str) -> TableReference {
+    TableReference::partial("bronze", format!("{source}_current"))
+}
+
+/// The source's and its lookups' `_current` views from a session opened by [`crate::engine::catalog::open`].
+pub async fn read_inputs(ctx: &SessionContext, contracts: &ContractSet, rules: &RuleSet) -> Result<Inputs> {
+    let contract_of = |source: &str| {
+        contracts.contracts.get(source).cloned().ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: source \"{source}\" has no loadable contract; sources are: {}",
+                rules.path.display(),
+                contracts.names().join(", ")
+            ))
+        })
+    };
+    let contract = contract_of(&rules.source)?;
+    let input = ctx.table(current_table(&rules.source)).await?;
+    let mut lookups = Lookups::new();
+    for r in &contract.resolve {
+        if !lookups.contains_key(&r.lookup) {
+            let lookup = Lookup {
+                contract: contract_of(&r.lookup)?,
+                rows: ctx.table(current_table(&r.lookup)).await?,
+            };
+            lookups.insert(r.lookup.clone(), lookup);
+        }
+    }
+    Ok(Inputs {
+        contract,
+        input,
+        lookups,
+    })
+}
