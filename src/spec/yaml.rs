@@ -4,7 +4,11 @@
 //! `ingot check` can report *every* problem of a file at once, each at its own line and column
 //! (serde stops at the first error and forgets positions). Anchors/aliases are not supported:
 //! contracts are meant to be read by people, and an alias is reported as an error.
+//!
+//! The key-checking toolkit at the end ([`MapNode`], [`scalar_str`], [`seq`], ...) is shared by
+//! the contract and rules readers: each reports a located problem and returns `None`, never stops.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
@@ -236,4 +240,126 @@ impl MarkedEventReceiver for Builder {
             _ => {}
         }
     }
+}
+
+// ---- key checks shared by the contract and rules readers ---------------------------------------
+
+/// Reads a mapping node, reporting unknown and duplicate keys against the valid ones.
+pub(crate) struct MapNode<'a> {
+    entries: Vec<(&'a str, &'a Node, &'a Node)>,
+    pub pos: Pos,
+}
+
+impl<'a> MapNode<'a> {
+    /// `None` (with a problem) when `node` is not a mapping.
+    pub(crate) fn new(
+        file: &Path,
+        node: &'a Node,
+        what: &str,
+        valid: &[&str],
+        problems: &mut Problems,
+    ) -> Option<MapNode<'a>> {
+        let Kind::Map(entries) = &node.kind else {
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a mapping, found {}", node.kind_name()),
+            );
+            return None;
+        };
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for (k, v) in entries {
+            let Some(key) = k.as_str() else {
+                problems.push(file, k.pos, format!("{what}: keys must be plain names"));
+                continue;
+            };
+            if !valid.contains(&key) {
+                problems.push(
+                    file,
+                    k.pos,
+                    format!("unknown key \"{key}\" in {what}; valid keys are: {}", valid.join(", ")),
+                );
+                continue;
+            }
+            if !seen.insert(key) {
+                problems.push(file, k.pos, format!("duplicate key \"{key}\" in {what}"));
+                continue;
+            }
+            out.push((key, k, v));
+        }
+        Some(MapNode {
+            entries: out,
+            pos: node.pos,
+        })
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Node> {
+        self.entries.iter().find(|(k, _, _)| *k == key).map(|(_, _, v)| *v)
+    }
+}
+
+/// Scalar readers shared by the contract and rules validators.
+pub(crate) fn scalar_str<'n>(file: &Path, node: &'n Node, what: &str, problems: &mut Problems) -> Option<&'n str> {
+    match node.as_str() {
+        Some(s) if !node.is_null() => Some(s),
+        _ => {
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a text value, found {}", node.kind_name()),
+            );
+            None
+        }
+    }
+}
+
+pub(crate) fn scalar_int(file: &Path, node: &Node, what: &str, min: i64, problems: &mut Problems) -> Option<i64> {
+    let s = scalar_str(file, node, what, problems)?;
+    match s.trim().parse::<i64>() {
+        Ok(v) if v >= min => Some(v),
+        _ => {
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be an integer >= {min}, found \"{s}\""),
+            );
+            None
+        }
+    }
+}
+
+pub(crate) fn scalar_bool(file: &Path, node: &Node, what: &str, problems: &mut Problems) -> Option<bool> {
+    let s = scalar_str(file, node, what, problems)?;
+    match s {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => {
+            problems.push(file, node.pos, format!("{what} must be true or false, found \"{s}\""));
+            None
+        }
+    }
+}
+
+pub(crate) fn seq<'n>(file: &Path, node: &'n Node, what: &str, problems: &mut Problems) -> Option<&'n [Node]> {
+    match &node.kind {
+        Kind::Seq(items) => Some(items),
+        _ => {
+            problems.push(
+                file,
+                node.pos,
+                format!("{what} must be a list, found {}", node.kind_name()),
+            );
+            None
+        }
+    }
+}
+
+pub(crate) fn is_valid_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }

@@ -3,15 +3,11 @@
 //! A rules file is read from the located YAML tree ([`crate::spec::yaml`]) key by key, like a contract.
 //! Every `expr`, `filter`, `check` and `when` is parsed by DataFusion's own SQL expression parser
 //! into an [`Expr`] against the schema *at that step*: the source's `bronze.<source>_current`
-//! columns plus the contract's `resolve` values, changed step by step (`set` adds or replaces,
-//! `rename`, `cast` and `drop` change it, `map` and `filter` keep it). Rules never become SQL
+//! columns plus the contract's `resolve` values, changed step by step. Rules never become SQL
 //! text; column names are never pasted into SQL.
 //!
-//! Every problem of every file is collected (not just the first), each with file, line and
-//! column and, where the choices are closed, the valid ones; an unknown column lists the
-//! columns that exist at that step. A file with any problem yields no [`RuleSet`], so callers
-//! that go on to build must refuse to run when [`Problems`] is not empty: otherwise an older
-//! valid version would silently stand in for a broken newer one.
+//! Every problem of every file is collected, each located; a file with any problem yields no
+//! [`RuleSet`] (see [`RulesSet::load`] for why callers must then refuse to build).
 //!
 //! Hazards: columns ingot maintains (the bronze columns and the resolve values) may be read by
 //! steps but never changed, or silver could lose its lineage; aggregate, window and volatile
@@ -207,6 +203,11 @@ pub struct RulesSet {
 impl RulesSet {
     /// Load every `<dir>/<table>/v<N>.yaml`; problems of every file are collected. A missing
     /// directory means no rules (not a problem). Only files without problems are kept.
+    ///
+    /// Every problem comes with file, line and column and, where the choices are closed, the
+    /// valid ones; an unknown column lists the columns that exist at that step. Callers that go
+    /// on to build must refuse to run when `problems` is not empty: otherwise an older valid
+    /// version would silently stand in for a broken newer one.
     pub fn load(dir: &Path, contracts: &ContractSet, problems: &mut Problems) -> RulesSet {
         read::load_dir(&parse_context(), dir, contracts, problems)
     }

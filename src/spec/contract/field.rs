@@ -1,0 +1,318 @@
+//! One entry of a contract's `fields`: its name, type and the checks that depend on the type
+//! (`normalize`, `format`, `min`/`max`, `allowed`, `pattern`). A key that does not fit the type
+//! is reported, never ignored.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+
+use super::read::ContractReader;
+use super::{Bound, Field, FieldType, RESERVED_COLUMNS};
+use crate::hash::NormalizeStep;
+use crate::spec::yaml::{MapNode, Node, Pos, scalar_bool, scalar_str, seq};
+
+/// Field names: lower case (a leading `_` allowed), at most 63 bytes.
+fn is_valid_field_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+const FIELD_KEYS: &[&str] = &[
+    "name",
+    "type",
+    "required",
+    "normalize",
+    "format",
+    "min",
+    "max",
+    "allowed",
+    "pattern",
+    "volatile",
+    "description",
+];
+
+impl ContractReader<'_> {
+    /// The fields, when all are valid. Names of every entry (valid or not) go to
+    /// `self.names` so later checks (natural key, duplicates) still run.
+    pub(super) fn read_fields(&mut self, node: &Node) -> Option<Vec<Field>> {
+        let file = self.doc.file.clone();
+        let items = seq(&file, node, "fields", self.problems)?;
+        if items.is_empty() {
+            self.err(node.pos, "fields must list at least one field");
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        let mut seen: BTreeMap<String, Pos> = BTreeMap::new();
+        for item in items {
+            let (name, field) = self.read_field(item);
+            if let Some((name, pos)) = &name {
+                if let Some(first) = seen.get(name) {
+                    self.err(
+                        *pos,
+                        format!("duplicate field \"{name}\" (first defined at line {})", first.line),
+                    );
+                    ok = false;
+                } else {
+                    seen.insert(name.clone(), *pos);
+                    self.names.push(name.clone());
+                }
+            }
+            match field {
+                Some(f) => out.push(f),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// One field entry: its name (when readable) and the field (when valid).
+    fn read_field(&mut self, node: &Node) -> (Option<(String, Pos)>, Option<Field>) {
+        let file = self.doc.file.clone();
+        let Some(map) = MapNode::new(&file, node, "a field", FIELD_KEYS, self.problems) else {
+            return (None, None);
+        };
+        let before = self.problems.items.len();
+        let name = self.read_field_name(&map);
+        let label = name.clone().unwrap_or_else(|| "?".into());
+        let ty = self.read_field_type(&map, &label);
+        let required = map
+            .get("required")
+            .and_then(|n| scalar_bool(&file, n, "required", self.problems))
+            .unwrap_or(false);
+        let volatile = map
+            .get("volatile")
+            .and_then(|n| scalar_bool(&file, n, "volatile", self.problems))
+            .unwrap_or(false);
+        let description = map
+            .get("description")
+            .and_then(|n| scalar_str(&file, n, "description", self.problems))
+            .map(str::to_string);
+        let normalize = match map.get("normalize") {
+            Some(n) => self.read_normalize(n, &label, ty),
+            None => Vec::new(),
+        };
+        let format = map.get("format").and_then(|n| self.read_date_format(n, &label, ty));
+        let min = map
+            .get("min")
+            .and_then(|n| self.read_bound(n, "min", &label, ty, format.as_deref()));
+        let max = map
+            .get("max")
+            .and_then(|n| self.read_bound(n, "max", &label, ty, format.as_deref()));
+        let allowed = map.get("allowed").and_then(|n| self.read_allowed(n, &label, ty));
+        let pattern = map.get("pattern").and_then(|n| self.read_pattern(n, &label, ty));
+        let located = name.clone().zip(map.get("name").map(|n| n.pos));
+        if self.problems.items.len() > before {
+            return (located, None);
+        }
+        let field = match (name.clone(), ty) {
+            (Some(name), Some(ty)) => Some(Field {
+                name,
+                ty,
+                required,
+                normalize,
+                format,
+                min,
+                max,
+                allowed,
+                pattern,
+                volatile,
+                description,
+            }),
+            _ => None,
+        };
+        (located, field)
+    }
+
+    /// `name`: required, not reserved, lower case so SQL needs no quoting.
+    fn read_field_name(&mut self, map: &MapNode<'_>) -> Option<String> {
+        let file = self.doc.file.clone();
+        match map.get("name") {
+            None => {
+                self.err(map.pos, "field is missing \"name\"");
+                None
+            }
+            Some(n) => scalar_str(&file, n, "field name", self.problems).and_then(|s| {
+                if RESERVED_COLUMNS.contains(&s) {
+                    self.err(n.pos, format!("field name \"{s}\" is reserved by ingot (docs/formats.md#tables); reserved names are: {}", RESERVED_COLUMNS.join(", ")));
+                    None
+                } else if !is_valid_field_name(s) {
+                    self.err(n.pos, format!("field name \"{s}\" must match [a-z_][a-z0-9_]{{0,62}} (lower case, so SQL needs no quoting)"));
+                    None
+                } else {
+                    Some(s.to_string())
+                }
+            }),
+        }
+    }
+
+    /// `type`: required, one of [`FieldType::NAMES`].
+    fn read_field_type(&mut self, map: &MapNode<'_>, label: &str) -> Option<FieldType> {
+        let file = self.doc.file.clone();
+        match map.get("type") {
+            None => {
+                self.err(map.pos, format!("field \"{label}\" is missing \"type\"; valid types are: {}", FieldType::NAMES.join(", ")));
+                None
+            }
+            Some(n) => scalar_str(&file, n, "type", self.problems).and_then(|s| match FieldType::parse(s) {
+                Some(t) => Some(t),
+                None => {
+                    self.err(n.pos, format!("unknown type \"{s}\" for field \"{label}\"; valid types are: {} (decimal precision 1..=38, 0 <= scale <= precision)", FieldType::NAMES.join(", ")));
+                    None
+                }
+            }),
+        }
+    }
+
+    /// `normalize`: the valid steps of the list; string fields only.
+    fn read_normalize(&mut self, n: &Node, label: &str, ty: Option<FieldType>) -> Vec<NormalizeStep> {
+        let file = self.doc.file.clone();
+        let mut normalize = Vec::new();
+        if let Some(items) = seq(&file, n, "normalize", self.problems) {
+            for i in items {
+                if let Some(s) = scalar_str(&file, i, "normalize step", self.problems) {
+                    match NormalizeStep::parse(s) {
+                        Some(step) => normalize.push(step),
+                        None => self.err(
+                            i.pos,
+                            format!(
+                                "unknown normalize step \"{s}\"; valid steps are: {}",
+                                NormalizeStep::NAMES.join(", ")
+                            ),
+                        ),
+                    }
+                }
+            }
+        }
+        if ty.is_some_and(|t| t != FieldType::String) {
+            self.err(
+                n.pos,
+                format!(
+                    "normalize applies to string fields only; \"{label}\" is {}",
+                    ty.map(|t| t.name()).unwrap_or_default()
+                ),
+            );
+        }
+        normalize
+    }
+
+    /// `format`: a chrono strftime format; date and timestamp fields only.
+    fn read_date_format(&mut self, n: &Node, label: &str, ty: Option<FieldType>) -> Option<String> {
+        let file = self.doc.file.clone();
+        let s = scalar_str(&file, n, "format", self.problems)?;
+        if !matches!(ty, Some(FieldType::Date | FieldType::Timestamp)) {
+            self.err(
+                n.pos,
+                format!(
+                    "format applies to date and timestamp fields only; \"{label}\" is {}",
+                    ty.map(|t| t.name()).unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+        if chrono::format::StrftimeItems::new(s).any(|i| matches!(i, chrono::format::Item::Error)) {
+            self.err(
+                n.pos,
+                format!("invalid chrono strftime format \"{s}\" (e.g. \"%d/%m/%Y\", \"%Y-%m-%d %H:%M:%S\")"),
+            );
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    /// `allowed`: the list of allowed values; string fields only.
+    fn read_allowed(&mut self, n: &Node, label: &str, ty: Option<FieldType>) -> Option<Vec<String>> {
+        let file = self.doc.file.clone();
+        let items = seq(&file, n, "allowed", self.problems)?;
+        if ty != Some(FieldType::String) {
+            self.err(
+                n.pos,
+                format!(
+                    "allowed applies to string fields only; \"{label}\" is {}",
+                    ty.map(|t| t.name()).unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+        Some(
+            items
+                .iter()
+                .filter_map(|i| scalar_str(&file, i, "allowed value", self.problems).map(str::to_string))
+                .collect(),
+        )
+    }
+
+    /// `pattern`: a regular expression; string fields only.
+    fn read_pattern(&mut self, n: &Node, label: &str, ty: Option<FieldType>) -> Option<Regex> {
+        let file = self.doc.file.clone();
+        let s = scalar_str(&file, n, "pattern", self.problems)?;
+        if ty != Some(FieldType::String) {
+            self.err(
+                n.pos,
+                format!(
+                    "pattern applies to string fields only; \"{label}\" is {}",
+                    ty.map(|t| t.name()).unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+        match Regex::new(s) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.err(n.pos, format!("invalid pattern for \"{label}\": {e}"));
+                None
+            }
+        }
+    }
+
+    fn read_bound(
+        &mut self,
+        n: &Node,
+        what: &str,
+        label: &str,
+        ty: Option<FieldType>,
+        format: Option<&str>,
+    ) -> Option<Bound> {
+        let file = self.doc.file.clone();
+        let s = scalar_str(&file, n, what, self.problems)?.trim().to_string();
+        let ty = ty?;
+        if !ty.is_ordered() {
+            self.err(
+                n.pos,
+                format!(
+                    "{what} applies to numeric, date and timestamp fields; \"{label}\" is {}",
+                    ty.name()
+                ),
+            );
+            return None;
+        }
+        let parsed = match ty {
+            FieldType::Int32 | FieldType::Int64 => s.parse::<i64>().ok().map(Bound::Int),
+            FieldType::Float64 => s.parse::<f64>().ok().filter(|f| !f.is_nan()).map(Bound::Float),
+            FieldType::Decimal { scale, .. } => {
+                crate::spec::types::parse_decimal(s.as_bytes(), scale).map(Bound::Decimal)
+            }
+            FieldType::Date => crate::spec::types::parse_date(&s, None)
+                .or_else(|| crate::spec::types::parse_date(&s, format))
+                .map(Bound::Date),
+            FieldType::Timestamp => crate::spec::types::parse_timestamp(&s, None)
+                .or_else(|| crate::spec::types::parse_timestamp(&s, format))
+                .map(Bound::Timestamp),
+            FieldType::String | FieldType::Boolean => None,
+        };
+        if parsed.is_none() {
+            self.err(
+                n.pos,
+                format!(
+                    "{what} \"{s}\" is not a valid {} value for field \"{label}\"",
+                    ty.name()
+                ),
+            );
+        }
+        parsed
+    }
+}
