@@ -6,8 +6,6 @@
 //! `tests/py/recompute_hashes.py`. A failing golden means the hash format changed: that
 //! breaks every existing lake and is a bug, not a test to update.
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{

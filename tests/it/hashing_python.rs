@@ -3,24 +3,19 @@
 //! must agree digest for digest.
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Date64Array, Decimal32Array, Decimal64Array,
-    Decimal128Array, Decimal256Array, DictionaryArray, Float32Array, Float64Array, Int8Array, Int16Array, Int32Array,
-    Int64Array, LargeStringArray, ListArray, NullArray, RecordBatch, StringArray, StringViewArray, Time32SecondArray,
-    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt8Array,
-    UInt16Array, UInt32Array, UInt64Array,
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, Decimal256Array, Float32Array, Float64Array, Int8Array,
+    Int16Array, Int32Array, Int64Array, LargeStringArray, StringArray, StringViewArray, TimestampMicrosecondArray,
+    TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt8Array, UInt16Array, UInt32Array,
+    UInt64Array,
 };
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Int32Type, i256};
-use datafusion::prelude::SessionContext;
-use ingot::hash::canonical::{CanonicalColumn, check_supported, write_canonical};
-use ingot::hash::normalize::{normalize_array, normalize_into, parse_steps};
-use ingot::hash::{NormalizeStep, fingerprint_array, hex_lower, register_udfs, row_hash_array, udfs};
+use datafusion::arrow::datatypes::i256;
+use ingot::hash::{fingerprint_array, row_hash_array};
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 
 use crate::hashing::*;
 use crate::util::Rng;
+
 const TYPES: &[&str] = &[
     "utf8",
     "large_utf8",

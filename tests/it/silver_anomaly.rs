@@ -5,30 +5,19 @@
 //! boundaries (exactly `min_history` earlier rows, a value equal to `factor × mean`, a gap of
 //! exactly `gap_days`, ties broken by fingerprint, nulls taking no part).
 
-use crate::util::{TestLake, landing, repo};
-use datafusion::arrow::array::{
-    Array, ArrayRef, Date32Array, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray, new_null_array,
-};
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
-use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::common::Column;
-use datafusion::dataframe::DataFrame;
-use datafusion::datasource::MemTable;
-use datafusion::logical_expr::Expr;
-use datafusion::prelude::SessionContext;
-use ingot::engine::session::{DEFAULT_MEMORY_LIMIT, Workspace};
-use ingot::silver::compile::{
-    FAILURE_COLUMNS, FILTERED_COLUMNS, Lookup, Lookups, Transformed, explain, flag, read_inputs, resolve, transform,
-};
-use ingot::spec::contract::{Contract, ContractSet};
-use ingot::spec::rules::{RuleSet, RulesSet};
-use ingot::spec::yaml::Problems;
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, ArrayRef, Int32Array};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::prelude::SessionContext;
+use ingot::engine::session::{DEFAULT_MEMORY_LIMIT, Workspace};
+use ingot::silver::compile::{explain, flag, read_inputs, transform};
+use ingot::spec::rules::RulesSet;
+use ingot::spec::yaml::Problems;
+
 use crate::silver_compile::*;
+use crate::util::{TestLake, landing, repo};
+
 /// `flag` with `anomalies` (YAML list items) over rows with the given columns; the first column
 /// is `natural_key_fingerprint`. Sorted by fingerprint.
 async fn flagged(anomalies: &str, given: Vec<(&str, ArrayRef)>) -> Vec<String> {

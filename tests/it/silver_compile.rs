@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, Date32Array, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, Date32Array, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, new_null_array,
 };
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -17,15 +17,10 @@ use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
-use ingot::engine::session::{DEFAULT_MEMORY_LIMIT, Workspace};
-use ingot::silver::compile::{
-    FAILURE_COLUMNS, FILTERED_COLUMNS, Lookup, Lookups, Transformed, explain, flag, read_inputs, resolve, transform,
-};
+use ingot::silver::compile::{FAILURE_COLUMNS, FILTERED_COLUMNS, Lookup, Lookups, Transformed, resolve, transform};
 use ingot::spec::contract::{Contract, ContractSet};
-use ingot::spec::rules::{RuleSet, RulesSet};
+use ingot::spec::rules::RuleSet;
 use ingot::spec::yaml::Problems;
-
-use crate::util::{TestLake, landing, repo};
 
 pub(crate) const ORDERS: &str = "source: orders
 version: 1
@@ -113,7 +108,7 @@ pub(crate) struct Fixture {
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub(crate) fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         for (name, text) in [("orders", ORDERS), ("shops", SHOPS), ("metrics", METRICS)] {
             std::fs::write(dir.path().join(format!("{name}.yaml")), text).unwrap();
@@ -124,11 +119,11 @@ impl Fixture {
         Fixture { _dir: dir, contracts }
     }
 
-    fn contract(&self, source: &str) -> Arc<Contract> {
+    pub(crate) fn contract(&self, source: &str) -> Arc<Contract> {
         self.contracts.contracts[source].clone()
     }
 
-    fn rules(&self, table: &str, text: &str) -> RuleSet {
+    pub(crate) fn rules(&self, table: &str, text: &str) -> RuleSet {
         let mut problems = Problems::default();
         let path = format!("rules/{table}/v1.yaml");
         let rules = RuleSet::from_str(Path::new(&path), text, &self.contracts, &mut problems);
