@@ -1,4 +1,5 @@
-//! `ingot doctor`: check a lake's invariants and report every violation with its location.
+//! `ingot doctor`: check a lake's invariants and report every violation with its location (exit
+//! code 1 when any is violated). What a lost file makes unreadable is not checked further.
 //!
 //! 1. **files**: each committed run that loaded data has its bronze file (and its failure file
 //!    when it rejected rows); each table's current build has its snapshot, each succeeded build
@@ -9,10 +10,10 @@
 //!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
 //!    file has `rows_rejected` rows.
 //! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
-//!    per fingerprint. 4. **silver**: every fingerprint of `silver.<table>` is current in bronze
-//!    (fails after an undo until the next build). 5. **rules**: each succeeded build's recorded
-//!    SHA-256 equals its rules file's. What a lost file makes unreadable is not checked further.
-//! Exit code 1 when anything is violated, 0 otherwise.
+//!    per fingerprint.
+//! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (until its next build,
+//!    a table fails this after an undo).
+//! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -185,7 +186,12 @@ fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[Bui
 }
 
 /// Every run that committed data has its bronze file, and its failure file when it rejected rows.
-fn check_run_files(all_runs: &[RunRecord], present: &BTreeSet<String>, damaged: &mut Damaged, out: &mut Vec<Violation>) {
+fn check_run_files(
+    all_runs: &[RunRecord],
+    present: &BTreeSet<String>,
+    damaged: &mut Damaged,
+    out: &mut Vec<Violation>,
+) {
     for r in all_runs {
         if r.has_data() && !present.contains(&layout::bronze_data(&r.source, &r.run_id)) {
             damaged.tables.insert(r.source.clone());
@@ -292,7 +298,10 @@ fn check_run_balances(runs: &[RunRecord], out: &mut Vec<Violation>) {
 async fn bronze_rows_per_run(catalog: &Catalog, damaged: &Damaged) -> Result<BTreeMap<String, i64>> {
     let mut written = BTreeMap::new();
     for source in catalog.contracts.contracts.keys().filter(|s| !damaged.has(s)) {
-        let bronze = catalog.ctx.table(TableReference::partial("bronze", source.as_str())).await?;
+        let bronze = catalog
+            .ctx
+            .table(TableReference::partial("bronze", source.as_str()))
+            .await?;
         written.extend(counts(count_by(bronze, &[RUN_ID])?).await?);
     }
     Ok(written)
@@ -303,7 +312,10 @@ async fn failure_rows_per_id(catalog: &Catalog, damaged: &Damaged) -> Result<BTr
     if damaged.failures {
         return Ok(BTreeMap::new());
     }
-    let log = catalog.ctx.table(TableReference::partial("audit", "row_failure_log")).await?;
+    let log = catalog
+        .ctx
+        .table(TableReference::partial("audit", "row_failure_log"))
+        .await?;
     counts(count_by(log, &["run_id"])?).await
 }
 
@@ -381,11 +393,12 @@ fn check_build_counts(
 /// fingerprint.
 async fn check_bronze_keys(catalog: &Catalog, damaged: &Damaged, out: &mut Vec<Violation>) -> Result<()> {
     for source in catalog.contracts.contracts.keys().filter(|s| !damaged.has(s)) {
-        let bronze = catalog.ctx.table(TableReference::partial("bronze", source.as_str())).await?;
-        let per_run = repeated(bronze, &[RUN_ID, FP])?.select(vec![
-            concat(vec![col(RUN_ID), lit(" "), col(FP)]),
-            col("n"),
-        ])?;
+        let bronze = catalog
+            .ctx
+            .table(TableReference::partial("bronze", source.as_str()))
+            .await?;
+        let per_run =
+            repeated(bronze, &[RUN_ID, FP])?.select(vec![concat(vec![col(RUN_ID), lit(" "), col(FP)]), col("n")])?;
         for (key, n) in counts(per_run).await?.iter().take(10) {
             let (run, fp) = key.split_once(' ').unwrap_or((key.as_str(), ""));
             out.push(v(
