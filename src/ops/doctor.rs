@@ -1,28 +1,29 @@
-//! `ingot doctor`: check a lake's invariants and report every violation with its location.
+//! `ingot doctor`: check a lake's invariants and report every violation with its location (exit
+//! code 1 when any is violated). What a lost file makes unreadable is not checked further.
 //!
-//! Checks, in order:
-//!
-//! 1. **files**: every committed run that loaded data has its bronze file (and its failure file
-//!    when it rejected rows); every succeeded build still current or in retention has its
-//!    snapshot; files that belong to no committed run or build are listed as orphans (not a
-//!    violation: `ingot gc` removes them after its grace period).
-//! 2. **counts**: every run record reconciles (`rows_seen = inserted + updated + unchanged +
-//!    failed`), its bronze file has `inserted + updated + deleted` rows (new versions and
-//!    tombstones) and its failure file `rows_failed` rows; every build record reconciles
-//!    (`rows_read = written + filtered + rejected`) and its
-//!    failure file has `rows_rejected` rows.
-//! 3. **keys**: no run wrote two rows with one fingerprint, and `bronze.<source>_current` has one
-//!    row per fingerprint.
-//! 4. **silver**: every fingerprint of `silver.<table>` is in `bronze.<source>_current` (a table
-//!    not rebuilt since an undo fails this until its next build).
+//! 1. **files**: each committed run that loaded data has its bronze file (and its failure file
+//!    when it rejected rows); each table's current build has its snapshot, each succeeded build
+//!    that rejected rows its failure file. Files no committed run or build owns are listed as
+//!    orphans (not a violation: `ingot gc` removes them after its grace period).
+//! 2. **counts**: run records reconcile (`rows_seen = inserted + updated + unchanged + failed`), a
+//!    run's bronze file has `inserted + updated + deleted` rows and its failure file `rows_failed`;
+//!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
+//!    file has `rows_rejected` rows.
+//! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
+//!    per fingerprint.
+//! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (until its next build,
+//!    a table fails this after an undo).
 //! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
-//!
-//! Exit code 1 when anything is violated, 0 otherwise.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::Int64Type;
+use datafusion::common::TableReference;
+use datafusion::functions::string::expr_fn::concat;
+use datafusion::functions_aggregate::count::count_all;
+use datafusion::logical_expr::JoinType;
+use datafusion::prelude::{DataFrame, col, lit};
 use futures::StreamExt;
 use sha2::Digest;
 
@@ -30,8 +31,10 @@ use crate::engine::catalog::{Catalog, latest_build};
 use crate::engine::session::Workspace;
 use crate::error::Result;
 use crate::ops::gc::{Owner, owner_of};
-use crate::table::audit::{BuildStatus, RunStatus};
-use crate::table::lake::layout;
+use crate::silver::compile::current_table;
+use crate::table::audit::{BuildRecord, BuildStatus, RunRecord, RunStatus};
+use crate::table::lake::{Lake, layout};
+use crate::table::silver::{FP, RUN_ID};
 
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +61,23 @@ pub struct DoctorReport {
     pub builds_checked: usize,
 }
 
-/// Row counts of a query's two columns (`key`, `n`) as a map.
-async fn counts(catalog: &Catalog, sql: &str) -> Result<BTreeMap<String, i64>> {
-    let df = catalog.ctx.sql(sql).await?;
+/// What the file checks found lost: the query checks skip it, as it cannot be read.
+#[derive(Default)]
+struct Damaged {
+    /// Sources (by name) and silver tables (as `silver.<table>`) with a missing file.
+    tables: BTreeSet<String>,
+    /// Some failure file is missing: the failure counts are not checked.
+    failures: bool,
+}
+
+impl Damaged {
+    fn has(&self, name: &str) -> bool {
+        self.tables.contains(name)
+    }
+}
+
+/// Row counts of a plan's two columns (key, count) as a map; null keys are left out.
+async fn counts(df: DataFrame) -> Result<BTreeMap<String, i64>> {
     let mut stream = df.execute_stream().await?;
     let mut out = BTreeMap::new();
     while let Some(b) = stream.next().await {
@@ -77,6 +94,17 @@ async fn counts(catalog: &Catalog, sql: &str) -> Result<BTreeMap<String, i64>> {
     Ok(out)
 }
 
+/// `df` grouped by `keys` with the row count of each group as `n`.
+fn count_by(df: DataFrame, keys: &[&str]) -> Result<DataFrame> {
+    let keys = keys.iter().map(|k| col(*k)).collect();
+    Ok(df.aggregate(keys, vec![count_all().alias("n")])?)
+}
+
+/// The groups of `keys` in `df` with more than one row, and their row count `n`.
+fn repeated(df: DataFrame, keys: &[&str]) -> Result<DataFrame> {
+    Ok(count_by(df, keys)?.filter(col("n").gt(lit(1i64)))?)
+}
+
 fn v(check: &'static str, location: impl Into<String>, message: impl Into<String>) -> Violation {
     Violation {
         check,
@@ -90,15 +118,49 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let lake = &ws.lake;
     let all_runs = crate::table::audit::read_run_log(lake).await?;
     let all_builds = crate::table::audit::read_build_log(lake).await?;
+    let present = lake_files(lake).await?;
     let mut report = DoctorReport {
+        orphans: orphans(&present, &all_runs, &all_builds),
         runs_checked: all_runs.len(),
         builds_checked: all_builds.len(),
         ..Default::default()
     };
     let mut out = Vec::new();
 
-    // 1. files
-    let mut present: BTreeSet<String> = BTreeSet::new();
+    // 1. files; sources and tables with a lost file cannot be queried: their later checks are skipped.
+    let mut damaged = Damaged::default();
+    check_run_files(&all_runs, &present, &mut damaged, &mut out);
+    let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();
+    check_silver_snapshots(lake, &tables, &all_builds, &present, &mut damaged, &mut out).await;
+    check_build_failure_files(&all_builds, &present, &mut damaged, &mut out);
+    if damaged.tables.iter().any(|d| d.starts_with("silver.")) {
+        // the catalog cannot open a table whose snapshot is gone
+        out.dedup();
+        report.violations = out;
+        return Ok(report);
+    }
+    let catalog = crate::engine::catalog::open(ws).await?;
+
+    // 2. counts
+    check_run_balances(&catalog.runs, &mut out);
+    let written = bronze_rows_per_run(&catalog, &damaged).await?;
+    let failed = failure_rows_per_id(&catalog, &damaged).await?;
+    check_run_row_counts(&catalog.runs, &damaged, &written, &failed, &mut out);
+    check_build_counts(&catalog.builds, &damaged, &failed, &mut out);
+    // 3. keys
+    check_bronze_keys(&catalog, &damaged, &mut out).await?;
+    // 4. silver
+    check_silver_current(ws, &catalog, &tables, &damaged, &mut out).await?;
+    // 5. rules files
+    check_rules_files(ws, &catalog.builds, &mut out);
+    out.dedup();
+    report.violations = out;
+    Ok(report)
+}
+
+/// Every file under the lake's bronze, failure-log and silver prefixes (relative paths).
+async fn lake_files(lake: &Lake) -> Result<BTreeSet<String>> {
+    let mut present = BTreeSet::new();
     for prefix in ["bronze", "audit/row_failure_log", "silver"] {
         for meta in lake.list(prefix).await? {
             if let Some(rel) = lake.relative(&meta.location) {
@@ -106,26 +168,33 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             }
         }
     }
+    Ok(present)
+}
+
+/// Files that belong to no committed run or succeeded build (not a violation: gc's to remove).
+fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[BuildRecord]) -> Vec<String> {
     let runs: BTreeMap<&str, _> = all_runs.iter().map(|r| (r.run_id.as_str(), r)).collect();
     let builds: BTreeMap<&str, _> = all_builds.iter().map(|b| (b.build_id.as_str(), b)).collect();
-    for rel in &present {
-        let committed = match owner_of(rel) {
-            Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.status.is_loaded()),
-            Some(Owner::Build { build_id, .. }) => builds
-                .get(build_id.as_str())
-                .is_some_and(|b| b.status == BuildStatus::Succeeded),
-            None => true,
-        };
-        if !committed {
-            report.orphans.push(rel.clone());
-        }
-    }
-    // Sources and tables with a lost file cannot be queried: their SQL checks are skipped.
-    let mut damaged: BTreeSet<String> = BTreeSet::new();
-    let mut failures_damaged = false;
-    for r in &all_runs {
+    let committed = |rel: &str| match owner_of(rel) {
+        Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.status.is_loaded()),
+        Some(Owner::Build { build_id, .. }) => builds
+            .get(build_id.as_str())
+            .is_some_and(|b| b.status == BuildStatus::Succeeded),
+        None => true,
+    };
+    present.iter().filter(|rel| !committed(rel)).cloned().collect()
+}
+
+/// Every run that committed data has its bronze file, and its failure file when it rejected rows.
+fn check_run_files(
+    all_runs: &[RunRecord],
+    present: &BTreeSet<String>,
+    damaged: &mut Damaged,
+    out: &mut Vec<Violation>,
+) {
+    for r in all_runs {
         if r.has_data() && !present.contains(&layout::bronze_data(&r.source, &r.run_id)) {
-            damaged.insert(r.source.clone());
+            damaged.tables.insert(r.source.clone());
             out.push(v(
                 "files",
                 layout::bronze_data(&r.source, &r.run_id),
@@ -138,7 +207,7 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
         if r.has_failures() && !present.contains(&layout::failures(&r.run_id)) {
-            failures_damaged = true;
+            damaged.failures = true;
             out.push(v(
                 "files",
                 layout::failures(&r.run_id),
@@ -149,34 +218,53 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
-    let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();
-    for table in &tables {
-        if let Some(b) = latest_build(&all_builds, table) {
-            match crate::silver::build::build_files(lake, table, &b.build_id).await {
-                Ok(files) => {
-                    for rel in files.into_iter().filter(|f| !present.contains(f)) {
-                        damaged.insert(format!("silver.{table}"));
-                        out.push(v(
-                            "files",
-                            rel,
-                            format!("missing: a file of build {}, current for silver.{table}", b.build_id),
-                        ));
-                    }
+}
+
+/// Every file of each table's current build (its manifest and snapshot) is present.
+async fn check_silver_snapshots(
+    lake: &Lake,
+    tables: &BTreeSet<&str>,
+    all_builds: &[BuildRecord],
+    present: &BTreeSet<String>,
+    damaged: &mut Damaged,
+    out: &mut Vec<Violation>,
+) {
+    for table in tables {
+        let Some(b) = latest_build(all_builds, table) else {
+            continue;
+        };
+        match crate::silver::build::build_files(lake, table, &b.build_id).await {
+            Ok(files) => {
+                for rel in files.into_iter().filter(|f| !present.contains(f)) {
+                    damaged.tables.insert(format!("silver.{table}"));
+                    out.push(v(
+                        "files",
+                        rel,
+                        format!("missing: a file of build {}, current for silver.{table}", b.build_id),
+                    ));
                 }
-                Err(e) => {
-                    damaged.insert(format!("silver.{table}"));
-                    out.push(v("files", layout::silver_manifest(table, &b.build_id), e.to_string()));
-                }
+            }
+            Err(e) => {
+                damaged.tables.insert(format!("silver.{table}"));
+                out.push(v("files", layout::silver_manifest(table, &b.build_id), e.to_string()));
             }
         }
     }
+}
 
+/// Every succeeded build that rejected rows has its failure file.
+fn check_build_failure_files(
+    all_builds: &[BuildRecord],
+    present: &BTreeSet<String>,
+    damaged: &mut Damaged,
+    out: &mut Vec<Violation>,
+) {
     for b in all_builds
         .iter()
         .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
     {
         if !present.contains(&layout::silver_failures(&b.build_id)) {
-            failures_damaged = true;
+            damaged.failures = true;
             out.push(v(
                 "files",
                 layout::silver_failures(&b.build_id),
@@ -187,16 +275,11 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
-    if damaged.iter().any(|d| d.starts_with("silver.")) {
-        // the catalog cannot open a table whose snapshot is gone
-        out.dedup();
-        report.violations = out;
-        return Ok(report);
-    }
-    let catalog = crate::engine::catalog::open(ws).await?;
+}
 
-    // 2. counts
-    for r in catalog.runs.iter().filter(|r| r.status != RunStatus::Failed) {
+/// Every run record reconciles: `rows_seen = inserted + updated + unchanged + failed`.
+fn check_run_balances(runs: &[RunRecord], out: &mut Vec<Violation>) {
+    for r in runs.iter().filter(|r| r.status != RunStatus::Failed) {
         let sum = r.rows_inserted + r.rows_updated + r.rows_unchanged + r.rows_failed;
         if r.rows_seen != sum {
             out.push(v(
@@ -209,29 +292,46 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
-    let mut written: BTreeMap<String, i64> = BTreeMap::new();
-    for source in catalog.contracts.contracts.keys().filter(|s| !damaged.contains(*s)) {
-        written.extend(
-            counts(
-                &catalog,
-                &format!("SELECT ingestion_run_id, count(*) FROM bronze.{source} GROUP BY ingestion_run_id"),
-            )
-            .await?,
-        );
+}
+
+/// Rows of `bronze.<source>` per run, over every source with all its files.
+async fn bronze_rows_per_run(catalog: &Catalog, damaged: &Damaged) -> Result<BTreeMap<String, i64>> {
+    let mut written = BTreeMap::new();
+    for source in catalog.contracts.contracts.keys().filter(|s| !damaged.has(s)) {
+        let bronze = catalog
+            .ctx
+            .table(TableReference::partial("bronze", source.as_str()))
+            .await?;
+        written.extend(counts(count_by(bronze, &[RUN_ID])?).await?);
     }
-    let failed = if failures_damaged {
-        BTreeMap::new()
-    } else {
-        counts(
-            &catalog,
-            "SELECT run_id, count(*) FROM audit.row_failure_log GROUP BY run_id",
-        )
-        .await?
-    };
-    for r in catalog.runs.iter().filter(|r| r.status.is_loaded()) {
+    Ok(written)
+}
+
+/// Rows of the failure log per run or build id (none when a failure file is missing).
+async fn failure_rows_per_id(catalog: &Catalog, damaged: &Damaged) -> Result<BTreeMap<String, i64>> {
+    if damaged.failures {
+        return Ok(BTreeMap::new());
+    }
+    let log = catalog
+        .ctx
+        .table(TableReference::partial("audit", "row_failure_log"))
+        .await?;
+    counts(count_by(log, &["run_id"])?).await
+}
+
+/// Every loaded run's bronze file has `inserted + updated + deleted` rows and its failure file
+/// `rows_failed`.
+fn check_run_row_counts(
+    runs: &[RunRecord],
+    damaged: &Damaged,
+    written: &BTreeMap<String, i64>,
+    failed: &BTreeMap<String, i64>,
+    out: &mut Vec<Violation>,
+) {
+    for r in runs.iter().filter(|r| r.status.is_loaded()) {
         let want = r.rows_written();
         let have = written.get(&r.run_id).copied().unwrap_or(0);
-        if !damaged.contains(&r.source) && have != want {
+        if !damaged.has(&r.source) && have != want {
             out.push(v(
                 "counts",
                 layout::bronze_data(&r.source, &r.run_id),
@@ -242,7 +342,7 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
         let have = failed.get(&r.run_id).copied().unwrap_or(0);
-        if !failures_damaged && have != r.rows_failed {
+        if !damaged.failures && have != r.rows_failed {
             out.push(v(
                 "counts",
                 layout::failures(&r.run_id),
@@ -253,7 +353,17 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
-    for b in catalog.builds.iter().filter(|b| b.status == BuildStatus::Succeeded) {
+}
+
+/// Every succeeded build reconciles (`rows_read = written + filtered + rejected`) and its failure
+/// file has `rows_rejected` rows.
+fn check_build_counts(
+    builds: &[BuildRecord],
+    damaged: &Damaged,
+    failed: &BTreeMap<String, i64>,
+    out: &mut Vec<Violation>,
+) {
+    for b in builds.iter().filter(|b| b.status == BuildStatus::Succeeded) {
         let sum = b.rows_written + b.rows_filtered + b.rows_rejected;
         if b.rows_read != sum {
             out.push(v(
@@ -266,7 +376,7 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
         let have = failed.get(&b.build_id).copied().unwrap_or(0);
-        if !failures_damaged && have != b.rows_rejected {
+        if !damaged.failures && have != b.rows_rejected {
             out.push(v(
                 "counts",
                 layout::silver_failures(&b.build_id),
@@ -277,18 +387,19 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
+}
 
-    // 3. keys
-    for source in catalog.contracts.contracts.keys().filter(|s| !damaged.contains(*s)) {
-        let dup = counts(
-            &catalog,
-            &format!(
-                "SELECT concat(ingestion_run_id, ' ', natural_key_fingerprint), count(*) FROM bronze.{source} \
-                 GROUP BY ingestion_run_id, natural_key_fingerprint HAVING count(*) > 1"
-            ),
-        )
-        .await?;
-        for (key, n) in dup.iter().take(10) {
+/// No run wrote two rows with one fingerprint, and `bronze.<source>_current` has one row per
+/// fingerprint.
+async fn check_bronze_keys(catalog: &Catalog, damaged: &Damaged, out: &mut Vec<Violation>) -> Result<()> {
+    for source in catalog.contracts.contracts.keys().filter(|s| !damaged.has(s)) {
+        let bronze = catalog
+            .ctx
+            .table(TableReference::partial("bronze", source.as_str()))
+            .await?;
+        let per_run =
+            repeated(bronze, &[RUN_ID, FP])?.select(vec![concat(vec![col(RUN_ID), lit(" "), col(FP)]), col("n")])?;
+        for (key, n) in counts(per_run).await?.iter().take(10) {
             let (run, fp) = key.split_once(' ').unwrap_or((key.as_str(), ""));
             out.push(v(
                 "keys",
@@ -296,15 +407,8 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
                 format!("fingerprint {fp} written {n} times by one run"),
             ));
         }
-        let dup = counts(
-            &catalog,
-            &format!(
-                "SELECT natural_key_fingerprint, count(*) FROM bronze.{source}_current \
-                 GROUP BY natural_key_fingerprint HAVING count(*) > 1"
-            ),
-        )
-        .await?;
-        for (fp, n) in dup.iter().take(10) {
+        let current = catalog.ctx.table(current_table(source)).await?;
+        for (fp, n) in counts(repeated(current, &[FP])?).await?.iter().take(10) {
             out.push(v(
                 "keys",
                 format!("bronze.{source}_current"),
@@ -312,27 +416,39 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
+    Ok(())
+}
 
-    // 4. silver: every fingerprint is current in bronze
-    for table in &tables {
+/// Every fingerprint of each table's current build is current in its source's bronze.
+async fn check_silver_current(
+    ws: &Workspace,
+    catalog: &Catalog,
+    tables: &BTreeSet<&str>,
+    damaged: &Damaged,
+    out: &mut Vec<Violation>,
+) -> Result<()> {
+    const CURRENT_FP: &str = "__ingot_current_fp";
+    for table in tables {
         let Some(b) = latest_build(&catalog.builds, table) else {
             continue;
         };
-        let Some(source) = silver_source(ws, &catalog, table, b.rules_version) else {
+        let Some(source) = silver_source(ws, catalog, table, b.rules_version) else {
             continue;
         };
-        if damaged.contains(&source) {
+        if damaged.has(&source) {
             continue;
         }
-        let missing = counts(
-            &catalog,
-            &format!(
-                "SELECT s.natural_key_fingerprint, count(*) FROM silver.{table} s \
-                 LEFT ANTI JOIN bronze.{source}_current c ON s.natural_key_fingerprint = c.natural_key_fingerprint \
-                 GROUP BY s.natural_key_fingerprint"
-            ),
-        )
-        .await?;
+        let current = catalog
+            .ctx
+            .table(current_table(&source))
+            .await?
+            .select(vec![col(FP).alias(CURRENT_FP)])?;
+        let not_current = catalog
+            .ctx
+            .table(TableReference::partial("silver", *table))
+            .await?
+            .join_on(current, JoinType::LeftAnti, [col(FP).eq(col(CURRENT_FP))])?;
+        let missing = counts(count_by(not_current, &[FP])?).await?;
         if !missing.is_empty() {
             let some: Vec<&str> = missing.keys().take(3).map(String::as_str).collect();
             out.push(v(
@@ -346,9 +462,12 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             ));
         }
     }
+    Ok(())
+}
 
-    // 5. rules files
-    for b in catalog.builds.iter().filter(|b| b.status == BuildStatus::Succeeded) {
+/// The SHA-256 recorded by every succeeded build equals its rules file's.
+fn check_rules_files(ws: &Workspace, builds: &[BuildRecord], out: &mut Vec<Violation>) {
+    for b in builds.iter().filter(|b| b.status == BuildStatus::Succeeded) {
         let path = ws.rules_dir.join(&b.table).join(format!("v{}.yaml", b.rules_version));
         match std::fs::read(&path) {
             Ok(bytes) => {
@@ -375,9 +494,6 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
             )),
         }
     }
-    out.dedup();
-    report.violations = out;
-    Ok(report)
 }
 
 /// The bronze source of `table`'s rules version `version` (from its rules file).

@@ -1,29 +1,28 @@
 //! `ingot replay <run_id>`: push only a run's failed rows, from their raw payload, through the
 //! current contract, as a new run with `replay_of` set (docs/operations.md).
 //!
-//! The replayed rows are written to a temporary file in the source's format (CSV: the original
-//! file's header line, kept beside the run's failure file as `header.csv` when the run is
-//! ingested, then each raw record; NDJSON: each raw line) and ingested as one ordinary run, with
-//! three differences: its `replay_of` names the original run, its `file_path` is the original's
-//! with ` (replay)`, and every row keeps the record number it had in the original file
-//! (`source_row_number`), so a replayed row and its failure point at the same record. The replay
-//! run also keeps `replay.json` beside its failure file: the original's record numbers it
+//! The rows are written to a temporary file in the source's format (CSV: the original header line,
+//! kept beside the run's failure file as `header.csv` at ingest, then each raw record; NDJSON: each
+//! raw line) and ingested as one ordinary run, except that its `replay_of` names the original, its
+//! `file_path` is the original's with ` (replay)`, and each row keeps its original record number
+//! (`source_row_number`). It keeps `replay.json` beside its failure file: the record numbers it
 //! replayed and the SHA-256 of the contract file it used.
 //!
-//! Which rows: the original's failed records that no replay loaded yet. A record is *replayed*
-//! by the first replay run that took it and did not reject it again (`ingot failures --run ID`
-//! shows that run as `replayed_by`). So replaying twice adds nothing: once every row loaded
-//! there is nothing left; and while some still fail, a replay of the same rows with the same
-//! contract file is refused as pointless. Replaying a replay run replays its original. Parquet
-//! sources have no text payload to replay from (their failures keep the row as JSON) and are
-//! refused; rolled-back runs are refused too (undo is not replay).
+//! Which rows: the original's failed records no replay loaded yet (a record is *replayed* by the
+//! first replay that took it and did not reject it again: `replayed_by` in `ingot failures`). So a
+//! second replay adds nothing, and replaying the same still-failing rows with the same contract
+//! file is refused as pointless. Replaying a replay replays its original. Parquet sources (no text
+//! payload) and rolled-back runs (undo is not replay) are refused.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Int64Type;
+use datafusion::common::TableReference;
+use datafusion::prelude::{col, lit};
 use futures::StreamExt;
 use sha2::Digest;
 
@@ -32,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::ingest::IngestOptions;
 pub use crate::ingest::replay::Replay;
 use crate::ingest::replay::{ReplayNote, header_rel, note_rel};
-use crate::spec::contract::Format;
+use crate::spec::contract::{Contract, Format};
 use crate::table::audit::{RunRecord, RunStatus, read_run_log};
 use crate::table::lake::Lake;
 
@@ -50,13 +49,19 @@ async fn failed_rows(
     run_id: &str,
     payloads: bool,
 ) -> Result<BTreeMap<i64, String>> {
-    let sql = format!(
-        "SELECT source_row_number, {} FROM audit.row_failure_log WHERE run_id = '{}' AND layer = 'bronze' \
-         AND source_row_number IS NOT NULL ORDER BY source_row_number",
-        if payloads { "raw_payload" } else { "''" },
-        run_id.replace('\'', "''")
-    );
-    let mut stream = ctx.sql(&sql).await?.execute_stream().await?;
+    let bronze_failures = col("run_id")
+        .eq(lit(run_id))
+        .and(col("layer").eq(lit("bronze")))
+        .and(col("source_row_number").is_not_null());
+    let payload = if payloads { col("raw_payload") } else { lit("") };
+    let mut stream = ctx
+        .table(TableReference::partial("audit", "row_failure_log"))
+        .await?
+        .filter(bronze_failures)?
+        .select(vec![col("source_row_number"), payload])?
+        .sort(vec![col("source_row_number").sort(true, false)])?
+        .execute_stream()
+        .await?;
     let mut out = BTreeMap::new();
     while let Some(b) = stream.next().await {
         let b = b?;
@@ -166,56 +171,17 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
         )));
     }
     let rows: Vec<i64> = pending.iter().map(|(n, _)| *n).collect();
-    // The same rows with the same contract file would fail the same way again.
-    let mut previous: Vec<&RunRecord> = runs
-        .iter()
-        .filter(|r| r.replay_of.as_deref() == Some(run.run_id.as_str()) && r.status.is_loaded())
-        .collect();
-    previous.sort_by_key(|r| r.seq);
-    if let Some(last) = previous.last()
-        && let Some(bytes) = ws.lake.get(&note_rel(&last.run_id)).await?
-        && let Ok(note) = serde_json::from_slice::<ReplayNote>(&bytes)
-        && rows.iter().all(|r| note.rows.binary_search(r).is_ok())
-        && note.contract_sha256 == contract_sha256
-    {
+    if let Some(last) = same_as_last_replay(ws, &runs, &run.run_id, &rows, &contract_sha256).await? {
         return Ok(Replayed::Nothing(format!(
             "the {} rows of run {} that still fail were replayed by run {} with this same contract file; \
              change the contract first (e.g. add the missing allowed value), then replay",
             rows.len(),
             run.run_id,
-            last.run_id
+            last
         )));
     }
-
     let dir = tempfile::tempdir().map_err(|e| Error::io("temporary directory", e))?;
-    let input = dir.path().join(format!(
-        "replay-{}.{}",
-        run.run_id,
-        if contract.format == Format::Csv {
-            "csv"
-        } else {
-            "ndjson"
-        }
-    ));
-    {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&input).map_err(|e| Error::io(input.display(), e))?);
-        let mut write = |b: &[u8]| f.write_all(b).map_err(|e| Error::io(input.display(), e));
-        if contract.format == Format::Csv && contract.csv.header {
-            let header = ws.lake.get(&header_rel(&run.run_id)).await?.ok_or_else(|| {
-                Error::RunFailed(format!(
-                    "run {}: its CSV header was not kept (runs ingested before replay existed); ingest the file again",
-                    run.run_id
-                ))
-            })?;
-            write(&header)?;
-            write(b"\n")?;
-        }
-        for (_, payload) in &pending {
-            write(payload.as_bytes())?;
-            write(b"\n")?;
-        }
-        f.flush().map_err(|e| Error::io(input.display(), e))?;
-    }
+    let input = write_input(ws, run, &contract, &pending, dir.path()).await?;
     let mut opts = opts.clone();
     opts.replay = Some(Arc::new(Replay {
         of: run.run_id.clone(),
@@ -225,4 +191,67 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
     }));
     let record = crate::ingest::ingest_file(ws, contract, &input, &opts).await?;
     Ok(Replayed::Run(Box::new(record)))
+}
+
+/// The last replay of `root`, when it already replayed all of `rows` with the same contract file
+/// (`contract_sha256`): the same rows would fail the same way again.
+async fn same_as_last_replay(
+    ws: &Workspace,
+    runs: &[RunRecord],
+    root: &str,
+    rows: &[i64],
+    contract_sha256: &str,
+) -> Result<Option<String>> {
+    let last = runs
+        .iter()
+        .filter(|r| r.replay_of.as_deref() == Some(root) && r.status.is_loaded())
+        .max_by_key(|r| r.seq);
+    let Some(last) = last else {
+        return Ok(None);
+    };
+    let Some(bytes) = ws.lake.get(&note_rel(&last.run_id)).await? else {
+        return Ok(None);
+    };
+    let same = serde_json::from_slice::<ReplayNote>(&bytes).is_ok_and(|note| {
+        rows.iter().all(|r| note.rows.binary_search(r).is_ok()) && note.contract_sha256 == contract_sha256
+    });
+    Ok(same.then(|| last.run_id.clone()))
+}
+
+/// Write the `pending` records of `run` as a file in its source's format into `dir` (CSV: the
+/// kept header line first) and return its path.
+async fn write_input(
+    ws: &Workspace,
+    run: &RunRecord,
+    contract: &Contract,
+    pending: &[(i64, &String)],
+    dir: &Path,
+) -> Result<PathBuf> {
+    let input = dir.join(format!(
+        "replay-{}.{}",
+        run.run_id,
+        if contract.format == Format::Csv {
+            "csv"
+        } else {
+            "ndjson"
+        }
+    ));
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&input).map_err(|e| Error::io(input.display(), e))?);
+    let mut write = |b: &[u8]| f.write_all(b).map_err(|e| Error::io(input.display(), e));
+    if contract.format == Format::Csv && contract.csv.header {
+        let header = ws.lake.get(&header_rel(&run.run_id)).await?.ok_or_else(|| {
+            Error::RunFailed(format!(
+                "run {}: its CSV header was not kept (runs ingested before replay existed); ingest the file again",
+                run.run_id
+            ))
+        })?;
+        write(&header)?;
+        write(b"\n")?;
+    }
+    for (_, payload) in pending {
+        write(payload.as_bytes())?;
+        write(b"\n")?;
+    }
+    f.flush().map_err(|e| Error::io(input.display(), e))?;
+    Ok(input)
 }
