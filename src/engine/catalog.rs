@@ -13,11 +13,6 @@
 //! `natural_key_fingerprint` (newest `ingested_at`, then run id) over the runs since the source's
 //! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
 //! (`is_deleted`).
-//!
-//! DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
-//! are two small tables of their own in the default schema: `table_descriptions` (schema, table,
-//! kind, description) and `column_descriptions` (schema, table, column, type, nullable,
-//! description). The shell's `\d` reads them; so can any SQL or Flight SQL client.
 
 use std::sync::Arc;
 
@@ -246,6 +241,11 @@ async fn register_silver(
 
 /// `table_descriptions` and `column_descriptions` (see the module docs), from the contracts, the
 /// rules' descriptions and the registered tables' schemas; registered anew when tables were added.
+///
+/// DataFusion 55 has no table or column comments, so the descriptions from contracts and rules
+/// are two small tables of their own in the default schema: `table_descriptions` (schema, table,
+/// kind, description) and `column_descriptions` (schema, table, column, type, nullable,
+/// description). The shell's `\d` reads them; so can any SQL or Flight SQL client.
 pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contracts: &ContractSet) -> Result<()> {
     for name in ["table_descriptions", "column_descriptions"] {
         ctx.deregister_table(name)?;

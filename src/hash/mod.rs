@@ -4,12 +4,7 @@
 //! Role: the only place that decides which bytes are hashed. Bronze uses the kernels
 //! directly; analysts and the rules engine use the UDFs registered by [`register_udfs`].
 //!
-//! Formulas (64 lowercase hex SHA-256 digests):
-//! * `row_hash` = sha256(`"1|" + e1 + "|" + ... + "|" + en`), `ei` = `\N` for null, else the
-//!   canonical text with `\` → `\\` then `|` → `\|`. The leading `1` is the format version.
-//! * `natural_key_fingerprint` = sha256(`"{version}|" + v1 + "|" + ... + "|" + vn`), null →
-//!   empty string, no escaping: byte-for-byte JavaScript's
-//!   `` sha256(`${version}|${fields.join('|')}`) `` (so zero fields hash `"{version}|"`).
+//! Formulas: docs/formats.md#hashes, restated on [`row_hash_array`].
 //!
 //! Hazards: any change to these bytes silently splits every natural key in existing lakes
 //! into "new" records. The golden vectors in `tests/it/hashing.rs` pin them; a failing
@@ -40,6 +35,13 @@ pub const ROW_HASH_FORMAT_VERSION: &[u8] = b"1";
 
 /// Compute `row_hash` for each row of `columns` (all of equal length) as a `Utf8` array of
 /// 64-char lowercase hex digests. With no columns the result is empty (no row count).
+///
+/// Formulas (64 lowercase hex SHA-256 digests):
+/// * `row_hash` = sha256(`"1|" + e1 + "|" + ... + "|" + en`), `ei` = `\N` for null, else the
+///   canonical text with `\` → `\\` then `|` → `\|`. The leading `1` is the format version.
+/// * `natural_key_fingerprint` = sha256(`"{version}|" + v1 + "|" + ... + "|" + vn`), null →
+///   empty string, no escaping: byte-for-byte JavaScript's
+///   `` sha256(`${version}|${fields.join('|')}`) `` (so zero fields hash `"{version}|"`).
 pub fn row_hash_array(columns: &[ArrayRef]) -> Result<ArrayRef> {
     let num_rows = common_len(columns)?;
     let columns = canonical_columns(columns.iter().map(|c| c.as_ref()))?;

@@ -9,15 +9,8 @@
 //! newest run (latest `ingested_at`, then run id: the order of `bronze.<source>_current`) that
 //! has it.
 //!
-//! [`Keys`] maps every record the build deals with to an [`Entry`]: the current run
-//! (from one pass over the fingerprint column of every bronze run, newest first) and what the
-//! previous build's state says (run, outcome, rules version). From that and the [`Mode`] follow
-//! which records are processed, which snapshot rows are kept and which state rows carried over.
-//! The UDFs here ([`pick_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
-//! filter by those decisions; they hold the map read-only.
-//!
-//! Memory: about 32 bytes per record plus the hash table's slack (~300 MB for 6M records),
-//! reserved in the session's memory pool so that sorts spill earlier instead of overshooting it.
+//! [`Keys`] holds the build's decisions per record; the UDFs ([`pick_udf`], [`in_set_udf`],
+//! [`fp128_udf`]) let plans filter by them.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
@@ -88,6 +81,16 @@ pub enum Mode {
 }
 
 /// The records of one build; see the module documentation.
+///
+/// Memory: about 32 bytes per record plus the hash table's slack (~300 MB for 6M records),
+/// reserved in the session's memory pool so that sorts spill earlier instead of overshooting it.
+///
+/// [`Keys`] maps every record the build deals with to an [`Entry`]: the current run
+/// (from one pass over the fingerprint column of every bronze run, newest first) and what the
+/// previous build's state says (run, outcome, rules version). From that and the [`Mode`] follow
+/// which records are processed, which snapshot rows are kept and which state rows carried over.
+/// The UDFs here ([`pick_udf`], [`in_set_udf`], [`fp128_udf`]) let DataFusion plans
+/// filter by those decisions; they hold the map read-only.
 pub struct Keys {
     pub map: HashMap<Fp, Entry, FpBuild>,
     /// Run ids by index: the source's committed runs with data, newest first, then run ids that

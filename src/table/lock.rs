@@ -6,12 +6,6 @@
 //! heartbeat is older than its TTL, or whose process is gone (same host, pid not alive), is stale
 //! and is taken over, so a crashed process never blocks the source for longer than the TTL.
 //!
-//! On stores with compare-and-swap (S3: `If-Match` on the ETag) every change of a lock object after
-//! its creation is conditional on the version last seen: of two processes taking over the same
-//! stale lock exactly one wins, a heartbeat never overwrites a lock another run took over, and
-//! releasing marks the object `released` rather than deleting it (S3 has no conditional delete in
-//! object_store 0.13), which the next ingest takes over like a missing lock.
-//!
 //! Hazard: on the local file system (no compare-and-swap) takeover is delete-then-create and a
 //! heartbeat or release is check-then-write, two steps each; and on any store a process paused past
 //! its TTL loses the lock. So the lock is only advisory, and correctness does not rest on it: each
@@ -43,6 +37,11 @@ pub struct LockInfo {
     pub released: bool,
 }
 
+/// On stores with compare-and-swap (S3: `If-Match` on the ETag) every change of a lock object after
+/// its creation is conditional on the version last seen: of two processes taking over the same
+/// stale lock exactly one wins, a heartbeat never overwrites a lock another run took over, and
+/// releasing marks the object `released` rather than deleting it (S3 has no conditional delete in
+/// object_store 0.13), which the next ingest takes over like a missing lock.
 pub struct SourceLock {
     lake: Lake,
     rel: String,

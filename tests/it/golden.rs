@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use regex::Regex;
 
-use crate::util::{TestLake, bad, landing, repo};
+use crate::util::{TestLake, repo};
 
 /// Every subcommand, as `ingot <words> --help` is asked for it.
 const COMMANDS: &[&[&str]] = &[
@@ -38,7 +38,7 @@ const COMMANDS: &[&[&str]] = &[
 
 /// Replaces what differs between two runs of the same commands: ids (numbered by first
 /// appearance, so which line names which run still shows), timestamps, durations, the temporary
-/// directory.
+/// directory and the repository's.
 struct Filter {
     tmp: String,
     ids: BTreeMap<String, String>,
@@ -53,7 +53,9 @@ impl Filter {
     }
 
     fn apply(&mut self, text: &str) -> String {
-        let text = text.replace(&self.tmp, "<tmp>");
+        let text = text
+            .replace(&self.tmp, "<tmp>")
+            .replace(&repo().display().to_string(), "<repo>");
         let id = Regex::new(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b").unwrap();
         let mut out = String::new();
         let mut last = 0;
@@ -156,21 +158,20 @@ fn help_of_every_command() {
 #[test]
 fn a_day_on_the_command_line() {
     let t = TestLake::new();
+    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
     let mut filter = Filter::new(t.dir.path());
     let mut all = String::new();
     let mut step = |args: &[&str]| {
         let mut c = quiet(t.command());
-        c.arg("--rules").arg(repo().join("rules"));
+        c.current_dir(t.dir.path()).arg("--rules").arg(repo().join("rules"));
         let out = c.args(args).output().unwrap();
         all.push_str(&transcript(&mut filter, args, &out));
-        out
     };
-    let file = |rel: &str| landing(rel).display().to_string();
-    let first = file("bookings/2026-11-01_bookings.csv");
-    step(&["ingest", "bookings", &first]);
-    step(&["ingest", "bookings", &first]);
-    step(&["ingest", "bookings", &file("bookings/2026-11-02_bookings_resend.csv")]);
-    step(&["ingest", "hotels", &file("hotels/2026-11-01_hotels.csv")]);
+    let first = "landing/bookings/2026-11-01_bookings.csv";
+    step(&["ingest", "bookings", first]);
+    step(&["ingest", "bookings", first]);
+    step(&["ingest", "bookings", "landing/bookings/2026-11-02_bookings_resend.csv"]);
+    step(&["ingest", "hotels", "landing/hotels/2026-11-01_hotels.csv"]);
     step(&["runs"]);
     step(&["runs", "--format", "csv"]);
     step(&["failures", "--format", "json"]);
@@ -181,7 +182,7 @@ fn a_day_on_the_command_line() {
     step(&[
         "ingest",
         "bookings",
-        &file("bookings/2026-11-04_bookings_corrected.csv"),
+        "landing/bookings/2026-11-04_bookings_corrected.csv",
     ]);
     step(&["build", "bookings"]);
     step(&["doctor"]);
@@ -193,19 +194,19 @@ fn a_day_on_the_command_line() {
 }
 
 /// The nightly job over the bundled landing folder, twice (the second run changes nothing), then
-/// undo of one run and its effect on the next nightly run.
+/// undo of one run (twice: the second says so) and the nightly job after it.
 #[test]
 fn the_nightly_job_and_undo() {
     let t = TestLake::new();
+    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
     let mut filter = Filter::new(t.dir.path());
     let mut all = String::new();
     let mut step = |args: &[&str]| {
         let mut c = quiet(t.command());
-        c.arg("--rules").arg(repo().join("rules"));
-        c.arg("--landing").arg(repo().join("data/landing"));
+        c.current_dir(t.dir.path()).arg("--rules").arg(repo().join("rules"));
+        c.args(["--landing", "landing"]);
         let out = c.args(args).output().unwrap();
         all.push_str(&transcript(&mut filter, args, &out));
-        out
     };
     step(&["run"]);
     step(&["run"]);
@@ -213,59 +214,73 @@ fn the_nightly_job_and_undo() {
     let last = runs.last().unwrap()["run_id"].as_str().unwrap().to_string();
     step(&["undo", &last]);
     step(&["undo", &last]);
-    step(&["run", "--format", "json"]);
+    step(&["runs", "--source", "hotels", "--format", "json"]);
+    step(&["run"]);
     golden("nightly", &all);
+}
+
+/// Copy the files of `from` into `to`, folders included.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(p.file_name().unwrap()));
+        } else {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
 }
 
 /// The main error messages: each names the file, field or flag and what would have been valid.
 #[test]
 fn errors_people_meet() {
     let t = TestLake::new();
+    copy_dir(&repo().join("data/bad"), &t.dir.path().join("bad"));
     let mut filter = Filter::new(t.dir.path());
-    let bad_contract = t.dir.path().join("bad_contracts");
-    std::fs::create_dir_all(&bad_contract).unwrap();
+    std::fs::create_dir_all(t.dir.path().join("bad_contracts")).unwrap();
     std::fs::write(
-        bad_contract.join("bookings.yaml"),
+        t.dir.path().join("bad_contracts/bookings.yaml"),
         r#"source: bookings
 version: 1
 format: csv
 fields:
   - {name: booking_ref, type: strng, required: true}
-  - {name: amount, type: decimal(10,2), normalize: [upper]}
+  - {name: amount, type: "decimal(10,2)", normalize: [upper]}
 natural_key: {version: 1, fields: [booking_ref, hotel]}
 "#,
     )
     .unwrap();
     let mut all = String::new();
-    let mut step = |args: &[&str], pre: &[&str]| {
+    let mut record = |args: &[&str], mut c: Command| {
+        let out = c.current_dir(t.dir.path()).args(args).output().unwrap();
+        all.push_str(&transcript(&mut filter, args, &out));
+    };
+    // a contract with an unknown type, a normalize step on a decimal and an unknown key field
+    let mut check = quiet(Command::new(env!("CARGO_BIN_EXE_ingot")));
+    check.args(["--lake", "lake", "--rules", "rules"]);
+    record(&["--contracts", "bad_contracts", "check"], check);
+    let step = |record: &mut dyn FnMut(&[&str], Command), args: &[&str]| {
         let mut c = quiet(t.command());
         c.arg("--rules").arg(repo().join("rules"));
-        let out = c.args(pre).args(args).output().unwrap();
-        let shown: Vec<&str> = pre.iter().chain(args).copied().collect();
-        all.push_str(&transcript(&mut filter, &shown, &out));
+        record(args, c);
     };
-    let contracts = bad_contract.display().to_string();
-    step(&["check"], &["--contracts", &contracts]);
-    step(&["ingest", "nosuch", &bad("empty.csv").display().to_string()], &[]);
-    step(
-        &[
-            "ingest",
-            "bookings",
-            &t.dir.path().join("missing.csv").display().to_string(),
-        ],
-        &[],
-    );
+    step(&mut record, &["ingest", "nosuch", "bad/empty.csv"]);
+    step(&mut record, &["ingest", "bookings", "missing.csv"]);
     for f in [
         "missing_required_column.csv",
         "ragged.csv",
         "invalid_utf8.csv",
         "empty.csv",
     ] {
-        step(&["ingest", "bookings", &bad(f).display().to_string()], &[]);
+        step(&mut record, &["ingest", "bookings", &format!("bad/{f}")]);
     }
-    step(&["build", "bookings", "--rebuild-where", "no_such_column < 2"], &[]);
-    step(&["undo", "0190a000-0000-7000-8000-000000000000"], &[]);
-    step(&["sql", "DROP TABLE audit.ingestion_run_log"], &[]);
-    step(&["runs"], &["--memory-limit", "lots"]);
+    step(
+        &mut record,
+        &["build", "bookings", "--rebuild-where", "no_such_column < 2"],
+    );
+    step(&mut record, &["undo", "0190a000-0000-7000-8000-000000000000"]);
+    step(&mut record, &["sql", "DROP TABLE audit.ingestion_run_log"]);
+    step(&mut record, &["--memory-limit", "lots", "runs"]);
     golden("errors", &all);
 }
