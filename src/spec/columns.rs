@@ -5,6 +5,17 @@
 
 use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
 
+/// Names of contract fields and of columns rules create: lower case (a leading `_` allowed),
+/// digits and `_`, at most 63 bytes, so SQL never needs to quote them.
+pub fn is_column_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
 /// Column names a contract may not use: every column of every table in docs/formats.md#tables.
 pub const RESERVED_COLUMNS: &[&str] = &[
     // bronze

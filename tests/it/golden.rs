@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use regex::Regex;
 
@@ -101,15 +101,54 @@ fn golden(name: &str, got: &str) {
     }
 }
 
-/// One command and what it printed: `$ ingot …`, stdout, stderr (prefixed) and the exit code.
-fn transcript(filter: &mut Filter, args: &[&str], out: &Output) -> String {
-    let mut t = format!("$ ingot {}\n", args.join(" "));
-    t.push_str(&String::from_utf8_lossy(&out.stdout));
-    for line in String::from_utf8_lossy(&out.stderr).lines() {
-        t.push_str(&format!("stderr: {line}\n"));
+/// A test lake in a temporary folder (the working directory of every command, so inputs are
+/// named by relative paths) and the transcript of the commands run in it.
+struct Session {
+    t: TestLake,
+    filter: Filter,
+    transcript: String,
+}
+
+impl Session {
+    /// A lake with copies of `data/<folder>` for each of `folders`.
+    fn new(folders: &[&str]) -> Session {
+        let t = TestLake::new();
+        for f in folders {
+            copy_dir(&repo().join("data").join(f), &t.dir.path().join(f));
+        }
+        let filter = Filter::new(t.dir.path());
+        Session {
+            t,
+            filter,
+            transcript: String::new(),
+        }
     }
-    t.push_str(&format!("exit: {}\n\n", out.status.code().unwrap_or(-1)));
-    filter.apply(&t)
+
+    /// `ingot` on the test lake, with the repository's rules and `landing` as landing folder.
+    fn command(&self) -> Command {
+        let mut c = quiet(self.t.command());
+        c.arg("--rules")
+            .arg(repo().join("rules"))
+            .args(["--landing", "landing"]);
+        c
+    }
+
+    /// Run `args` on the test lake and add `$ ingot …`, stdout, stderr and the exit code.
+    fn step(&mut self, args: &[&str]) {
+        let c = self.command();
+        self.run(c, args);
+    }
+
+    fn run(&mut self, mut c: Command, args: &[&str]) {
+        let out = c.current_dir(self.t.dir.path()).args(args).output().unwrap();
+        let mut text = format!("$ ingot {}\n", args.join(" "));
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            text.push_str(&format!("stderr: {line}\n"));
+        }
+        text.push_str(&format!("exit: {}\n\n", out.status.code().unwrap_or(-1)));
+        self.transcript.push_str(&self.filter.apply(&text));
+    }
 }
 
 /// `ingot` with nothing from the caller's environment that changes what it prints.
@@ -154,69 +193,51 @@ fn help_of_every_command() {
 }
 
 /// A lake's day as its operator sees it: ingests (new, identical, corrected, with rejects), the
-/// audit views, a build planned then done, explain, the nightly job, doctor, undo and replay.
+/// audit views, a build planned then done, explain, doctor and SQL.
 #[test]
 fn a_day_on_the_command_line() {
-    let t = TestLake::new();
-    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
-    let mut filter = Filter::new(t.dir.path());
-    let mut all = String::new();
-    let mut step = |args: &[&str]| {
-        let mut c = quiet(t.command());
-        c.current_dir(t.dir.path()).arg("--rules").arg(repo().join("rules"));
-        let out = c.args(args).output().unwrap();
-        all.push_str(&transcript(&mut filter, args, &out));
-    };
+    let mut s = Session::new(&["landing"]);
     let first = "landing/bookings/2026-11-01_bookings.csv";
-    step(&["ingest", "bookings", first]);
-    step(&["ingest", "bookings", first]);
-    step(&["ingest", "bookings", "landing/bookings/2026-11-02_bookings_resend.csv"]);
-    step(&["ingest", "hotels", "landing/hotels/2026-11-01_hotels.csv"]);
-    step(&["runs"]);
-    step(&["runs", "--format", "csv"]);
-    step(&["failures", "--format", "json"]);
-    step(&["build", "bookings", "--dry-run"]);
-    step(&["build", "bookings"]);
-    step(&["build", "bookings", "--dry-run", "--json"]);
-    step(&["explain", "bookings"]);
-    step(&[
+    s.step(&["ingest", "bookings", first]);
+    s.step(&["ingest", "bookings", first]);
+    s.step(&["ingest", "bookings", "landing/bookings/2026-11-02_bookings_resend.csv"]);
+    s.step(&["ingest", "hotels", "landing/hotels/2026-11-01_hotels.csv"]);
+    s.step(&["runs"]);
+    s.step(&["runs", "--format", "csv"]);
+    s.step(&["failures", "--format", "json"]);
+    s.step(&["build", "bookings", "--dry-run"]);
+    s.step(&["build", "bookings"]);
+    s.step(&["build", "bookings", "--dry-run", "--json"]);
+    s.step(&["explain", "bookings"]);
+    s.step(&[
         "ingest",
         "bookings",
         "landing/bookings/2026-11-04_bookings_corrected.csv",
     ]);
-    step(&["build", "bookings"]);
-    step(&["doctor"]);
-    step(&[
+    s.step(&["build", "bookings"]);
+    s.step(&["doctor"]);
+    s.step(&[
         "sql",
         "SELECT status, count(*) AS n FROM audit.silver_build_log GROUP BY status ORDER BY 1",
     ]);
-    golden("day", &all);
+    golden("day", &s.transcript);
 }
 
 /// The nightly job over the bundled landing folder, twice (the second run changes nothing), then
 /// undo of one run (twice: the second says so) and the nightly job after it.
 #[test]
 fn the_nightly_job_and_undo() {
-    let t = TestLake::new();
-    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
-    let mut filter = Filter::new(t.dir.path());
-    let mut all = String::new();
-    let mut step = |args: &[&str]| {
-        let mut c = quiet(t.command());
-        c.current_dir(t.dir.path()).arg("--rules").arg(repo().join("rules"));
-        c.args(["--landing", "landing"]);
-        let out = c.args(args).output().unwrap();
-        all.push_str(&transcript(&mut filter, args, &out));
-    };
-    step(&["run"]);
-    step(&["run"]);
-    let runs = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'hotels' ORDER BY started_at");
+    let mut s = Session::new(&["landing"]);
+    s.step(&["run"]);
+    s.step(&["run"]);
+    let runs =
+        s.t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'hotels' ORDER BY started_at");
     let last = runs.last().unwrap()["run_id"].as_str().unwrap().to_string();
-    step(&["undo", &last]);
-    step(&["undo", &last]);
-    step(&["runs", "--source", "hotels", "--format", "json"]);
-    step(&["run"]);
-    golden("nightly", &all);
+    s.step(&["undo", &last]);
+    s.step(&["undo", &last]);
+    s.step(&["runs", "--source", "hotels", "--format", "json"]);
+    s.step(&["run"]);
+    golden("nightly", &s.transcript);
 }
 
 /// Copy the files of `from` into `to`, folders included.
@@ -235,12 +256,11 @@ fn copy_dir(from: &Path, to: &Path) {
 /// The main error messages: each names the file, field or flag and what would have been valid.
 #[test]
 fn errors_people_meet() {
-    let t = TestLake::new();
-    copy_dir(&repo().join("data/bad"), &t.dir.path().join("bad"));
-    let mut filter = Filter::new(t.dir.path());
-    std::fs::create_dir_all(t.dir.path().join("bad_contracts")).unwrap();
+    let mut s = Session::new(&["bad"]);
+    let dir = s.t.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("bad_contracts")).unwrap();
     std::fs::write(
-        t.dir.path().join("bad_contracts/bookings.yaml"),
+        dir.join("bad_contracts/bookings.yaml"),
         r#"source: bookings
 version: 1
 format: csv
@@ -251,36 +271,23 @@ natural_key: {version: 1, fields: [booking_ref, hotel]}
 "#,
     )
     .unwrap();
-    let mut all = String::new();
-    let mut record = |args: &[&str], mut c: Command| {
-        let out = c.current_dir(t.dir.path()).args(args).output().unwrap();
-        all.push_str(&transcript(&mut filter, args, &out));
-    };
     // a contract with an unknown type, a normalize step on a decimal and an unknown key field
     let mut check = quiet(Command::new(env!("CARGO_BIN_EXE_ingot")));
     check.args(["--lake", "lake", "--rules", "rules"]);
-    record(&["--contracts", "bad_contracts", "check"], check);
-    let step = |record: &mut dyn FnMut(&[&str], Command), args: &[&str]| {
-        let mut c = quiet(t.command());
-        c.arg("--rules").arg(repo().join("rules"));
-        record(args, c);
-    };
-    step(&mut record, &["ingest", "nosuch", "bad/empty.csv"]);
-    step(&mut record, &["ingest", "bookings", "missing.csv"]);
+    s.run(check, &["--contracts", "bad_contracts", "check"]);
+    s.step(&["ingest", "nosuch", "bad/empty.csv"]);
+    s.step(&["ingest", "bookings", "missing.csv"]);
     for f in [
         "missing_required_column.csv",
         "ragged.csv",
         "invalid_utf8.csv",
         "empty.csv",
     ] {
-        step(&mut record, &["ingest", "bookings", &format!("bad/{f}")]);
+        s.step(&["ingest", "bookings", &format!("bad/{f}")]);
     }
-    step(
-        &mut record,
-        &["build", "bookings", "--rebuild-where", "no_such_column < 2"],
-    );
-    step(&mut record, &["undo", "0190a000-0000-7000-8000-000000000000"]);
-    step(&mut record, &["sql", "DROP TABLE audit.ingestion_run_log"]);
-    step(&mut record, &["--memory-limit", "lots", "runs"]);
-    golden("errors", &all);
+    s.step(&["build", "bookings", "--rebuild-where", "no_such_column < 2"]);
+    s.step(&["undo", "0190a000-0000-7000-8000-000000000000"]);
+    s.step(&["sql", "DROP TABLE audit.ingestion_run_log"]);
+    s.step(&["--memory-limit", "lots", "runs"]);
+    golden("errors", &s.transcript);
 }

@@ -9,17 +9,8 @@ use regex::Regex;
 use super::read::ContractReader;
 use super::{Bound, Field, FieldType, RESERVED_COLUMNS};
 use crate::hash::NormalizeStep;
+use crate::spec::columns::is_column_name;
 use crate::spec::yaml::{MapNode, Node, Pos, scalar_bool, scalar_str, seq};
-
-/// Field names: lower case (a leading `_` allowed), at most 63 bytes.
-fn is_valid_field_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && (b[0].is_ascii_lowercase() || b[0] == b'_')
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
-}
 
 const FIELD_KEYS: &[&str] = &[
     "name",
@@ -140,7 +131,7 @@ impl ContractReader<'_> {
                 if RESERVED_COLUMNS.contains(&s) {
                     self.err(n.pos, format!("field name \"{s}\" is reserved by ingot (docs/formats.md#tables); reserved names are: {}", RESERVED_COLUMNS.join(", ")));
                     None
-                } else if !is_valid_field_name(s) {
+                } else if !is_column_name(s) {
                     self.err(n.pos, format!("field name \"{s}\" must match [a-z_][a-z0-9_]{{0,62}} (lower case, so SQL needs no quoting)"));
                     None
                 } else {

@@ -17,6 +17,7 @@ use sha2::Digest;
 
 use super::columns::{Columns, ExprProblem, check_expr, type_name};
 use super::{Ident, RuleSet, RulesSet, SqlExpr};
+use crate::spec::columns::is_column_name;
 use crate::spec::contract::{Contract, ContractSet, RESERVED_COLUMNS};
 use crate::spec::yaml::{self, Kind, MapNode, Node, Pos, Problems, is_valid_name, scalar_int, scalar_str, seq};
 
@@ -553,14 +554,4 @@ fn contract_file_exists(dir: &Path, source: &str) -> bool {
     ["yaml", "yml"]
         .iter()
         .any(|ext| dir.join(format!("{source}.{ext}")).exists())
-}
-
-/// Column names steps may create: lower case, so SQL never needs quoting.
-fn is_column_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && (b[0].is_ascii_lowercase() || b[0] == b'_')
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
