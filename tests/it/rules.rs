@@ -365,6 +365,43 @@ anomalies:
     assert_lines(&problems_of(f, text), &expected);
 }
 
+/// Rules are deterministic: a function that reads the clock is refused wherever an expression
+/// goes (a step, a check, an anomaly), inside other expressions too, each located.
+#[test]
+fn clock_functions_are_refused_in_steps_checks_and_anomalies() {
+    let text = r#"table: orders
+source: orders
+version: 2
+steps:
+  - set: seen
+    expr: "now()"
+  - filter: "placed <= current_date"
+  - set: late
+    expr: "coalesce(placed, CAST(current_time() AS VARCHAR)) IS NULL"
+validate:
+  - name: not_future
+    check: "placed <= now()"
+anomalies:
+  - name: old
+    when: "date_part('year', current_date) - date_part('year', placed) > 1"
+"#;
+    let f = "rules/orders/v2.yaml";
+    let why = "reads the clock: a rebuild must give the same rows whenever it runs (and an incremental \
+               build the same as a full one); compare with a date of the data or a literal";
+    let expected = vec![
+        format!("{f}:6:11: invalid expression \"now()\": now() {why}"),
+        format!("{f}:7:13: invalid expression \"placed <= current_date\": current_date() {why}"),
+        format!(
+            "{f}:9:11: invalid expression \"coalesce(placed, CAST(current_time() AS VARCHAR)) IS NULL\": current_time() {why}"
+        ),
+        format!("{f}:12:12: invalid expression \"placed <= now()\": now() {why}"),
+        format!(
+            "{f}:15:11: invalid expression \"date_part('year', current_date) - date_part('year', placed) > 1\": current_date() {why}"
+        ),
+    ];
+    assert_lines(&problems_of(f, text), &expected);
+}
+
 #[test]
 fn bad_expressions_are_located_with_datafusions_message() {
     let text = r#"table: orders

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::common::tree_node::TreeNode;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, DFSchemaRef, DataFusionError, SchemaError};
-use datafusion::logical_expr::{Expr, ExprSchemable};
+use datafusion::logical_expr::{Expr, ExprSchemable, Volatility};
 use datafusion::prelude::SessionContext;
 
 /// A column at one step: its name and type (`None` = unknown after an earlier problem).
@@ -124,6 +124,12 @@ pub(super) fn check_expr(
             "volatile functions (such as random() or uuid()) are not allowed: a rebuild must give the same rows".into(),
         ));
     }
+    if let Some(name) = reads_the_clock(&expr) {
+        return Err(ExprProblem::Invalid(format!(
+            "{name}() reads the clock: a rebuild must give the same rows whenever it runs (and an \
+             incremental build the same as a full one); compare with a date of the data or a literal"
+        )));
+    }
     if let Expr::Alias(a) = &expr {
         return Err(ExprProblem::Invalid(format!(
             "an alias (AS {}) is not allowed here; the column name comes from the rule",
@@ -137,6 +143,22 @@ pub(super) fn check_expr(
         Ok(ty) => Ok((expr, Some(ty))),
         Err(e) => Err(ExprProblem::Invalid(clean_message(&e))),
     }
+}
+
+/// The first function of `expr` whose result depends on when it runs (DataFusion's `Stable`
+/// volatility: `now`, `current_date`, `current_time`); `Volatile` ones are refused apart.
+fn reads_the_clock(expr: &Expr) -> Option<String> {
+    let mut found = None;
+    let _ = expr.apply(|e| {
+        if let Expr::ScalarFunction(f) = e
+            && f.func.signature().volatility == Volatility::Stable
+        {
+            found = Some(f.func.name().to_string());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// The column name of a DataFusion "field not found" error, however it is wrapped.
