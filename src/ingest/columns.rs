@@ -2,7 +2,7 @@
 //!
 //! Problems here fail the run before anything is written, each naming the file (and line) and
 //! what would have been valid: a duplicate column, a nameless column, a column not in the contract
-//! under `unknown_fields: reject`, a required field missing.
+//! under `unknown_fields: reject`, a declared field missing (unless it says `missing: null`).
 
 use crate::error::{Error, Result};
 use crate::spec::contract::{Contract, UnknownFields};
@@ -88,6 +88,34 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
             if missing.len() > 1 { "s" } else { "" },
             quoted(&missing),
             names.join(", ")
+        )));
+    }
+    let absent: Vec<&str> = contract
+        .fields
+        .iter()
+        .zip(&map.field_column)
+        .filter(|(f, c)| !f.may_be_missing && c.is_none())
+        .map(|(f, _)| f.name.as_str())
+        .collect();
+    if !absent.is_empty() {
+        let renamed = if map.ignored.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the file has column{} the contract does not declare: {} (renamed upstream? then \
+                 rename the field in the contract)",
+                if map.ignored.len() > 1 { "s" } else { "" },
+                quoted(&map.ignored)
+            )
+        };
+        return Err(Error::RunFailed(format!(
+            "{at}: declared column{} {} missing, so {} would be null in every record; the columns \
+             are: {}{renamed}. A field that files may lack says `missing: null` in {}",
+            if absent.len() > 1 { "s" } else { "" },
+            quoted(&absent),
+            if absent.len() > 1 { "they" } else { "it" },
+            names.join(", "),
+            contract.path.display()
         )));
     }
     Ok(map)

@@ -262,3 +262,92 @@ fn line_numbers_of_rejections_count_crlf_once() {
     let want = format!("line {}:", lines + 1);
     assert!(f[0]["reason"].as_str().unwrap().starts_with(&want), "{want} {f:?}");
 }
+
+/// An upstream rename (`amount` -> `amt`) under `unknown_fields: ignore` fails the run instead
+/// of loading every record with a null amount: nothing is published, the run log and the message
+/// name the missing field and the undeclared column. A field that says `missing: null` may be
+/// absent.
+#[test]
+fn a_declared_column_missing_from_a_file_fails_the_run() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("spend.yaml"),
+        r#"source: spend
+version: 1
+unknown_fields: ignore
+fields:
+  - {name: id, type: string, required: true}
+  - {name: amount, type: "decimal(10,2)"}
+  - {name: note, type: string, missing: null}
+natural_key: {version: 1, fields: [id]}
+"#,
+    )
+    .unwrap();
+    let day1 = t.dir.path().join("day1.csv");
+    std::fs::write(&day1, "id,amount,note,extra\na,1.50,x,?\nb,2.00,y,?\n").unwrap();
+    t.ingest_ok("spend", &day1);
+    let current = || t.query("SELECT * FROM bronze.spend_current ORDER BY id");
+    let before = current();
+
+    let renamed = t.dir.path().join("renamed.csv");
+    std::fs::write(&renamed, "id,amt,note\na,9.99,x\nc,3.00,z\n").unwrap();
+    let out = t.ingest("spend", &renamed);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let want = format!(
+        "{}:1: header: declared column \"amount\" missing, so it would be null in every record; the \
+         columns are: id, amt, note; the file has column the contract does not declare: \"amt\" \
+         (renamed upstream? then rename the field in the contract). A field that files may lack \
+         says `missing: null` in {}",
+        renamed.display(),
+        t.contracts().join("spend.yaml").display()
+    );
+    assert!(stdout(&out).contains(&want), "{}\nwant: {want}", stdout(&out));
+    assert_eq!(current(), before, "a failed run publishes nothing");
+    let runs =
+        t.query("SELECT status, rows_seen, rows_inserted, error FROM audit.ingestion_run_log ORDER BY started_at");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["status"], "failed");
+    assert_eq!(runs[1]["rows_inserted"], 0);
+    assert_eq!(runs[1]["error"].as_str().unwrap(), want);
+
+    // `note` may be missing: its records load with a null note
+    let no_note = t.dir.path().join("no_note.csv");
+    std::fs::write(&no_note, "id,amount\nc,3.00\n").unwrap();
+    t.ingest_ok("spend", &no_note);
+    let rows = t.query("SELECT id, CAST(amount AS VARCHAR) AS amount, coalesce(note, '<null>') AS note FROM bronze.spend_current ORDER BY id");
+    let got: Vec<String> = rows.iter().map(|r| serde_json::to_string(r).unwrap()).collect();
+    assert_eq!(
+        got,
+        [
+            r#"{"amount":"1.50","id":"a","note":"x"}"#,
+            r#"{"amount":"2.00","id":"b","note":"y"}"#,
+            r#"{"amount":"3.00","id":"c","note":"<null>"}"#,
+        ]
+    );
+}
+
+#[test]
+fn missing_takes_fail_or_null_and_never_on_a_required_field() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("spend.yaml"),
+        r#"source: spend
+version: 1
+fields:
+  - {name: id, type: string, required: true, missing: "null"}
+  - {name: amount, type: "decimal(10,2)", missing: maybe}
+natural_key: {version: 1, fields: [id]}
+"#,
+    )
+    .unwrap();
+    let out = t.run(&["check"]);
+    assert_eq!(out.status.code(), Some(2));
+    let f = t.contracts().join("spend.yaml").display().to_string();
+    let err = stderr(&out);
+    for want in [
+        format!("{f}:4:55: field \"id\" is required, so it cannot be missing: null"),
+        format!("{f}:5:52: missing: \"maybe\" for field \"amount\"; valid values are: fail, null"),
+    ] {
+        assert!(err.contains(&want), "{err}\nwant: {want}");
+    }
+}

@@ -10,7 +10,7 @@ use super::read::ContractReader;
 use super::{Bound, Field, FieldType, RESERVED_COLUMNS};
 use crate::hash::NormalizeStep;
 use crate::spec::columns::is_column_name;
-use crate::spec::yaml::{MapNode, Node, Pos, scalar_bool, scalar_str, seq};
+use crate::spec::yaml::{Kind, MapNode, Node, Pos, scalar_bool, scalar_str, seq};
 
 const FIELD_KEYS: &[&str] = &[
     "name",
@@ -23,6 +23,7 @@ const FIELD_KEYS: &[&str] = &[
     "allowed",
     "pattern",
     "volatile",
+    "missing",
     "description",
 ];
 
@@ -79,6 +80,7 @@ impl ContractReader<'_> {
             .get("volatile")
             .and_then(|n| scalar_bool(&file, n, "volatile", self.problems))
             .unwrap_or(false);
+        let may_be_missing = map.get("missing").and_then(|n| self.read_missing(n, &label, required));
         let description = map
             .get("description")
             .and_then(|n| scalar_str(&file, n, "description", self.problems))
@@ -112,11 +114,44 @@ impl ContractReader<'_> {
                 allowed,
                 pattern,
                 volatile,
+                may_be_missing: may_be_missing.unwrap_or(false),
                 description,
             }),
             _ => None,
         };
         (located, field)
+    }
+
+    /// `missing`: `fail` (the default: a file without the column fails its run) or `null` (the
+    /// column may be absent from a file; its records get null). Not for a required field.
+    fn read_missing(&mut self, node: &Node, label: &str, required: bool) -> Option<bool> {
+        let file = self.doc.file.clone();
+        // `missing: null` is YAML's null, which is what it says
+        let value = match &node.kind {
+            Kind::Scalar { text, quoted: false } if matches!(text.as_str(), "null" | "Null" | "NULL" | "~") => "null",
+            _ => scalar_str(&file, node, "missing", self.problems)?,
+        };
+        let may = match value {
+            "fail" => false,
+            "null" => true,
+            other => {
+                self.problems.push(
+                    &file,
+                    node.pos,
+                    format!("missing: \"{other}\" for field \"{label}\"; valid values are: fail, null"),
+                );
+                return None;
+            }
+        };
+        if may && required {
+            self.problems.push(
+                &file,
+                node.pos,
+                format!("field \"{label}\" is required, so it cannot be missing: null"),
+            );
+            return None;
+        }
+        Some(may)
     }
 
     /// `name`: required, not reserved, lower case so SQL needs no quoting.

@@ -139,6 +139,9 @@ pub struct Field {
     pub allowed: Option<Vec<String>>,
     pub pattern: Option<Regex>,
     pub volatile: bool,
+    /// `missing: null`: a file may lack the column (its records get null); otherwise a file
+    /// without it fails its run.
+    pub may_be_missing: bool,
     pub description: Option<String>,
 }
 
