@@ -19,7 +19,7 @@ use datafusion::parquet::arrow::arrow_reader::{ParquetRecordBatchReader, Parquet
 use crate::error::{Error, Result};
 use crate::ingest::Loader;
 use crate::ingest::columns::match_columns;
-use crate::ingest::sink::{ParsedBatch, RowRejection};
+use crate::ingest::sink::{ParsedBatch, RowRejection, key_part_problem};
 use crate::spec::contract::{Contract, Field, FieldType};
 use crate::spec::types::{ColumnBuilder, Rejection, Value, check_value, parse_value, shown};
 
@@ -124,6 +124,7 @@ impl ParquetLoader {
             ..Default::default()
         };
         let contract = self.contract.clone();
+        let composite = contract.natural_key.fields.len() > 1;
         for (i, f) in contract.fields.iter().enumerate() {
             let target = f.ty.arrow_type();
             let typed: ArrayRef = match self.field_column[i] {
@@ -168,6 +169,25 @@ impl ParquetLoader {
                     )),
                     None => None,
                     Some(v) => check_value(f, &v, &mut self.norm, &mut self.scratch),
+                };
+                let rej = match rej {
+                    None if is_key => {
+                        let text = match value_at(&typed, f, row) {
+                            None => None,
+                            Some(Value::Str(t)) => Some(t),
+                            Some(_) => Some(""),
+                        };
+                        let problem = if typed.is_null(row) || f.ty == FieldType::String {
+                            key_part_problem(f, text, composite, &mut self.norm, &mut self.scratch)
+                        } else {
+                            None
+                        };
+                        if problem.is_some() {
+                            key_ok[row] = false;
+                        }
+                        problem
+                    }
+                    other => other,
                 };
                 if is_key
                     && (typed.is_null(row)

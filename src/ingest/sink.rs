@@ -21,6 +21,47 @@ fn normalizes_to_empty(f: &crate::spec::contract::Field, text: &str, norm: &mut 
     norm.is_empty()
 }
 
+/// The rule of a record whose natural key cannot name it unambiguously (docs/formats.md#hashes):
+/// a key part that is null or empty after normalize, or, in a composite key, a part holding the
+/// separator `|`. The fingerprint formula does not escape, so such keys could merge two records.
+pub const NATURAL_KEY_INVALID: &str = "natural_key_invalid";
+
+/// Why the key part `text` (None: null) of key field `f` cannot be part of a fingerprint, if it
+/// cannot. Only strings can be empty or hold `|`; `composite` when the key has several fields.
+pub fn key_part_problem(
+    f: &Field,
+    text: Option<&str>,
+    composite: bool,
+    norm: &mut String,
+    scratch: &mut String,
+) -> Option<Rejection> {
+    let invalid = |why: String| Some(Rejection::new(NATURAL_KEY_INVALID, format!("{}: {why}", f.name)));
+    let Some(text) = text else {
+        return invalid("natural key part is missing (null), so the record has no identity".into());
+    };
+    if f.ty != FieldType::String {
+        return None;
+    }
+    let part = if f.normalize.is_empty() {
+        text
+    } else {
+        crate::hash::normalize::normalize_into(&f.normalize, text, norm, scratch);
+        norm.as_str()
+    };
+    if part.is_empty() {
+        return invalid(format!(
+            "natural key part \"{text}\" is empty after normalize, so the record has no identity"
+        ));
+    }
+    if composite && part.contains(TEXT_SEPARATOR as char) {
+        return invalid(format!(
+            "natural key part \"{part}\" contains the separator |, which makes a composite key \
+             ambiguous (\"a|b\",\"c\" and \"a\",\"b|c\" would be one record)"
+        ));
+    }
+    None
+}
+
 /// One rejected record of a batch.
 #[derive(Debug, Clone)]
 pub struct RowRejection {
@@ -197,6 +238,8 @@ pub struct RowSink {
     any_invalid: bool,
     rejections: Vec<RowRejection>,
     is_key: Vec<bool>,
+    /// The natural key has several fields (a part must not hold the separator).
+    composite: bool,
     norm: String,
     scratch: String,
     /// Keep the raw payload of every row (second pass of a file with key conflicts).
@@ -218,6 +261,7 @@ impl RowSink {
             is_key[i] = true;
         }
         RowSink {
+            composite: contract.natural_key.fields.len() > 1,
             contract,
             builders,
             row_numbers: Vec::with_capacity(batch_size),
@@ -254,7 +298,8 @@ impl RowSink {
         for (i, f) in self.contract.fields.iter().enumerate() {
             let builder = &mut self.builders[i];
             let texts = &mut self.texts;
-            let outcome = match field(i) {
+            let given = field(i);
+            let outcome = match given {
                 FieldText::Null => {
                     builder.append_null();
                     if let Some(c) = texts {
@@ -297,12 +342,24 @@ impl RowSink {
                     }
                 },
             };
+            let outcome = match outcome {
+                None if self.is_key[i] => {
+                    let text = match given {
+                        FieldText::Text(t) => Some(t),
+                        _ => None,
+                    };
+                    key_part_problem(f, text, self.composite, &mut self.norm, &mut self.scratch)
+                }
+                other => other,
+            };
             if let Some(r) = outcome {
                 // Rejected rows are hashed from their typed values (with nulls where typing failed).
                 if let Some(c) = &mut self.texts {
                     c.ok = false;
                 }
-                if self.is_key[i] && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
+                if self.is_key[i]
+                    && (r.rule.starts_with("type:") || r.rule.starts_with("required:") || r.rule == NATURAL_KEY_INVALID)
+                {
                     key_ok = false;
                 }
                 if first.is_none() {

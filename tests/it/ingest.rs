@@ -527,7 +527,8 @@ natural_key: {version: 1, fields: [id]}
 
 /// CSV values in canonical form are hashed from their input bytes (decimals padded to their
 /// scale); any other spelling makes the batch hash its typed values. Both must store exactly the
-/// hashes the SQL UDFs compute from the stored typed columns.
+/// hashes the SQL UDFs compute from the stored typed columns. (The key is `id` alone: `s` holds
+/// a `|` and nulls, which a composite key refuses as `natural_key_invalid`.)
 #[test]
 fn hashes_from_input_text_equal_the_udfs_over_typed_values() {
     let t = TestLake::new();
@@ -546,7 +547,7 @@ fields:
   - {name: b, type: boolean}
   - {name: s, type: string}
   - {name: v, type: string, volatile: true}
-natural_key: {version: 3, fields: [id, s]}
+natural_key: {version: 3, fields: [id]}
 "#,
     )
     .unwrap();
@@ -589,7 +590,7 @@ fields:
   - {name: dt, type: date}
   - {name: b, type: boolean}
   - {name: s, type: string}
-natural_key: {version: 3, fields: [id, s]}
+natural_key: {version: 3, fields: [id]}
 "#,
     )
     .unwrap();
@@ -610,7 +611,7 @@ natural_key: {version: 3, fields: [id, s]}
         let rows = t.query(&format!(
             "SELECT count(*) AS n, \
              sum(CASE WHEN row_hash = row_hash(id, n, d, z, dt, b, s) THEN 1 ELSE 0 END) AS rh, \
-             sum(CASE WHEN natural_key_fingerprint = natural_key_fingerprint(3, id, s) THEN 1 ELSE 0 END) AS fp \
+             sum(CASE WHEN natural_key_fingerprint = natural_key_fingerprint(3, id) THEN 1 ELSE 0 END) AS fp \
              FROM bronze.{source}"
         ));
         assert_eq!(rows[0]["n"], 9, "{source}: {rows:?}");

@@ -13,6 +13,7 @@ mod fuzz;
 mod golden;
 mod hashing;
 mod hashing_python;
+mod identity;
 mod ingest;
 mod kill;
 mod layering;
