@@ -17,12 +17,7 @@ use crate::table::lake::layout;
 /// was never re-keyed): that of its latest rekey run, or of its newest run with data since (older
 /// run records lack the column: then the run's file says).
 pub async fn lake_key_version(ws: &Workspace, runs: &[RunRecord], source: &str) -> Result<Option<i32>> {
-    let Some(newest) = runs
-        .iter()
-        .rev()
-        .filter(|r| r.source == source && r.status.is_loaded())
-        .find(|r| r.is_rekey() || r.has_data())
-    else {
+    let Some(newest) = newest_keyed(runs, source) else {
         return Ok(None);
     };
     if let Some(v) = newest.natural_key_version {
@@ -50,17 +45,37 @@ pub async fn lake_key_version(ws: &Workspace, runs: &[RunRecord], source: &str) 
         .and_then(|a| a.is_valid(0).then(|| a.value(0))))
 }
 
-/// Refuse to ingest `contract` into a lake whose bronze is keyed with another natural-key version.
+/// The run whose keys `source`'s current bronze state has: its latest rekey run, or its newest
+/// loaded run with data since.
+fn newest_keyed<'a>(runs: &'a [RunRecord], source: &str) -> Option<&'a RunRecord> {
+    runs.iter()
+        .rev()
+        .filter(|r| r.source == source && r.status.is_loaded())
+        .find(|r| r.is_rekey() || r.has_data())
+}
+
+/// Refuse to ingest `contract` into a lake whose bronze is keyed with another natural-key version,
+/// or with another key definition under the same version (fields, their order, their types as
+/// canonical text sees them, normalize steps: [`Contract::key_definition`]).
 pub async fn check_key_version(ws: &Workspace, runs: &[RunRecord], contract: &Contract) -> Result<()> {
     let want = contract.natural_key.version;
-    match lake_key_version(ws, runs, &contract.source).await? {
+    let source = &contract.source;
+    let path = contract.path.display();
+    match lake_key_version(ws, runs, source).await? {
         Some(have) if i64::from(have) != want => Err(Error::Invalid(format!(
             "{source}: bronze.{source} is keyed with natural_key version {have}, but {path} says version {want}; \
              ingest will not mix key versions: run `ingot rekey {source}` first (or restore natural_key version \
-             {have} in the contract)",
-            source = contract.source,
-            path = contract.path.display()
+             {have} in the contract)"
         ))),
-        _ => Ok(()),
+        _ => match newest_keyed(runs, source).and_then(|r| r.natural_key_definition.as_deref()) {
+            Some(have) if have != contract.key_definition() => Err(Error::Invalid(format!(
+                "{source}: natural_key changed under version {want}: bronze.{source} is keyed by ({have}), but \
+                 {path} says ({now}); that changes every fingerprint, so records delivered again would be \
+                 current twice. Raise natural_key.version in {path}, then run `ingot rekey {source}` (or restore \
+                 the key)",
+                now = contract.key_definition()
+            ))),
+            _ => Ok(()),
+        },
     }
 }

@@ -166,6 +166,7 @@ pub async fn ingest_file(
         rows_deleted: 0,
         natural_key_version: Some(contract.natural_key.version as i32),
         previous_natural_key_version: None,
+        natural_key_definition: Some(contract.key_definition()),
         seq: 0,
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;

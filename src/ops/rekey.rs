@@ -208,6 +208,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         rows_deleted: 0,
         natural_key_version: Some(new_version),
         previous_natural_key_version: Some(old_version),
+        natural_key_definition: Some(contract.key_definition()),
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;

@@ -49,6 +49,7 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "rows_failed",
     "rows_deleted",
     "previous_natural_key_version",
+    "natural_key_definition",
     "replay_of",
     "error",
     "ingot_version",

@@ -9,7 +9,7 @@
 //! columns dropped under `unknown_fields: ignore`, null when none), `rolled_back_at` (set by
 //! `ingot undo`), `rows_deleted` (tombstones of a `delivery: full` run), `natural_key_version`
 //! (the key version of the fingerprints the run wrote) and `previous_natural_key_version` (set only
-//! on the run of an `ingot rekey`: the key version it migrated from).
+//! on the run of an `ingot rekey`: the key version it migrated from), `natural_key_definition`.
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
 //! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
@@ -107,6 +107,12 @@ pub struct RunRecord {
     /// Set on the runs `ingot rekey` commits: the natural-key version it migrated from
     /// (extension column).
     pub previous_natural_key_version: Option<i32>,
+    /// The key definition the run's fingerprints were computed under ([`Contract::key_definition`]:
+    /// key fields, their types as canonical text sees them, normalize steps; extension column,
+    /// null in older records).
+    ///
+    /// [`Contract::key_definition`]: crate::spec::contract::Contract::key_definition
+    pub natural_key_definition: Option<String>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -158,6 +164,7 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("rows_deleted", DataType::Int64, true),
         Field::new("natural_key_version", DataType::Int32, true),
         Field::new("previous_natural_key_version", DataType::Int32, true),
+        Field::new("natural_key_definition", DataType::Utf8, true),
     ]))
 }
 
@@ -222,6 +229,7 @@ impl RunRecord {
             Arc::new(datafusion::arrow::array::Int32Array::from(vec![
                 self.previous_natural_key_version,
             ])),
+            str_array(self.natural_key_definition.as_deref()),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -259,6 +267,10 @@ impl RunRecord {
                 rows_deleted: c.opt_i64("rows_deleted", r)?.unwrap_or(0),
                 natural_key_version: c.opt_i32("natural_key_version", r)?,
                 previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
+                natural_key_definition: match c.batch.column_by_name("natural_key_definition") {
+                    Some(_) => c.opt("natural_key_definition", r)?,
+                    None => None,
+                },
                 seq: 0,
             });
         }

@@ -1,7 +1,7 @@
 //! Record identity under real operations: keys that cannot name one record unambiguously are
 //! rejected with their own rule, never merged (docs/formats.md#hashes).
 
-use crate::util::{TestLake, assert_same_rows};
+use crate::util::{TestLake, assert_same_rows, stderr, stdout};
 
 fn contract(t: &TestLake, name: &str, text: &str) {
     std::fs::write(t.contracts().join(format!("{name}.yaml")), text).unwrap();
@@ -182,4 +182,86 @@ natural_key: {version: 1, fields: [a, n]}
     );
     let current = t.query("SELECT a, n, v FROM bronze.pq_current");
     assert_eq!(serde_json::to_string(&current).unwrap(), r#"[{"a":"x","n":4,"v":4}]"#);
+}
+
+/// The key definition is recorded with every run: a changed key (a field added, a normalize step
+/// added) under the same `natural_key.version` is refused, naming both definitions; a change that
+/// no canonical text sees (int32 to int64) is not; raising the version and re-keying is the way.
+#[test]
+fn a_key_edited_without_raising_its_version_is_refused() {
+    let t = TestLake::new();
+    let keyed = |key: &str, a_steps: &str, n_type: &str, version: u32| {
+        contract(
+            &t,
+            "k",
+            &format!(
+                "source: k\nversion: 1\nfields:\n  - {{name: a, type: string, normalize: [{a_steps}]}}\n  \
+                 - {{name: n, type: {n_type}}}\n  - {{name: v, type: int32}}\n\
+                 natural_key: {{version: {version}, fields: [{key}]}}\n"
+            ),
+        )
+    };
+    keyed("a, n", "trim", "int32", 1);
+    let file = |name: &str, body: &str| {
+        let p = t.dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    t.ingest_ok("k", &file("1.csv", "a,n,v\nx,1,1\ny,2,2\n"));
+    let runs = |t: &TestLake| {
+        t.query("SELECT run_id, natural_key_definition FROM audit.ingestion_run_log ORDER BY started_at")
+    };
+    assert_eq!(runs(&t)[0]["natural_key_definition"], "a string [trim]; n integer []");
+    let current = || t.query("SELECT * FROM bronze.k_current ORDER BY a");
+    let before = current();
+    let path = t.contracts().join("k.yaml").display().to_string();
+    let refused = |t: &TestLake, now: &str| {
+        let out = t.ingest("k", &t.dir.path().join("2.csv"));
+        assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+        let want = format!(
+            "error: k: natural_key changed under version 1: bronze.k is keyed by (a string [trim]; n integer []), \
+             but {path} says ({now}); that changes every fingerprint, so records delivered again would be current \
+             twice. Raise natural_key.version in {path}, then run `ingot rekey k` (or restore the key)\n"
+        );
+        assert_eq!(stderr(&out), want);
+    };
+    file("2.csv", "a,n,v\nx,1,1\ny,2,3\n");
+    keyed("a", "trim", "int32", 1);
+    refused(&t, "a string [trim]");
+    keyed("a, n", "trim, upper", "int32", 1);
+    refused(&t, "a string [trim, upper]; n integer []");
+    keyed("n, a", "trim", "int32", 1);
+    refused(&t, "n integer []; a string [trim]");
+    assert_eq!(current(), before, "nothing loaded");
+    assert_eq!(runs(&t).len(), 1, "a refused ingest records no run");
+
+    // int32 -> int64 writes the same canonical text: the same key
+    keyed("a, n", "trim", "int64", 1);
+    let out = t.ingest_ok("k", &t.dir.path().join("2.csv"));
+    assert!(
+        out.contains("2 rows seen: 0 inserted, 1 updated, 1 unchanged, 0 failed"),
+        "{out}"
+    );
+
+    // the way to change a key: raise its version, then rekey
+    keyed("a", "trim", "int64", 2);
+    crate::util::assert_ok(&t.run(&["rekey", "k"]));
+    let out = t.ingest_ok("k", &file("3.csv", "a,n,v\nx,1,1\n"));
+    assert!(
+        out.contains("1 rows seen: 0 inserted, 0 updated, 1 unchanged, 0 failed"),
+        "{out}"
+    );
+    let defs: Vec<String> = runs(&t)
+        .iter()
+        .map(|r| r["natural_key_definition"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        defs,
+        [
+            "a string [trim]; n integer []",
+            "a string [trim]; n integer []",
+            "a string [trim]",
+            "a string [trim]",
+        ]
+    );
 }

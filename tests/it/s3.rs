@@ -430,6 +430,7 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         rows_deleted: 0,
         natural_key_version: None,
         previous_natural_key_version: None,
+        natural_key_definition: None,
         replay_of: None,
         error: Some(format!("writer {run_id}")),
         ingot_version: "test".into(),

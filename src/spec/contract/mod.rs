@@ -95,6 +95,16 @@ impl FieldType {
         }
     }
 
+    /// The type as a key's fingerprint sees it: its canonical text. int32 and int64 write the
+    /// same text (`integer`), and a decimal's precision changes no text, its scale does.
+    pub fn key_name(&self) -> String {
+        match self {
+            FieldType::Int32 | FieldType::Int64 => "integer".into(),
+            FieldType::Decimal { scale, .. } => format!("decimal(scale {scale})"),
+            other => other.name(),
+        }
+    }
+
     pub fn name(&self) -> String {
         match self {
             FieldType::Decimal { precision, scale } => format!("decimal({precision},{scale})"),
@@ -225,6 +235,23 @@ pub struct Contract {
 }
 
 impl Contract {
+    /// What the natural key's fingerprints are computed from, apart from its version: each key
+    /// field in key order with its type as canonical text sees it ([`FieldType::key_name`]) and
+    /// its normalize steps, e.g. `hotel_code string [trim, upper]; booking_ref string [trim]`.
+    /// Recorded with every run: a change under the same version is refused at ingest.
+    pub fn key_definition(&self) -> String {
+        self.natural_key
+            .fields
+            .iter()
+            .map(|&i| {
+                let f = &self.fields[i];
+                let steps: Vec<&str> = f.normalize.iter().map(|s| s.name()).collect();
+                format!("{} {} [{}]", f.name, f.ty.key_name(), steps.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// The names of the natural key's fields, in key order.
     pub fn natural_key_names(&self) -> Vec<&str> {
         self.natural_key
