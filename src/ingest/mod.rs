@@ -173,6 +173,8 @@ pub async fn ingest_file(
     let outcome = match read_run_log(&ws.lake).await {
         Ok(runs) => {
             record.seq = crate::table::audit::next_seq(&runs, &contract.source);
+            record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
+            record.finished_at = record.started_at;
             match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
                 Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
                 Err(e) => Err(e),
@@ -192,7 +194,7 @@ pub async fn ingest_file(
             record.rows_unchanged = 0;
             record.rows_failed = 0;
             record.rows_deleted = 0;
-            record.finished_at = ws.now_micros();
+            record.finished_at = ws.now_micros().max(record.started_at);
             commit_run(&ws.lake, &record).await.map(|_| record)
         }
         Err(e) => Err(e),
@@ -232,7 +234,7 @@ async fn run(
         {
             record.status = RunStatus::SkippedDuplicateFile;
             record.error = None;
-            record.finished_at = ws.now_micros();
+            record.finished_at = ws.now_micros().max(record.started_at);
             record.ignored_columns = None;
             commit_run(&ws.lake, record).await?;
             return Ok(());
@@ -374,7 +376,7 @@ async fn load(
     } else {
         RunStatus::Succeeded
     };
-    record.finished_at = ws.now_micros();
+    record.finished_at = ws.now_micros().max(record.started_at);
     if stats.seen != stats.inserted + stats.updated + stats.unchanged + stats.failed {
         return Err(Error::RunFailed(format!(
             "internal error: counts do not reconcile (seen {} != inserted {} + updated {} + unchanged {} + failed {}); nothing was published",

@@ -184,7 +184,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     }
 
     let run_id = ws.new_id();
-    let started_at = ws.now_micros();
+    let started_at = crate::table::audit::not_before(runs, source, ws.now_micros());
     let mut record = RunRecord {
         run_id: run_id.clone(),
         source: source.clone(),
@@ -272,7 +272,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     } else {
         RunStatus::Succeeded
     };
-    record.finished_at = ws.now_micros();
+    record.finished_at = ws.now_micros().max(record.started_at);
     commit_run_record(&ws.lake, &record, "rekey.before_commit").await?;
     Ok(Rekeyed::Run(Box::new(record)))
 }

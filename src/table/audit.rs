@@ -278,6 +278,17 @@ impl RunRecord {
     }
 }
 
+/// The start time of the next run of `source`: `now`, but later than every record of the source
+/// in the run log, so that `ingested_at` never goes backwards within a source however the
+/// host's clock steps (NTP, a resumed VM, a second host with a skewed clock). Taken under the
+/// source's lock with its commit slot, it orders a source's versions as their commits do.
+pub fn not_before(runs: &[RunRecord], source: &str, now: i64) -> i64 {
+    runs.iter()
+        .filter(|r| r.source == source)
+        .map(|r| r.started_at.saturating_add(1))
+        .fold(now, i64::max)
+}
+
 /// Serialize one batch as a complete Parquet file in memory (small audit records).
 pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
     let mut buf = Vec::new();

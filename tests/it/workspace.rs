@@ -125,3 +125,64 @@ async fn runs_builds_and_undos_carry_the_workspaces_clock_and_ids() {
         "rolled back at {at}"
     );
 }
+
+/// The clock of a host steps back between two runs of one source (an NTP step, a resumed VM, a
+/// second host whose clock is behind): the later run's versions still win, and its
+/// `ingested_at` comes after the earlier run's, so `_current` equals that of a lake whose clock
+/// ran forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_that_steps_back_does_not_reorder_a_sources_versions() {
+    let mut currents = Vec::new();
+    for step_back in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(START, SECOND));
+        let ws = workspace(dir.path(), clock.clone());
+        let mut problems = ingot::spec::yaml::Problems::default();
+        let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
+        let hotels = contracts.contracts.get("hotels").unwrap().clone();
+        let opts = IngestOptions::default();
+        let first = ingest_file(&ws, hotels.clone(), &landing("hotels/2026-11-01_hotels.csv"), &opts)
+            .await
+            .unwrap();
+        if step_back {
+            clock.set(START - 86_400 * SECOND);
+        }
+        let second = ingest_file(&ws, hotels, &landing("hotels/2026-11-03_hotels.csv"), &opts)
+            .await
+            .unwrap();
+        assert_eq!((second.rows_inserted, second.rows_updated), (1, 2));
+        assert!(
+            second.started_at > first.started_at,
+            "{} <= {}",
+            second.started_at,
+            first.started_at
+        );
+        if step_back {
+            assert_eq!(
+                second.started_at,
+                first.started_at + 1,
+                "the earliest time after the first run"
+            );
+        }
+        let stamps = rows(
+            &ws,
+            "SELECT ingestion_run_id, max(ingested_at) FROM bronze.hotels GROUP BY ingestion_run_id ORDER BY 1",
+        )
+        .await;
+        assert_eq!(
+            stamps,
+            [
+                ("id-000001".to_string(), first.started_at),
+                ("id-000002".to_string(), second.started_at)
+            ]
+        );
+        let current = rows(
+            &ws,
+            "SELECT hotel_code || ' ' || row_hash || ' ' || ingestion_run_id, 0 FROM bronze.hotels_current ORDER BY 1",
+        )
+        .await;
+        assert_eq!(current.iter().filter(|(r, _)| r.ends_with("id-000002")).count(), 3);
+        currents.push(current);
+    }
+    assert_eq!(currents[0], currents[1]);
+}
