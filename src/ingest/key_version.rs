@@ -45,6 +45,16 @@ pub async fn lake_key_version(ws: &Workspace, runs: &[RunRecord], source: &str) 
         .and_then(|a| a.is_valid(0).then(|| a.value(0))))
 }
 
+/// A key definition without its field names (`a string [trim]; n integer []` ->
+/// `string [trim]; integer []`): what its fingerprints depend on, so renaming a key field in the
+/// contract is not a key change.
+fn key_shape(definition: &str) -> Vec<&str> {
+    definition
+        .split("; ")
+        .map(|part| part.split_once(' ').map_or(part, |(_, rest)| rest))
+        .collect()
+}
+
 /// The run whose keys `source`'s current bronze state has: its latest rekey run, or its newest
 /// loaded run with data since.
 fn newest_keyed<'a>(runs: &'a [RunRecord], source: &str) -> Option<&'a RunRecord> {
@@ -68,7 +78,7 @@ pub async fn check_key_version(ws: &Workspace, runs: &[RunRecord], contract: &Co
              {have} in the contract)"
         ))),
         _ => match newest_keyed(runs, source).and_then(|r| r.natural_key_definition.as_deref()) {
-            Some(have) if have != contract.key_definition() => Err(Error::Invalid(format!(
+            Some(have) if key_shape(have) != key_shape(&contract.key_definition()) => Err(Error::Invalid(format!(
                 "{source}: natural_key changed under version {want}: bronze.{source} is keyed by ({have}), but \
                  {path} says ({now}); that changes every fingerprint, so records delivered again would be \
                  current twice. Raise natural_key.version in {path}, then run `ingot rekey {source}` (or restore \

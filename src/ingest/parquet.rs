@@ -177,15 +177,11 @@ impl ParquetLoader {
                             Some(Value::Str(t)) => Some(t),
                             Some(_) => Some(""),
                         };
-                        let problem = if typed.is_null(row) || f.ty == FieldType::String {
+                        if typed.is_null(row) || f.ty == FieldType::String {
                             key_part_problem(f, text, composite, &mut self.norm, &mut self.scratch)
                         } else {
                             None
-                        };
-                        if problem.is_some() {
-                            key_ok[row] = false;
                         }
-                        problem
                     }
                     other => other,
                 };

@@ -24,6 +24,8 @@ fn normalizes_to_empty(f: &crate::spec::contract::Field, text: &str, norm: &mut 
 /// The rule of a record whose natural key cannot name it unambiguously (docs/formats.md#hashes):
 /// a key part that is null or empty after normalize, or, in a composite key, a part holding the
 /// separator `|`. The fingerprint formula does not escape, so such keys could merge two records.
+/// The record is not loaded, but its key still counts as delivered (its fingerprint is computed
+/// and logged), so a `delivery: full` file never deletes a record it holds.
 pub const NATURAL_KEY_INVALID: &str = "natural_key_invalid";
 
 /// Why the key part `text` (None: null) of key field `f` cannot be part of a fingerprint, if it
@@ -357,9 +359,7 @@ impl RowSink {
                 if let Some(c) = &mut self.texts {
                     c.ok = false;
                 }
-                if self.is_key[i]
-                    && (r.rule.starts_with("type:") || r.rule.starts_with("required:") || r.rule == NATURAL_KEY_INVALID)
-                {
+                if self.is_key[i] && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
                     key_ok = false;
                 }
                 if first.is_none() {

@@ -7,7 +7,8 @@ fn contract(t: &TestLake, name: &str, text: &str) {
     std::fs::write(t.contracts().join(format!("{name}.yaml")), text).unwrap();
 }
 
-/// Failure rows of the lake (rule, reason, record number, whether a fingerprint was kept).
+/// Failure rows of the lake (rule, reason, record number, whether a fingerprint was logged: it is,
+/// so the key counts as delivered and a full delivery never deletes the record it names).
 fn failures(t: &TestLake) -> Vec<std::collections::BTreeMap<String, serde_json::Value>> {
     t.query(
         "SELECT source, source_row_number, rule, reason, natural_key_fingerprint IS NOT NULL AS has_fp \
@@ -79,35 +80,35 @@ natural_key: {version: 1, fields: [phone]}
                 1,
                 "natural_key_invalid",
                 &format!("line 2: a: natural key part \"x|y\" {sep}"),
-                false,
+                true,
             ),
             row(
                 "pairs",
                 2,
                 "natural_key_invalid",
                 &format!("line 3: b: natural key part \"y|z\" {sep}"),
-                false,
+                true,
             ),
             row(
                 "pairs",
                 3,
                 "natural_key_invalid",
                 "line 4: a: natural key part is missing (null), so the record has no identity",
-                false,
+                true,
             ),
             row(
                 "phones",
                 1,
                 "natural_key_invalid",
                 &format!("line 2: phone: natural key part \"N/A\" {empty}"),
-                false,
+                true,
             ),
             row(
                 "phones",
                 2,
                 "natural_key_invalid",
                 &format!("line 3: phone: natural key part \"unknown\" {empty}"),
-                false,
+                true,
             ),
         ],
         "failures",
@@ -161,21 +162,21 @@ natural_key: {version: 1, fields: [a, n]}
                 1,
                 "natural_key_invalid",
                 "a: natural key part \"x|y\" contains the separator |, which makes a composite key ambiguous (\"a|b\",\"c\" and \"a\",\"b|c\" would be one record)",
-                false,
+                true,
             ),
             row(
                 "pq",
                 2,
                 "natural_key_invalid",
                 "a: natural key part \"  \" is empty after normalize, so the record has no identity",
-                false,
+                true,
             ),
             row(
                 "pq",
                 3,
                 "natural_key_invalid",
                 "n: natural key part is missing (null), so the record has no identity",
-                false,
+                true,
             ),
         ],
         "failures",
@@ -264,4 +265,44 @@ fn a_key_edited_without_raising_its_version_is_refused() {
             "a string [trim]",
         ]
     );
+}
+
+/// Renaming a key field in the contract (after an upstream rename) is not a key change: the
+/// fingerprint never includes field names. A key field may not say `missing: null`.
+#[test]
+fn a_renamed_key_field_is_the_same_key_and_a_key_field_is_never_optional() {
+    let t = TestLake::new();
+    let write = |name: &str, missing: &str| {
+        contract(
+            &t,
+            "r",
+            &format!(
+                "source: r\nversion: 1\nfields:\n  - {{name: {name}, type: string{missing}}}\n  - {{name: v, type: int32}}\n\
+                 natural_key: {{version: 1, fields: [{name}]}}\n"
+            ),
+        )
+    };
+    write("code", "");
+    let file = |name: &str, body: &str| {
+        let p = t.dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    t.ingest_ok("r", &file("1.csv", "code,v\nx,1\n"));
+    write("product_code", "");
+    let out = t.ingest_ok("r", &file("2.csv", "product_code,v\nx,1\ny,2\n"));
+    assert!(
+        out.contains("2 rows seen: 1 inserted, 0 updated, 1 unchanged, 0 failed"),
+        "{out}"
+    );
+
+    write("product_code", ", missing: null");
+    let out = t.run(&["check"]);
+    assert_eq!(out.status.code(), Some(2));
+    let want = format!(
+        "{}:6:14: natural key field \"product_code\" says missing: null; a key field must be in every file (a file \
+         without it could not name its records)",
+        t.contracts().join("r.yaml").display()
+    );
+    assert!(stderr(&out).contains(&want), "{}\nwant: {want}", stderr(&out));
 }

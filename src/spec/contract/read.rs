@@ -103,6 +103,20 @@ impl ContractReader<'_> {
             None => Some(Vec::new()),
             Some(n) => self.read_resolve(n),
         };
+        if let (Some(fields), Some(key), Some(n)) = (&fields, &natural_key, map.get("natural_key")) {
+            for &i in &key.fields {
+                if fields[i].may_be_missing {
+                    self.err(
+                        n.pos,
+                        format!(
+                            "natural key field \"{}\" says missing: null; a key field must be in every file \
+                             (a file without it could not name its records)",
+                            fields[i].name
+                        ),
+                    );
+                }
+            }
+        }
         Some(Contract {
             path: file,
             source: source?,
