@@ -75,13 +75,16 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
             UnknownFields::Ignore => map.ignored = unknown,
         }
     }
-    let missing: Vec<&str> = contract
+    // Declared fields the input lacks (a required field can never say `missing: null`); the
+    // required ones are named first, on their own.
+    let absent: Vec<&crate::spec::contract::Field> = contract
         .fields
         .iter()
         .zip(&map.field_column)
-        .filter(|(f, c)| f.required && c.is_none())
-        .map(|(f, _)| f.name.as_str())
+        .filter(|(f, c)| !f.may_be_missing && c.is_none())
+        .map(|(f, _)| f)
         .collect();
+    let missing: Vec<&str> = absent.iter().filter(|f| f.required).map(|f| f.name.as_str()).collect();
     if !missing.is_empty() {
         return Err(Error::RunFailed(format!(
             "{at}: required column{} {} missing; the columns are: {}",
@@ -90,13 +93,7 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
             names.join(", ")
         )));
     }
-    let absent: Vec<&str> = contract
-        .fields
-        .iter()
-        .zip(&map.field_column)
-        .filter(|(f, c)| !f.may_be_missing && c.is_none())
-        .map(|(f, _)| f.name.as_str())
-        .collect();
+    let absent: Vec<&str> = absent.iter().map(|f| f.name.as_str()).collect();
     if !absent.is_empty() {
         let renamed = if map.ignored.is_empty() {
             String::new()

@@ -171,17 +171,14 @@ impl ParquetLoader {
                     Some(v) => check_value(f, &v, &mut self.norm, &mut self.scratch),
                 };
                 let rej = match rej {
+                    // a non-string part is only checked for null (its text is never empty, has no `|`)
                     None if is_key => {
                         let text = match value_at(&typed, f, row) {
                             None => None,
                             Some(Value::Str(t)) => Some(t),
                             Some(_) => Some(""),
                         };
-                        if typed.is_null(row) || f.ty == FieldType::String {
-                            key_part_problem(f, text, composite, &mut self.norm, &mut self.scratch)
-                        } else {
-                            None
-                        }
+                        key_part_problem(f, text, composite, &mut self.norm, &mut self.scratch)
                     }
                     other => other,
                 };

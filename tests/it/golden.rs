@@ -41,25 +41,30 @@ const COMMANDS: &[&[&str]] = &[
 /// directory and the repository's.
 struct Filter {
     tmp: String,
+    repo: String,
     ids: BTreeMap<String, String>,
+    id: Regex,
+    time: Regex,
+    duration: Regex,
 }
 
 impl Filter {
     fn new(tmp: &Path) -> Filter {
         Filter {
             tmp: tmp.display().to_string(),
+            repo: repo().display().to_string(),
             ids: BTreeMap::new(),
+            id: Regex::new(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b").unwrap(),
+            time: Regex::new(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?").unwrap(),
+            duration: Regex::new(r"\b\d+(\.\d+)? ?(ms|s)\b").unwrap(),
         }
     }
 
     fn apply(&mut self, text: &str) -> String {
-        let text = text
-            .replace(&self.tmp, "<tmp>")
-            .replace(&repo().display().to_string(), "<repo>");
-        let id = Regex::new(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b").unwrap();
+        let text = text.replace(&self.tmp, "<tmp>").replace(&self.repo, "<repo>");
         let mut out = String::new();
         let mut last = 0;
-        for m in id.find_iter(&text) {
+        for m in self.id.find_iter(&text) {
             out.push_str(&text[last..m.start()]);
             let n = self.ids.len();
             out.push_str(
@@ -70,10 +75,8 @@ impl Filter {
             last = m.end();
         }
         out.push_str(&text[last..]);
-        let time = Regex::new(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?").unwrap();
-        let out = time.replace_all(&out, "<time>");
-        let dur = Regex::new(r"\b\d+(\.\d+)? ?(ms|s)\b").unwrap();
-        dur.replace_all(&out, "<dur>").into_owned()
+        let out = self.time.replace_all(&out, "<time>");
+        self.duration.replace_all(&out, "<dur>").into_owned()
     }
 }
 
