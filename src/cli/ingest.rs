@@ -71,10 +71,13 @@ pub fn describe(r: &RunRecord) -> String {
             r.rows_updated,
             r.rows_unchanged,
             r.rows_failed,
-            if r.rows_deleted > 0 {
-                format!("; {} deleted (not in this full delivery)", r.rows_deleted)
-            } else {
-                String::new()
+            match (r.rows_deleted, r.rows_superseded) {
+                (0, 0) => String::new(),
+                (0, s) => format!(
+                    "; {s} of the failed superseded (a later run delivered their keys: not loaded, \
+                     rule replay_superseded)"
+                ),
+                (d, _) => format!("; {d} deleted (not in this full delivery)"),
             },
             r.ignored_columns
                 .as_deref()
@@ -98,6 +101,7 @@ fn record_json(r: &RunRecord) -> String {
         "rows_unchanged": r.rows_unchanged,
         "rows_failed": r.rows_failed,
         "rows_deleted": r.rows_deleted,
+        "rows_superseded": r.rows_superseded,
         "error": r.error,
         "ignored_columns": r.ignored_columns,
     })

@@ -10,15 +10,15 @@
 //! Tables are listing tables over the explicit list of files named by committed run records, so
 //! an uncommitted (crashed) run is invisible by construction and the same plans can later be
 //! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
-//! `natural_key_fingerprint` (newest `ingested_at`, then run id) over the runs since the source's
+//! `natural_key_fingerprint` (the one of the latest committed run: commit order, never a clock) over the runs since the source's
 //! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
 //! (`is_deleted`).
 
 use std::sync::Arc;
 
 use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
-use datafusion::logical_expr::ExprFunctionExt;
-use datafusion::prelude::{SessionContext, col, lit};
+use datafusion::logical_expr::{ExprFunctionExt, JoinType, LogicalPlanBuilder};
+use datafusion::prelude::{DataFrame, SessionContext, col, lit};
 
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
@@ -115,27 +115,58 @@ async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract,
     let name = format!("bronze.{}", contract.source);
     let all = files(bronze_runs(runs, &contract.source));
     ctx.register_table(name.as_str(), table_over(all, contract.bronze_schema())?)?;
-    let current_files = files(current_runs(runs, &contract.source));
-    let rn = datafusion::functions_window::expr_fn::row_number()
-        .partition_by(vec![col("natural_key_fingerprint")])
-        .order_by(vec![
-            col("ingested_at").sort(false, true),
-            col("ingestion_run_id").sort(false, true),
-        ])
-        .build()?
-        .alias("__ingot_rn");
-    let current = ctx
-        .read_table(table_over(current_files, contract.bronze_schema())?)?
-        .window(vec![rn])?
-        .filter(col("__ingot_rn").eq(lit(1u64)))?
-        .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
-        .drop_columns(&["__ingot_rn"])?;
+    let current = current_frame(ctx, lake, contract, &current_runs(runs, &contract.source))?;
     ctx.register_table(
         format!("bronze.{}_current", contract.source).as_str(),
         current.into_view(),
     )?;
     Ok(())
 }
+
+/// The latest version of every record over `current` (runs of one source in commit order, as
+/// [`current_runs`] gives them), tombstones left out: `bronze.<source>_current`. Versions rank
+/// by the commit slot of the run that wrote them (a run holds one row per fingerprint), never
+/// by a clock; the slots travel as a small `VALUES` relation joined on the run id, so the plan
+/// still ships to a cluster.
+pub fn current_frame(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+    current: &[&RunRecord],
+) -> Result<DataFrame> {
+    let files: Vec<String> = current
+        .iter()
+        .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+        .collect();
+    let versions = ctx.read_table(table_over(files, contract.bronze_schema())?)?;
+    if current.is_empty() {
+        return Ok(versions);
+    }
+    let slots = LogicalPlanBuilder::values(
+        current
+            .iter()
+            .map(|r| vec![lit(r.run_id.clone()), lit(r.seq as i64)])
+            .collect(),
+    )?
+    .project(vec![col("column1").alias(RUN), col("column2").alias(SLOT)])?
+    .build()?;
+    let slots = DataFrame::new(ctx.state(), slots);
+    let rn = datafusion::functions_window::expr_fn::row_number()
+        .partition_by(vec![col("natural_key_fingerprint")])
+        .order_by(vec![col(SLOT).sort(false, true)])
+        .build()?
+        .alias(RN);
+    Ok(versions
+        .join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?
+        .window(vec![rn])?
+        .filter(col(RN).eq(lit(1u64)))?
+        .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
+        .drop_columns(&[RUN, SLOT, RN])?)
+}
+
+const RUN: &str = "__ingot_run";
+const SLOT: &str = "__ingot_slot";
+const RN: &str = "__ingot_rn";
 
 /// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,
 /// including the history from before a rekey.

@@ -167,6 +167,8 @@ pub async fn ingest_file(
         natural_key_version: Some(contract.natural_key.version as i32),
         previous_natural_key_version: None,
         natural_key_definition: Some(contract.key_definition()),
+        rows_superseded: 0,
+        contract_fields: Some(contract.fields_definition()),
         seq: 0,
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
@@ -194,6 +196,7 @@ pub async fn ingest_file(
             record.rows_unchanged = 0;
             record.rows_failed = 0;
             record.rows_deleted = 0;
+            record.rows_superseded = 0;
             record.finished_at = ws.now_micros().max(record.started_at);
             commit_run(&ws.lake, &record).await.map(|_| record)
         }
@@ -309,6 +312,12 @@ async fn load(
     let keys = current_keys.max(estimate_rows(path, record.file_bytes as u64, lines));
     let bits = spill::partition_bits(keys, index_budget(ws));
     let snapshot = record.clone();
+    let superseding = match &opts.replay {
+        Some(replay) => Some(
+            crate::ingest::replay::superseding(&ctx, ws.cluster.as_deref(), &ws.lake, replay, &current, runs).await?,
+        ),
+        None => None,
+    };
     let input = RunInput {
         ws,
         contract,
@@ -319,6 +328,7 @@ async fn load(
         digest,
         ctx: &ctx,
         delete_from: full.then_some(committed.as_slice()),
+        superseding: superseding.as_ref(),
     };
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
@@ -329,7 +339,7 @@ async fn load(
             })
             .await?;
         }
-        match write_pass(&input, &mut index, false).await? {
+        match write_pass(&input, &mut index, opts.replay.is_some()).await? {
             PassOutcome::Done(stats) => stats,
             PassOutcome::Rerun => {
                 // Conflicting keys were found: redo the pass knowing them, keeping raw records
@@ -354,7 +364,7 @@ async fn load(
             1u32 << bits
         );
         let mut planned = spill::plan(&ctx, &input, &committed, bits, full).await?;
-        let keep_raw = !planned.conflicts.is_empty();
+        let keep_raw = !planned.conflicts.is_empty() || opts.replay.is_some();
         match write_pass(&input, &mut planned, keep_raw).await? {
             PassOutcome::Done(stats) => stats,
             PassOutcome::Rerun => return Err(Error::Internal("a planned pass found new conflicts".into())),
@@ -366,6 +376,7 @@ async fn load(
     record.rows_unchanged = stats.unchanged as i64;
     record.rows_failed = stats.failed as i64;
     record.rows_deleted = stats.deleted as i64;
+    record.rows_superseded = stats.superseded as i64;
     record.ignored_columns = if stats.ignored.is_empty() {
         None
     } else {

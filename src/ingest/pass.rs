@@ -367,6 +367,8 @@ pub struct Stats {
     pub failed: u64,
     /// Tombstones written (a full delivery).
     pub deleted: u64,
+    /// Replayed records a later run had delivered (counted in `failed` too).
+    pub superseded: u64,
     pub ignored: Vec<String>,
 }
 
@@ -399,6 +401,8 @@ pub struct RunInput<'a> {
     /// For a `delivery: full` file: the bronze files of the source's current state (oldest
     /// first), read again after the pass to write the tombstones. `None`: nothing is deleted.
     pub delete_from: Option<&'a [String]>,
+    /// For a replay: the keys runs after the original delivered (their rows are not loaded).
+    pub superseding: Option<&'a super::replay::Superseding>,
 }
 
 /// Parse the file and write the run's data and failure files, asking `classifier` the fate of
@@ -414,6 +418,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         digest,
         ctx,
         delete_from,
+        superseding,
     } = *input;
     let mut producer = spawn_producer(contract, path, opts, hashers, keep_raw);
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
@@ -462,6 +467,24 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
             }
             let (key, row) = hashed.key(i);
             let row_number = batch.row_numbers.value(i) as u64;
+            if let Some(later) = superseding.and_then(|s| s.by(key).map(|by| (s, by))) {
+                stats.failed += 1;
+                stats.superseded += 1;
+                failures
+                    .push(FailureRow {
+                        source_row_number: Some(row_number as i64),
+                        natural_key_fingerprint: Some(hashed.fp.value(i).to_string()),
+                        raw_payload: batch.raw.as_ref().map(|r| r.value(i).to_string()).unwrap_or_default(),
+                        rule: super::replay::REPLAY_SUPERSEDED.into(),
+                        reason: format!(
+                            "run {} (committed after run {}) delivered this key: the replayed version is older, so \
+                             it is not loaded (undo that run first to make it current)",
+                            later.1, later.0.original
+                        ),
+                    })
+                    .await?;
+                continue;
+            }
             match classifier.classify(key, row, row_number) {
                 Fate::Inserted => {
                     stats.inserted += 1;

@@ -7,9 +7,13 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
+use std::collections::HashMap;
+
 use datafusion::arrow::array::Int64Array;
+use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
+use crate::ingest::keys::{Fp, scan_versions};
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{IngestOptions, Loader};
 use crate::spec::contract::{Contract, Format};
@@ -27,6 +31,9 @@ pub struct Replay {
     pub file_path: String,
     /// SHA-256 of the contract file used.
     pub contract_sha256: String,
+    /// The loaded runs of the source committed after the original, as `ingot replay` saw them
+    /// (kept in the note: a replay of the same rows is pointless only while these are the same).
+    pub later_runs: Vec<String>,
 }
 
 /// `replay.json` of a replay run.
@@ -35,6 +42,67 @@ pub(crate) struct ReplayNote {
     pub replay_of: String,
     pub rows: Vec<i64>,
     pub contract_sha256: String,
+    #[serde(default)]
+    pub later_runs: Vec<String>,
+}
+
+/// Rule of a replayed record that is not loaded because a later run delivered its key.
+pub const REPLAY_SUPERSEDED: &str = "replay_superseded";
+
+/// A replayed record keeps its place in time: it counts as delivered by its original run, so it
+/// never supersedes a version a run committed after the original delivered (a newer version, or a
+/// tombstone). The keys those runs delivered, each with the latest such run.
+pub struct Superseding {
+    pub original: String,
+    keys: HashMap<Fp, u32>,
+    runs: Vec<String>,
+}
+
+impl Superseding {
+    /// The run committed after the original that delivered `key` last, if any.
+    pub fn by(&self, key: Fp) -> Option<&str> {
+        self.keys.get(&key).map(|&i| self.runs[i as usize].as_str())
+    }
+}
+
+/// The runs of `current` (one source's current state, in commit order) committed after run
+/// `original`, other than its own replays (their records count as the original's).
+pub fn later_runs<'a>(current: &[&'a RunRecord], runs: &[&RunRecord], original: &str) -> Vec<&'a RunRecord> {
+    let Some(slot) = runs.iter().find(|r| r.run_id == original).map(|r| r.seq) else {
+        return Vec::new();
+    };
+    current
+        .iter()
+        .copied()
+        .filter(|r| r.seq > slot && r.replay_of.as_deref() != Some(original))
+        .collect()
+}
+
+/// Read the keys of the runs after the replay's original (under the source's lock). Memory: 20
+/// bytes per distinct key those runs hold; a replay is rare and its input small.
+pub async fn superseding(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    replay: &Replay,
+    current: &[&RunRecord],
+    runs: &[&RunRecord],
+) -> Result<Superseding> {
+    let later = later_runs(current, runs, &replay.of);
+    let mut keys = HashMap::new();
+    for (i, r) in later.iter().enumerate() {
+        let url = lake.url(&layout::bronze_data(&r.source, &r.run_id));
+        scan_versions(ctx, cluster, &url, |fp, _| {
+            keys.insert(fp, i as u32);
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(Superseding {
+        original: replay.of.clone(),
+        keys,
+        runs: later.iter().map(|r| r.run_id.clone()).collect(),
+    })
 }
 
 pub(crate) fn header_rel(run_id: &str) -> String {
@@ -59,6 +127,7 @@ pub async fn keep_run_files(
             replay_of: r.of.clone(),
             rows: r.row_numbers.clone(),
             contract_sha256: r.contract_sha256.clone(),
+            later_runs: r.later_runs.clone(),
         };
         let bytes = serde_json::to_vec(&note).map_err(|e| Error::RunFailed(format!("replay note: {e}")))?;
         lake.put(&note_rel(&record.run_id), bytes.into()).await?;

@@ -209,6 +209,8 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         natural_key_version: Some(new_version),
         previous_natural_key_version: Some(old_version),
         natural_key_definition: Some(contract.key_definition()),
+        rows_superseded: 0,
+        contract_fields: Some(contract.fields_definition()),
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;

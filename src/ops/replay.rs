@@ -171,7 +171,13 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
         )));
     }
     let rows: Vec<i64> = pending.iter().map(|(n, _)| *n).collect();
-    if let Some(last) = same_as_last_replay(ws, &runs, &run.run_id, &rows, &contract_sha256).await? {
+    let source_runs: Vec<&RunRecord> = runs.iter().filter(|r| r.source == run.source).collect();
+    let current = crate::engine::catalog::current_runs(source_runs.iter().copied(), &run.source);
+    let later_runs: Vec<String> = crate::ingest::replay::later_runs(&current, &source_runs, &run.run_id)
+        .iter()
+        .map(|r| r.run_id.clone())
+        .collect();
+    if let Some(last) = same_as_last_replay(ws, &runs, &run.run_id, &rows, &contract_sha256, &later_runs).await? {
         return Ok(Replayed::Nothing(format!(
             "the {} rows of run {} that still fail were replayed by run {} with this same contract file; \
              change the contract first (e.g. add the missing allowed value), then replay",
@@ -188,19 +194,22 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
         row_numbers: rows,
         file_path: format!("{} (replay)", run.file_path),
         contract_sha256,
+        later_runs,
     }));
     let record = crate::ingest::ingest_file(ws, contract, &input, &opts).await?;
     Ok(Replayed::Run(Box::new(record)))
 }
 
 /// The last replay of `root`, when it already replayed all of `rows` with the same contract file
-/// (`contract_sha256`): the same rows would fail the same way again.
+/// (`contract_sha256`) while the same runs came after the original (`later_runs`): the same rows
+/// would fail, or be superseded, the same way again.
 async fn same_as_last_replay(
     ws: &Workspace,
     runs: &[RunRecord],
     root: &str,
     rows: &[i64],
     contract_sha256: &str,
+    later_runs: &[String],
 ) -> Result<Option<String>> {
     let last = runs
         .iter()
@@ -213,7 +222,9 @@ async fn same_as_last_replay(
         return Ok(None);
     };
     let same = serde_json::from_slice::<ReplayNote>(&bytes).is_ok_and(|note| {
-        rows.iter().all(|r| note.rows.binary_search(r).is_ok()) && note.contract_sha256 == contract_sha256
+        rows.iter().all(|r| note.rows.binary_search(r).is_ok())
+            && note.contract_sha256 == contract_sha256
+            && note.later_runs == later_runs
     });
     Ok(same.then(|| last.run_id.clone()))
 }

@@ -6,8 +6,8 @@
 //! the first 32 hex characters; SHA-256 makes two records sharing one astronomically unlikely)
 //! and a version by the bronze run that wrote it: a run holds at most one row per fingerprint, so
 //! `(fingerprint, run)` names a version exactly and a record's current version is the one of the
-//! newest run (latest `ingested_at`, then run id: the order of `bronze.<source>_current`) that
-//! has it.
+//! latest committed run (highest commit slot: the order of `bronze.<source>_current`) that has
+//! it.
 //!
 //! [`Keys`] holds the build's decisions per record; the UDFs ([`pick_udf`], [`in_set_udf`],
 //! [`fp128_udf`]) let plans filter by them.

@@ -9,7 +9,8 @@
 //! columns dropped under `unknown_fields: ignore`, null when none), `rolled_back_at` (set by
 //! `ingot undo`), `rows_deleted` (tombstones of a `delivery: full` run), `natural_key_version`
 //! (the key version of the fingerprints the run wrote) and `previous_natural_key_version` (set only
-//! on the run of an `ingot rekey`: the key version it migrated from), `natural_key_definition`.
+//! on the run of an `ingot rekey`: the key version it migrated from), `natural_key_definition`,
+//! `rows_superseded` (replayed records a later run had delivered) and `contract_fields`.
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
 //! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
@@ -113,6 +114,15 @@ pub struct RunRecord {
     ///
     /// [`Contract::key_definition`]: crate::spec::contract::Contract::key_definition
     pub natural_key_definition: Option<String>,
+    /// Replayed records not loaded because a run committed after the original delivered their key
+    /// (rule `replay_superseded`; counted in `rows_failed` too). Extension column; null reads as 0.
+    pub rows_superseded: i64,
+    /// The contract fields the run's bronze file was written under, in order
+    /// ([`Contract::fields_definition`]: `name type`, ` volatile` when so, `, ` between): what its
+    /// `row_hash` covers. Extension column; null in older records (read as the current contract's).
+    ///
+    /// [`Contract::fields_definition`]: crate::spec::contract::Contract::fields_definition
+    pub contract_fields: Option<String>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -165,6 +175,8 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("natural_key_version", DataType::Int32, true),
         Field::new("previous_natural_key_version", DataType::Int32, true),
         Field::new("natural_key_definition", DataType::Utf8, true),
+        Field::new("rows_superseded", DataType::Int64, true),
+        Field::new("contract_fields", DataType::Utf8, true),
     ]))
 }
 
@@ -230,6 +242,8 @@ impl RunRecord {
                 self.previous_natural_key_version,
             ])),
             str_array(self.natural_key_definition.as_deref()),
+            i64_array(self.rows_superseded),
+            str_array(self.contract_fields.as_deref()),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -269,6 +283,11 @@ impl RunRecord {
                 previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
                 natural_key_definition: match c.batch.column_by_name("natural_key_definition") {
                     Some(_) => c.opt("natural_key_definition", r)?,
+                    None => None,
+                },
+                rows_superseded: c.opt_i64("rows_superseded", r)?.unwrap_or(0),
+                contract_fields: match c.batch.column_by_name("contract_fields") {
+                    Some(_) => c.opt("contract_fields", r)?,
                     None => None,
                 },
                 seq: 0,

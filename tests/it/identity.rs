@@ -306,3 +306,99 @@ fn a_renamed_key_field_is_the_same_key_and_a_key_field_is_never_optional() {
     );
     assert!(stderr(&out).contains(&want), "{}\nwant: {want}", stderr(&out));
 }
+
+const PRICES: &str = r#"source: prices
+version: 1
+fields:
+  - {name: sku, type: string, required: true}
+  - {name: price, type: int32, max: 100}
+natural_key: {version: 1, fields: [sku]}
+"#;
+
+/// `_current` of `prices` as (sku, price, run that wrote it).
+fn current_prices(t: &TestLake) -> Vec<std::collections::BTreeMap<String, serde_json::Value>> {
+    t.query("SELECT sku, price, ingestion_run_id AS run FROM bronze.prices_current ORDER BY sku")
+}
+
+fn price(sku: &str, price: i64, run: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    serde_json::from_value(serde_json::json!({"sku": sku, "price": price, "run": run})).unwrap()
+}
+
+fn run_ids(t: &TestLake) -> Vec<String> {
+    t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at")
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_replayed_row_never_supersedes_a_later_delivery() {
+    let t = TestLake::new();
+    contract(&t, "prices", PRICES);
+    let monday = t.dir.path().join("monday.csv");
+    std::fs::write(&monday, "sku,price\nk1,150\nk2,160\nk3,5\n").unwrap();
+    let tuesday = t.dir.path().join("tuesday.csv");
+    std::fs::write(&tuesday, "sku,price\nk1,20\n").unwrap();
+    t.ingest_ok("prices", &monday);
+    t.ingest_ok("prices", &tuesday);
+    let [mon, tue] = <[String; 2]>::try_from(run_ids(&t)).unwrap();
+
+    // the contract is fixed and Monday replayed: k1 was delivered again on Tuesday, so Monday's
+    // older price stays out; k2 nobody delivered since, so it loads
+    contract(&t, "prices", &PRICES.replace("max: 100", "max: 1000"));
+    let out = t.run(&["replay", &mon]);
+    let said = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        said.contains("2 rows seen: 1 inserted, 0 updated, 0 unchanged, 1 failed; 1 of the failed superseded"),
+        "{said}"
+    );
+    let replay = run_ids(&t)[2].clone();
+    assert_same_rows(
+        &current_prices(&t),
+        &[price("k1", 20, &tue), price("k2", 160, &replay), price("k3", 5, &mon)],
+        "after the replay",
+    );
+    let logged = t.query(&format!(
+        "SELECT source_row_number, rule, reason, raw_payload FROM audit.row_failure_log WHERE run_id = '{replay}'"
+    ));
+    assert_same_rows(
+        &logged,
+        &[serde_json::from_value(serde_json::json!({
+            "source_row_number": 1,
+            "rule": "replay_superseded",
+            "reason": format!(
+                "run {tue} (committed after run {mon}) delivered this key: the replayed version is older, so it is \
+                 not loaded (undo that run first to make it current)"
+            ),
+            "raw_payload": "k1,150",
+        }))
+        .unwrap()],
+        "the superseded row",
+    );
+    let runs = t.query(&format!(
+        "SELECT rows_superseded, rows_failed FROM audit.ingestion_run_log WHERE run_id = '{replay}'"
+    ));
+    assert_eq!(runs[0]["rows_superseded"], 1);
+    assert_eq!(runs[0]["rows_failed"], 1);
+    let listed = stdout(&t.run(&["failures", "--run", &replay]));
+    assert!(listed.contains("replay_superseded"), "{listed}");
+
+    // the same replay again changes nothing; once Tuesday is undone, Monday's version is the
+    // latest delivery of k1 and the replay may load it
+    let said = stdout(&t.run(&["replay", &mon]));
+    assert!(said.contains("that still fail were replayed by run"), "{said}");
+    assert!(t.run(&["undo", &tue]).status.success());
+    let out = t.run(&["replay", &mon]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again = run_ids(&t)[3].clone();
+    assert_same_rows(
+        &current_prices(&t),
+        &[
+            price("k1", 150, &again),
+            price("k2", 160, &replay),
+            price("k3", 5, &mon),
+        ],
+        "after undoing Tuesday and replaying again",
+    );
+}

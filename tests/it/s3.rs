@@ -431,6 +431,8 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         natural_key_version: None,
         previous_natural_key_version: None,
         natural_key_definition: None,
+        rows_superseded: 0,
+        contract_fields: None,
         replay_of: None,
         error: Some(format!("writer {run_id}")),
         ingot_version: "test".into(),

@@ -83,18 +83,15 @@ pub(super) async fn delta_base<'a>(
     if seen.len() != before.len() {
         return Ok(Err(format!("a run build {} read was undone since", prev.build_id)));
     }
-    let newest = seen.iter().map(|r| (r.started_at, r.run_id.as_str())).max();
+    let newest = seen.iter().map(|r| r.seq).max();
     let new_runs: Vec<&'a RunRecord> = runs
         .iter()
         .filter(|r| !before.contains(r.run_id.as_str()))
         .copied()
         .collect();
-    if new_runs
-        .iter()
-        .any(|r| newest.is_some_and(|n| (r.started_at, r.run_id.as_str()) <= n))
-    {
+    if new_runs.iter().any(|r| newest.is_some_and(|n| r.seq <= n)) {
         return Ok(Err(format!(
-            "a run committed since started before one build {} read",
+            "a run committed since took a slot before one build {} read",
             prev.build_id
         )));
     }

@@ -33,10 +33,11 @@ fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Ve
     Ok(dict.keys().values().iter().map(|k| mapped[*k as usize]).collect())
 }
 
-/// Runs whose bronze file the build reads, newest first (the order of `bronze.<source>_current`).
+/// Runs whose bronze file the build reads, latest committed first (the order of
+/// `bronze.<source>_current`: commit slots, never a clock).
 pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
     let mut runs = crate::engine::catalog::current_runs(&catalog.runs, source);
-    runs.sort_by(|a, b| (b.started_at, &b.run_id).cmp(&(a.started_at, &a.run_id)));
+    runs.sort_by(|a, b| b.seq.cmp(&a.seq));
     runs
 }
 

@@ -252,6 +252,20 @@ impl Contract {
             .join("; ")
     }
 
+    /// Every field in contract order with its type and, when so, `volatile`, e.g.
+    /// `booking_id string, amount decimal(10,2), seen_at timestamp volatile`. Recorded with every
+    /// run: it says which columns its bronze file has and what its `row_hash` covers.
+    pub fn fields_definition(&self) -> String {
+        self.fields
+            .iter()
+            .map(|f| {
+                let v = if f.volatile { " volatile" } else { "" };
+                format!("{} {}{v}", f.name, f.ty.name())
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The names of the natural key's fields, in key order.
     pub fn natural_key_names(&self) -> Vec<&str> {
         self.natural_key
