@@ -42,9 +42,10 @@ bench: protoc
 	bash scripts/bench.sh
 
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON
-## loader); failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`
+## loader; failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`)
+## and the model-based test of tests/it/model.rs with 200 cases instead of 6
 fuzz:
-	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: --test-threads 2
+	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} INGOT_MODEL_CASES=$${INGOT_MODEL_CASES:-200} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: model:: --test-threads 2
 
 ## lint: formatting and clippy
 lint: protoc

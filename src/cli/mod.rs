@@ -234,7 +234,7 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         crate::engine::exec::check_cluster(url).await?;
     }
     match &cli.command {
-        Command::Check => check::run(&cli),
+        Command::Check => check::run(&cli).await,
         Command::Ingest(args) => ingest::run(&cli, args).await,
         Command::Sql(args) => sql::run(&cli, args).await,
         Command::Build(args) => build::run(&cli, args).await,

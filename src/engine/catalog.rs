@@ -28,6 +28,7 @@ use crate::table::audit::{
     BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log, read_run_log,
     run_log_schema,
 };
+use crate::table::evolve::{read_stored, stored_runs};
 use crate::table::lake::{Lake, layout};
 pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 
@@ -56,7 +57,7 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
 pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> {
     let ctx = ws.session()?;
     let mut problems = Problems::default();
-    let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
+    let mut contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
     let runs = read_run_log(&ws.lake).await?;
     let builds = read_build_log(&ws.lake).await?;
     let cutoff = as_of.map(|a| as_of_micros(a, &builds)).transpose()?;
@@ -66,8 +67,20 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     for schema in ["bronze", "silver", "audit"] {
         catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
     }
+    let mut unreadable = Vec::new();
     for contract in contracts.contracts.values() {
-        register_bronze(&ctx, &ws.lake, contract, &runs).await?;
+        // A source whose runs its contract cannot read is left out, like a contract that does
+        // not load; the rest of the lake stays queryable.
+        match register_bronze(&ctx, &ws.lake, contract, &runs).await {
+            Err(Error::Invalid(why)) => {
+                problems.push(&contract.path, crate::spec::yaml::Pos { line: 1, column: 1 }, why);
+                unreadable.push(contract.source.clone());
+            }
+            other => other?,
+        }
+    }
+    for source in unreadable {
+        contracts.contracts.remove(&source);
     }
     let run_files: Vec<String> = runs
         .iter()
@@ -107,14 +120,10 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
 }
 
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let files = |runs: Vec<&RunRecord>| -> Vec<String> {
-        runs.into_iter()
-            .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-            .collect()
-    };
+    let all = stored_runs(lake, contract, &bronze_runs(runs, &contract.source))?;
     let name = format!("bronze.{}", contract.source);
-    let all = files(bronze_runs(runs, &contract.source));
-    ctx.register_table(name.as_str(), table_over(all, contract.bronze_schema())?)?;
+    let everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
+    ctx.register_table(name.as_str(), everything.into_view())?;
     let current = current_frame(ctx, lake, contract, &current_runs(runs, &contract.source))?;
     ctx.register_table(
         format!("bronze.{}_current", contract.source).as_str(),
@@ -134,11 +143,8 @@ pub fn current_frame(
     contract: &Contract,
     current: &[&RunRecord],
 ) -> Result<DataFrame> {
-    let files: Vec<String> = current
-        .iter()
-        .map(|r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-        .collect();
-    let versions = ctx.read_table(table_over(files, contract.bronze_schema())?)?;
+    let stored = stored_runs(lake, contract, current)?;
+    let versions = read_stored(ctx, contract, &stored.iter().collect::<Vec<_>>())?;
     if current.is_empty() {
         return Ok(versions);
     }

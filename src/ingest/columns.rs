@@ -100,9 +100,11 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
         } else {
             format!(
                 "; the file has column{} the contract does not declare: {} (renamed upstream? then \
-                 rename the field in the contract)",
+                 rename the field in the contract and add `renamed_from: {}` to it, so the runs loaded \
+                 before read under the new name)",
                 if map.ignored.len() > 1 { "s" } else { "" },
-                quoted(&map.ignored)
+                quoted(&map.ignored),
+                absent[0]
             )
         };
         return Err(Error::RunFailed(format!(

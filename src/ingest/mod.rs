@@ -30,8 +30,7 @@ use crate::error::{Error, Result};
 use crate::spec::contract::{Contract, Delivery, Format};
 use crate::table::audit::{RunRecord, RunStatus, commit_run, read_run_log};
 use crate::table::failpoint;
-use crate::table::lake::layout;
-use keys::{InMemory, scan_versions};
+use keys::{InMemory, scan_stored};
 use pass::{Hashers, PassOutcome, RunInput, write_pass};
 use sink::ParsedBatch;
 
@@ -299,10 +298,7 @@ async fn load(
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
     let current = crate::engine::catalog::current_runs(runs.iter().copied(), &contract.source);
-    let committed: Vec<String> = current
-        .iter()
-        .map(|r| ws.lake.url(&layout::bronze_data(&r.source, &r.run_id)))
-        .collect();
+    let committed = crate::table::evolve::stored_runs(&ws.lake, contract, &current)?;
     let current_keys: u64 = current.iter().map(|r| r.rows_inserted.max(0) as u64).sum();
     // A replay holds only the failed rows of its run: it never deletes.
     let full = contract.delivery == Delivery::Full && opts.replay.is_none();
@@ -332,8 +328,8 @@ async fn load(
     };
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
-        for url in &committed {
-            scan_versions(&ctx, ws.cluster.as_deref(), url, |fp, rh| {
+        for stored in &committed {
+            scan_stored(&ctx, ws.cluster.as_deref(), contract, &hashers, stored, |fp, rh| {
                 index.add_current(fp, rh);
                 Ok(())
             })

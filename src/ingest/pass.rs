@@ -32,6 +32,7 @@ use crate::ingest::{FileDigest, IngestOptions, open_loader};
 use crate::spec::contract::{Contract, FieldType};
 use crate::table::audit::{FailureRow, FailureWriter, RunRecord};
 use crate::table::bronze::{ParallelFileWriter, RunStamp};
+use crate::table::evolve::StoredRun;
 use crate::table::failpoint;
 use crate::table::lake::layout;
 
@@ -98,6 +99,18 @@ impl Hashers {
             .as_string_opt::<i32>()
             .cloned()
             .ok_or_else(|| Error::RunFailed("natural_key_fingerprint UDF returned a non-utf8 array".into()))
+    }
+
+    /// Row hashes of a batch of contract fields (in [`Contract::fields_schema`]): a stored
+    /// version's hash under the current contract ([`crate::table::evolve`]).
+    pub fn row_hashes(&self, fields: &RecordBatch) -> Result<StringArray> {
+        let n = fields.num_rows();
+        self.row_hash
+            .evaluate(fields)?
+            .into_array(n)?
+            .as_string_opt::<i32>()
+            .cloned()
+            .ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))
     }
 
     /// Fingerprints and row hashes of every row of the batch (rejected rows included).
@@ -400,7 +413,7 @@ pub struct RunInput<'a> {
     pub ctx: &'a SessionContext,
     /// For a `delivery: full` file: the bronze files of the source's current state (oldest
     /// first), read again after the pass to write the tombstones. `None`: nothing is deleted.
-    pub delete_from: Option<&'a [String]>,
+    pub delete_from: Option<&'a [StoredRun]>,
     /// For a replay: the keys runs after the original delivered (their rows are not loaded).
     pub superseding: Option<&'a super::replay::Superseding>,
 }
@@ -467,22 +480,12 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
             }
             let (key, row) = hashed.key(i);
             let row_number = batch.row_numbers.value(i) as u64;
-            if let Some(later) = superseding.and_then(|s| s.by(key).map(|by| (s, by))) {
+            if let Some(s) = superseding
+                && let Some(row) = s.failure(key, &hashed, i)
+            {
                 stats.failed += 1;
                 stats.superseded += 1;
-                failures
-                    .push(FailureRow {
-                        source_row_number: Some(row_number as i64),
-                        natural_key_fingerprint: Some(hashed.fp.value(i).to_string()),
-                        raw_payload: batch.raw.as_ref().map(|r| r.value(i).to_string()).unwrap_or_default(),
-                        rule: super::replay::REPLAY_SUPERSEDED.into(),
-                        reason: format!(
-                            "run {} (committed after run {}) delivered this key: the replayed version is older, so \
-                             it is not loaded (undo that run first to make it current)",
-                            later.1, later.0.original
-                        ),
-                    })
-                    .await?;
+                failures.push(row).await?;
                 continue;
             }
             match classifier.classify(key, row, row_number) {
@@ -556,8 +559,8 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         return Ok(PassOutcome::Rerun);
     }
     log_conflicts(contract, held, &mut failures).await?;
-    if let Some(urls) = delete_from {
-        stats.deleted = write_tombstones(ctx, contract, urls, classifier, &mut data).await?;
+    if let Some(stored) = delete_from {
+        stats.deleted = write_tombstones(ctx, contract, stored, classifier, &mut data).await?;
     }
     data.finish().await?;
     failpoint::hit("ingest.after_data")?;
@@ -575,19 +578,17 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
 async fn write_tombstones(
     ctx: &SessionContext,
     contract: &Contract,
-    urls: &[String],
+    stored: &[StoredRun],
     classifier: &mut dyn Classifier,
     data: &mut DataWriter,
 ) -> Result<u64> {
-    let schema = contract.bronze_schema();
     let key_names = contract.natural_key_names();
     let mut columns = vec!["natural_key_fingerprint"];
     columns.extend(&key_names);
     let mut written = 0u64;
-    for url in urls.iter().rev() {
-        let df = ctx
-            .read_table(crate::engine::catalog::table_over(vec![url.clone()], schema.clone())?)?
-            .select_columns(&columns)?;
+    for run in stored.iter().rev() {
+        let url = &run.url;
+        let df = crate::table::evolve::read_stored(ctx, contract, &[run])?.select_columns(&columns)?;
         let mut stream = df.execute_stream().await?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;

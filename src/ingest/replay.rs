@@ -14,9 +14,11 @@ use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
 use crate::ingest::keys::{Fp, scan_versions};
+use crate::ingest::pass::HashedBatch;
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{IngestOptions, Loader};
 use crate::spec::contract::{Contract, Format};
+use crate::table::audit::FailureRow;
 use crate::table::audit::RunRecord;
 use crate::table::lake::{Lake, layout};
 
@@ -59,9 +61,26 @@ pub struct Superseding {
 }
 
 impl Superseding {
-    /// The run committed after the original that delivered `key` last, if any.
-    pub fn by(&self, key: Fp) -> Option<&str> {
-        self.keys.get(&key).map(|&i| self.runs[i as usize].as_str())
+    /// The failure row of record `i` of `batch` (with key `key`) when a run committed after the
+    /// original delivered its key (`None`: the record loads as usual).
+    pub fn failure(&self, key: Fp, batch: &HashedBatch, i: usize) -> Option<FailureRow> {
+        let by = &self.runs[*self.keys.get(&key)? as usize];
+        Some(FailureRow {
+            source_row_number: Some(batch.batch.row_numbers.value(i)),
+            natural_key_fingerprint: Some(batch.fp.value(i).to_string()),
+            raw_payload: batch
+                .batch
+                .raw
+                .as_ref()
+                .map(|r| r.value(i).to_string())
+                .unwrap_or_default(),
+            rule: REPLAY_SUPERSEDED.into(),
+            reason: format!(
+                "run {by} (committed after run {}) delivered this key: the replayed version is older, so it is \
+                 not loaded (undo that run first to make it current)",
+                self.original
+            ),
+        })
     }
 }
 

@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
-use crate::ingest::keys::{Fate, Fp, InMemory, Planned, scan_versions};
+use crate::ingest::keys::{Fate, Fp, InMemory, Planned, scan_stored};
 use crate::ingest::pass::{RunInput, spawn_producer};
+use crate::table::evolve::StoredRun;
 
 /// Bytes of index per key, including hash-table slack (40-byte entries, 7/8 load factor,
 /// power-of-two growth).
@@ -104,7 +105,7 @@ fn read_records<const N: usize>(path: &Path, mut f: impl FnMut([u64; N])) -> Res
 pub async fn plan(
     ctx: &SessionContext,
     input: &RunInput<'_>,
-    committed_urls: &[String],
+    committed: &[StoredRun],
     bits: u32,
     full: bool,
 ) -> Result<Planned> {
@@ -124,8 +125,8 @@ pub async fn plan(
     // Committed versions, oldest run first, so that reading a partition back in order leaves
     // the newest version of each key.
     let mut current = Spill::create(dir.path(), "current", parts)?;
-    for url in committed_urls {
-        scan_versions(ctx, input.ws.cluster.as_deref(), url, |fp, rh| {
+    for stored in committed {
+        scan_stored(ctx, input.ws.cluster.as_deref(), contract, hashers, stored, |fp, rh| {
             // [key, row hash, 1 for a live version / 0 for a tombstone]
             current.push(
                 partition_of(fp, bits),

@@ -22,7 +22,7 @@ use datafusion::arrow::json::writer::{LineDelimited, WriterBuilder};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
-use crate::engine::catalog::{current_runs, table_over};
+use crate::engine::catalog::current_runs;
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
 pub use crate::ingest::key_version::{check_key_version, lake_key_version};
@@ -31,6 +31,7 @@ use crate::ingest::pass::Hashers;
 use crate::spec::contract::Contract;
 use crate::table::audit::{FailureRow, FailureWriter, RunRecord, RunStatus, commit_run_record, next_seq, read_run_log};
 use crate::table::bronze::{IS_DELETED, PREVIOUS_FINGERPRINT, RunFileWriter};
+use crate::table::evolve::StoredRun;
 use crate::table::failpoint;
 use crate::table::lake::layout;
 
@@ -167,7 +168,16 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     for r in &current {
         let schema =
             crate::engine::catalog::file_schema(&ctx, &ws.lake, &layout::bronze_data(source, &r.run_id)).await?;
-        if let Some(missing) = key_names.iter().find(|n| schema.field_with_name(n).is_err()) {
+        let has = |n: &str| schema.field_with_name(n).is_ok();
+        let renamed = |n: &str| {
+            contract
+                .field_index(n)
+                .and_then(|i| contract.fields[i].renamed_from.as_deref())
+        };
+        if let Some(missing) = key_names
+            .iter()
+            .find(|n| !has(n) && renamed(n).is_none_or(|old| !has(old)))
+        {
             return Err(Error::Invalid(format!(
                 "{source}: the new natural key needs field \"{missing}\", which bronze run {} does not have (it was \
                  loaded under an older contract); natural-key fields must exist in the stored records. Fields it \
@@ -214,11 +224,8 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;
-    let urls: Vec<String> = current
-        .iter()
-        .rev()
-        .map(|r| ws.lake.url(&layout::bronze_data(source, &r.run_id)))
-        .collect();
+    let newest_first: Vec<&RunRecord> = current.iter().rev().copied().collect();
+    let urls = crate::table::evolve::stored_runs(&ws.lake, contract, &newest_first)?;
     let capacity = current.iter().map(|r| r.rows_inserted.max(0) as usize).sum::<usize>();
 
     // Pass 1: which new fingerprints do current records with different contents share?
@@ -396,11 +403,12 @@ struct CurrentScan<'a> {
     ctx: &'a SessionContext,
     contract: &'a Contract,
     hashers: &'a Hashers,
-    urls: &'a [String],
+    urls: &'a [StoredRun],
     next_url: usize,
+    /// The run being read was written under other fields: recompute its row hashes.
+    rehash: bool,
     stream: Option<datafusion::execution::SendableRecordBatchStream>,
     old_keys: InMemory,
-    schema: datafusion::arrow::datatypes::SchemaRef,
     fp_col: usize,
     rh_col: usize,
     del_col: usize,
@@ -411,7 +419,7 @@ impl<'a> CurrentScan<'a> {
         ctx: &'a SessionContext,
         contract: &'a Contract,
         hashers: &'a Hashers,
-        urls: &'a [String],
+        urls: &'a [StoredRun],
         capacity: usize,
     ) -> Result<CurrentScan<'a>> {
         let schema = contract.bronze_schema();
@@ -421,12 +429,12 @@ impl<'a> CurrentScan<'a> {
             hashers,
             urls,
             next_url: 0,
+            rehash: false,
             stream: None,
             old_keys: InMemory::new(capacity),
             fp_col: schema.index_of("natural_key_fingerprint")?,
             rh_col: schema.index_of("row_hash")?,
             del_col: schema.index_of(IS_DELETED)?,
-            schema,
         })
     }
 
@@ -438,13 +446,12 @@ impl<'a> CurrentScan<'a> {
                 None => None,
             };
             let Some(batch) = batch else {
-                let Some(url) = self.urls.get(self.next_url) else {
+                let Some(stored) = self.urls.get(self.next_url) else {
                     return Ok(None);
                 };
                 self.next_url += 1;
-                let df = self
-                    .ctx
-                    .read_table(table_over(vec![url.clone()], self.schema.clone())?)?;
+                self.rehash = stored.rehash(self.contract);
+                let df = crate::table::evolve::read_stored(self.ctx, self.contract, &[stored])?;
                 self.stream = Some(df.execute_stream().await?);
                 continue;
             };
@@ -455,6 +462,14 @@ impl<'a> CurrentScan<'a> {
                 batch.columns()[..self.contract.fields.len()].to_vec(),
             )?;
             let new_fp = self.hashers.fingerprint(&fields)?;
+            // A run written under other fields: its versions carry the hash the contract gives them.
+            let batch = if self.rehash {
+                let mut columns = batch.columns().to_vec();
+                columns[self.rh_col] = Arc::new(self.hashers.row_hashes(&fields)?);
+                RecordBatch::try_new(batch.schema(), columns)?
+            } else {
+                batch
+            };
             let old_fp = StrColumn::new(batch.column(self.fp_col)).ok_or_else(|| damaged("natural_key_fingerprint"))?;
             let deleted = batch.column(self.del_col).as_boolean_opt();
             let mut index = Vec::new();

@@ -50,6 +50,8 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "rows_deleted",
     "previous_natural_key_version",
     "natural_key_definition",
+    "rows_superseded",
+    "contract_fields",
     "replay_of",
     "error",
     "ingot_version",

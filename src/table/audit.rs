@@ -3,14 +3,10 @@
 //!
 //! A run-log record is the commit of its run: it is written once, as a one-row Parquet file, with
 //! a create-if-absent put (see [`crate::table::lake`]). Failure rows are streamed to a run-scoped Parquet
-//! file that only becomes visible through the run's committed record.
-//!
-//! The run log has an `ignored_columns` column (comma-separated input
-//! columns dropped under `unknown_fields: ignore`, null when none), `rolled_back_at` (set by
-//! `ingot undo`), `rows_deleted` (tombstones of a `delivery: full` run), `natural_key_version`
-//! (the key version of the fingerprints the run wrote) and `previous_natural_key_version` (set only
-//! on the run of an `ingot rekey`: the key version it migrated from), `natural_key_definition`,
-//! `rows_superseded` (replayed records a later run had delivered) and `contract_fields`.
+//! file that only becomes visible through the run's committed record. Columns added after the
+//! first release (`ignored_columns`, `rolled_back_at`, `rows_deleted`, `natural_key_version`,
+//! `previous_natural_key_version`, `natural_key_definition`, `rows_superseded`,
+//! `contract_fields`) read as null (or 0) in older records; [`RunRecord`] says what each holds.
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
 //! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze

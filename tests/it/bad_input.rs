@@ -296,7 +296,8 @@ natural_key: {version: 1, fields: [id]}
     let want = format!(
         "{}:1: header: declared column \"amount\" missing, so it would be null in every record; the \
          columns are: id, amt, note; the file has column the contract does not declare: \"amt\" \
-         (renamed upstream? then rename the field in the contract). A field that files may lack \
+         (renamed upstream? then rename the field in the contract and add `renamed_from: amount` to it, \
+         so the runs loaded before read under the new name). A field that files may lack \
          says `missing: null` in {}",
         renamed.display(),
         t.contracts().join("spend.yaml").display()

@@ -90,7 +90,7 @@ fn every_problem_is_reported_with_location_and_choices() {
         ":22:12: natural key names unknown field \"hotel_code\"; fields are: booking_ref, amount",
         ":12:10: min \"abc\" is not a valid decimal(12,2) value for field \"amount\"",
         ":13:11: duplicate field \"amount\" (first defined at line 10)",
-        ":19:5: unknown key \"requried\" in a field; valid keys are: name, type, required, normalize, format, min, max, allowed, pattern, volatile, missing, description",
+        ":19:5: unknown key \"requried\" in a field; valid keys are: name, type, required, normalize, format, min, max, allowed, pattern, volatile, missing, renamed_from, older_values, description",
         ":16:11: field name \"Guest\" must match [a-z_][a-z0-9_]{0,62}",
     ] {
         assert!(rest.contains(needle), "missing {needle:?} in:\n{}", got.join("\n"));

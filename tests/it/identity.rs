@@ -267,8 +267,9 @@ fn a_key_edited_without_raising_its_version_is_refused() {
     );
 }
 
-/// Renaming a key field in the contract (after an upstream rename) is not a key change: the
-/// fingerprint never includes field names. A key field may not say `missing: null`.
+/// Renaming a key field in the contract (after an upstream rename, declared with `renamed_from`)
+/// is not a key change: the fingerprint never includes field names. A key field may not say
+/// `missing: null`.
 #[test]
 fn a_renamed_key_field_is_the_same_key_and_a_key_field_is_never_optional() {
     let t = TestLake::new();
@@ -289,7 +290,7 @@ fn a_renamed_key_field_is_the_same_key_and_a_key_field_is_never_optional() {
         p
     };
     t.ingest_ok("r", &file("1.csv", "code,v\nx,1\n"));
-    write("product_code", "");
+    write("product_code", ", renamed_from: code");
     let out = t.ingest_ok("r", &file("2.csv", "product_code,v\nx,1\ny,2\n"));
     assert!(
         out.contains("2 rows seen: 1 inserted, 0 updated, 1 unchanged, 0 failed"),

@@ -7,6 +7,7 @@ mod cluster;
 mod contracts;
 mod crash;
 mod deletions;
+mod evolution;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
@@ -17,6 +18,7 @@ mod identity;
 mod ingest;
 mod kill;
 mod layering;
+mod model;
 mod nightly;
 mod ops;
 mod rekey;

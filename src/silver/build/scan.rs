@@ -13,14 +13,14 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
-use crate::engine::catalog::{Catalog, table_over};
+use crate::engine::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::hash::fp::for_each_fp;
 use crate::silver::compile::RULES_VERSION;
 use crate::silver::keys::{Keys, NONE, outcome_of};
 use crate::spec::contract::Contract;
 use crate::table::audit::RunRecord;
-use crate::table::lake::{Lake, layout};
+use crate::table::lake::Lake;
 use crate::table::silver::{FP, OUTCOME, RUN_ID, Side, c, dict_type, layers, manifest, table_over_build_files};
 
 /// For every row of a text column, `f(value)` evaluated once per distinct value.
@@ -41,11 +41,16 @@ pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&
     runs
 }
 
-pub(super) fn run_table(lake: &Lake, contract: &Contract, run: &RunRecord) -> Result<Arc<dyn TableProvider>> {
-    table_over(
-        vec![lake.url(&layout::bronze_data(&run.source, &run.run_id))],
-        contract.bronze_schema(),
-    )
+/// One run's bronze rows under the current contract (renamed, widened, added fields: see
+/// [`crate::table::evolve`]).
+pub(super) fn run_table(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+    run: &RunRecord,
+) -> Result<Arc<dyn TableProvider>> {
+    let stored = crate::table::evolve::stored_runs(lake, contract, &[run])?;
+    Ok(crate::table::evolve::read_stored(ctx, contract, &stored.iter().collect::<Vec<_>>())?.into_view())
 }
 
 /// One pass over the fingerprints of every bronze run of the source, newest first: the current
@@ -64,7 +69,7 @@ pub(super) async fn current_keys(
     );
     for (i, run) in runs.iter().enumerate() {
         let fps = ctx
-            .read_table(run_table(lake, contract, run)?)?
+            .read_table(run_table(ctx, lake, contract, run)?)?
             .select(vec![c(FP), c(crate::table::bronze::IS_DELETED)])?;
         let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
         while let Some(b) = stream.next().await {

@@ -24,6 +24,8 @@ const FIELD_KEYS: &[&str] = &[
     "pattern",
     "volatile",
     "missing",
+    "renamed_from",
+    "older_values",
     "description",
 ];
 
@@ -59,6 +61,21 @@ impl ContractReader<'_> {
                 None => ok = false,
             }
         }
+        for f in &out {
+            if let Some(old) = &f.renamed_from
+                && let Some(pos) = seen.get(old)
+            {
+                self.err(
+                    *pos,
+                    format!(
+                        "field \"{}\" says renamed_from: {old}, but \"{old}\" is a field of the contract too; a \
+                         renamed field's old name must be free",
+                        f.name
+                    ),
+                );
+                ok = false;
+            }
+        }
         ok.then_some(out)
     }
 
@@ -81,6 +98,8 @@ impl ContractReader<'_> {
             .and_then(|n| scalar_bool(&file, n, "volatile", self.problems))
             .unwrap_or(false);
         let may_be_missing = map.get("missing").and_then(|n| self.read_missing(n, &label, required));
+        let renamed_from = map.get("renamed_from").and_then(|n| self.read_renamed_from(n, &label));
+        let cast_older = map.get("older_values").and_then(|n| self.read_older_values(n, &label));
         let description = map
             .get("description")
             .and_then(|n| scalar_str(&file, n, "description", self.problems))
@@ -115,6 +134,8 @@ impl ContractReader<'_> {
                 pattern,
                 volatile,
                 may_be_missing: may_be_missing.unwrap_or(false),
+                renamed_from,
+                cast_older: cast_older.unwrap_or(false),
                 description,
             }),
             _ => None,
@@ -152,6 +173,43 @@ impl ContractReader<'_> {
             return None;
         }
         Some(may)
+    }
+
+    /// `renamed_from`: the name the field had in runs loaded before it was renamed (those runs
+    /// read it under its new name). A column name; another field may not have it.
+    fn read_renamed_from(&mut self, node: &Node, label: &str) -> Option<String> {
+        let file = self.doc.file.clone();
+        let s = scalar_str(&file, node, "renamed_from", self.problems)?;
+        if !is_column_name(s) || RESERVED_COLUMNS.contains(&s) {
+            self.err(
+                node.pos,
+                format!(
+                    "renamed_from: \"{s}\" for field \"{label}\" is not a field name ([a-z_][a-z0-9_]{{0,62}}, not reserved)"
+                ),
+            );
+            return None;
+        }
+        if s == label {
+            self.err(node.pos, format!("field \"{label}\" says renamed_from its own name"));
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    /// `older_values: cast`: values of runs loaded when the field had another type read with
+    /// `TRY_CAST` (null where a value does not convert). Without it, such a type change is refused.
+    fn read_older_values(&mut self, node: &Node, label: &str) -> Option<bool> {
+        let file = self.doc.file.clone();
+        match scalar_str(&file, node, "older_values", self.problems)? {
+            "cast" => Some(true),
+            other => {
+                self.err(
+                    node.pos,
+                    format!("older_values: \"{other}\" for field \"{label}\"; the valid value is: cast"),
+                );
+                None
+            }
+        }
     }
 
     /// `name`: required, not reserved, lower case so SQL needs no quoting.

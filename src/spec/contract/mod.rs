@@ -152,6 +152,10 @@ pub struct Field {
     /// `missing: null`: a file may lack the column (its records get null); otherwise a file
     /// without it fails its run.
     pub may_be_missing: bool,
+    /// `renamed_from`: the field's name in runs loaded before a rename.
+    pub renamed_from: Option<String>,
+    /// `older_values: cast`: runs loaded under another type read with `TRY_CAST`.
+    pub cast_older: bool,
     pub description: Option<String>,
 }
 

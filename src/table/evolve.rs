@@ -1,0 +1,255 @@
+//! Bronze runs written under older contracts, read under the current one (docs/formats.md#contract-evolution).
+//!
+//! Every run records the fields it was written under (`contract_fields` in the run log). A run
+//! reads under the current contract by name: a field renamed with `renamed_from` from its old
+//! column, a field added since as null, a dropped one not at all, a widened type (int32 to int64,
+//! a decimal's precision up) cast, any other type change only when the field says
+//! `older_values: cast` (`TRY_CAST`), else the source is refused, naming the runs. A run's
+//! `row_hash` stays what it covered when written; where that differs from what the current
+//! contract covers ([`StoredRun::rehash`]), change detection recomputes it from the stored values.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{Field as ArrowField, Schema};
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, cast, try_cast};
+use datafusion::prelude::{DataFrame, SessionContext};
+
+use crate::error::{Error, Result};
+use crate::spec::contract::{Contract, Field, FieldType};
+use crate::table::audit::RunRecord;
+use crate::table::lake::{Lake, layout};
+use crate::table::parquet::table_over;
+
+/// One field of a run's recorded `contract_fields`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PastField {
+    pub name: String,
+    pub ty: FieldType,
+    pub volatile: bool,
+}
+
+/// Parse a `contract_fields` value (`name type[ volatile]`, `, ` between); `None` if malformed.
+pub fn parse_fields(definition: &str) -> Option<Vec<PastField>> {
+    definition
+        .split(", ")
+        .map(|entry| {
+            let mut parts = entry.split(' ');
+            let name = parts.next()?.to_string();
+            let ty = FieldType::parse(parts.next()?)?;
+            let volatile = match parts.next() {
+                None => false,
+                Some("volatile") => true,
+                Some(_) => return None,
+            };
+            Some(PastField { name, ty, volatile })
+        })
+        .collect()
+}
+
+/// A committed bronze file and the fields it was written under (`None`: recorded before runs
+/// kept them; read as the current contract's).
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    pub run_id: String,
+    pub url: String,
+    definition: Option<String>,
+    past: Option<Vec<PastField>>,
+}
+
+/// Can a value stored as `old` be read as `new` without loss?
+fn widens(old: FieldType, new: FieldType) -> bool {
+    match (old, new) {
+        (a, b) if a == b => true,
+        (FieldType::Int32, FieldType::Int64) => true,
+        (
+            FieldType::Decimal {
+                precision: p0,
+                scale: s0,
+            },
+            FieldType::Decimal {
+                precision: p1,
+                scale: s1,
+            },
+        ) => s0 == s1 && p1 >= p0,
+        _ => false,
+    }
+}
+
+impl StoredRun {
+    pub fn new(lake: &Lake, run: &RunRecord) -> StoredRun {
+        let past = run.contract_fields.as_deref().and_then(parse_fields);
+        StoredRun {
+            run_id: run.run_id.clone(),
+            url: lake.url(&layout::bronze_data(&run.source, &run.run_id)),
+            definition: run.contract_fields.clone(),
+            past,
+        }
+    }
+
+    /// The stored field each current field reads from (`None`: added since, or unknown).
+    fn sources<'a>(&'a self, contract: &Contract) -> Vec<Option<&'a PastField>> {
+        let Some(past) = &self.past else {
+            return vec![None; contract.fields.len()];
+        };
+        let by_name = |n: &str| past.iter().find(|p| p.name == n);
+        contract
+            .fields
+            .iter()
+            .map(|f| by_name(&f.name).or_else(|| f.renamed_from.as_deref().and_then(by_name)))
+            .collect()
+    }
+
+    /// Does the run's stored `row_hash` differ from what the current contract computes for the same
+    /// record? It does not when the non-volatile fields, in order, are the run's non-volatile
+    /// fields (renamed or not) with types that write the same canonical text.
+    pub fn rehash(&self, contract: &Contract) -> bool {
+        let Some(past) = &self.past else {
+            return false;
+        };
+        let sources = self.sources(contract);
+        let now: Vec<(Option<&PastField>, &Field)> = contract
+            .fields
+            .iter()
+            .zip(sources)
+            .filter(|(f, _)| !f.volatile)
+            .map(|(f, s)| (s, f))
+            .collect();
+        let then: Vec<&PastField> = past.iter().filter(|p| !p.volatile).collect();
+        now.len() != then.len()
+            || now.iter().zip(&then).any(|((s, f), p)| {
+                s.is_none_or(|s| s.name != p.name) || p.ty.key_name() != f.ty.key_name() || !widens(p.ty, f.ty)
+            })
+    }
+
+    /// The current fields whose stored type this run cannot be read as (neither a widening nor
+    /// allowed by `older_values: cast`): `(field, stored type)`.
+    pub fn unreadable<'a>(&self, contract: &'a Contract) -> Vec<(&'a str, FieldType)> {
+        contract
+            .fields
+            .iter()
+            .zip(self.sources(contract))
+            .filter_map(|(f, s)| {
+                s.filter(|p| !widens(p.ty, f.ty) && !f.cast_older)
+                    .map(|p| (f.name.as_str(), p.ty))
+            })
+            .collect()
+    }
+
+    /// Is the file read exactly as the current contract's columns (names and types)?
+    fn plain(&self, contract: &Contract) -> bool {
+        self.past.is_none()
+            || self
+                .sources(contract)
+                .iter()
+                .zip(&contract.fields)
+                .all(|(s, f)| s.is_none_or(|p| p.name == f.name && p.ty == f.ty))
+    }
+}
+
+/// The committed files of `runs` (of `contract`'s source), refusing a source whose runs cannot be
+/// read under the contract (a type change that is no widening, without `older_values: cast`).
+pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Vec<StoredRun>> {
+    let stored: Vec<StoredRun> = runs.iter().map(|r| StoredRun::new(lake, r)).collect();
+    let problems: Vec<String> = unreadable_runs(contract, &stored).into_iter().map(|(_, m)| m).collect();
+    if problems.is_empty() {
+        Ok(stored)
+    } else {
+        Err(Error::Invalid(problems.join("; ")))
+    }
+}
+
+/// One message per field whose stored values some runs cannot be read as, naming the runs:
+/// `(field, message)`.
+pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &[StoredRun]) -> Vec<(&'a str, String)> {
+    let mut by_field: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    for s in stored {
+        for (field, ty) in s.unreadable(contract) {
+            by_field.entry((field, ty.name())).or_default().push(&s.run_id);
+        }
+    }
+    by_field
+        .into_iter()
+        .map(|((field, ty), runs)| {
+            let f = contract.field_index(field).map(|i| &contract.fields[i]);
+            let message = format!(
+                "{source}: field \"{field}\" is {now} in {path}, but run{s} {runs} stored it as {ty}, which cannot be \
+                 read as {now} without loss. Keep the type (or widen it: int32 to int64, a decimal's precision up), \
+                 or add `older_values: cast` to the field to read those runs with TRY_CAST (null where a value does \
+                 not convert)",
+                source = contract.source,
+                now = f.map(|f| f.ty.name()).unwrap_or_default(),
+                path = contract.path.display(),
+                s = if runs.len() > 1 { "s" } else { "" },
+                runs = runs.join(", "),
+            );
+            (field, message)
+        })
+        .collect()
+}
+
+fn column(name: &str) -> Expr {
+    Expr::Column(Column::new_unqualified(name))
+}
+
+/// The rows of `stored` (runs of `contract`'s source) in `contract`'s bronze schema: one listing
+/// table per distinct set of recorded fields, renamed and cast into the current columns, unioned.
+pub fn read_stored(ctx: &SessionContext, contract: &Contract, stored: &[&StoredRun]) -> Result<DataFrame> {
+    let schema = contract.bronze_schema();
+    let mut groups: BTreeMap<Option<&str>, Vec<&StoredRun>> = BTreeMap::new();
+    for s in stored {
+        let key = if s.plain(contract) {
+            None
+        } else {
+            s.definition.as_deref()
+        };
+        groups.entry(key).or_default().push(s);
+    }
+    let mut frames = Vec::new();
+    for (key, runs) in &groups {
+        let files: Vec<String> = runs.iter().map(|r| r.url.clone()).collect();
+        let Some(first) = runs.first().filter(|_| key.is_some()) else {
+            frames.push(ctx.read_table(table_over(files, schema.clone())?)?);
+            continue;
+        };
+        let sources = first.sources(contract);
+        let mut fields: Vec<ArrowField> = Vec::new();
+        let mut select: Vec<Expr> = Vec::new();
+        for (f, s) in contract.fields.iter().zip(&sources) {
+            let ty = f.ty.arrow_type();
+            match s {
+                Some(p) => {
+                    fields.push(ArrowField::new(&p.name, p.ty.arrow_type(), true));
+                    let c = column(&p.name);
+                    let read = if p.ty == f.ty {
+                        c
+                    } else if widens(p.ty, f.ty) {
+                        cast(c, ty)
+                    } else {
+                        try_cast(c, ty)
+                    };
+                    select.push(read.alias(&f.name));
+                }
+                None => {
+                    fields.push(ArrowField::new(&f.name, ty, true));
+                    select.push(column(&f.name));
+                }
+            }
+        }
+        for m in crate::spec::columns::meta_fields() {
+            select.push(column(m.name()));
+            fields.push(m);
+        }
+        let table = table_over(files, Arc::new(Schema::new(fields)))?;
+        frames.push(ctx.read_table(table)?.select(select)?);
+    }
+    let mut frames = frames.into_iter();
+    let Some(mut out) = frames.next() else {
+        return Ok(ctx.read_table(table_over(Vec::new(), schema)?)?);
+    };
+    for f in frames {
+        out = out.union(f)?;
+    }
+    Ok(out)
+}
