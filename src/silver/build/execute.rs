@@ -151,7 +151,7 @@ async fn select_input(env: &Env<'_>, plan: &BuildPlan<'_>, key_files: &mut Vec<S
         if plan.per_run[i] == 0 {
             continue;
         }
-        let mut rows = env.ctx.read_table(run_table(&env.ctx, env.lake, contract, run)?)?;
+        let mut rows = env.ctx.read_table(run_table(env.ctx, env.lake, contract, run)?)?;
         if let Some(keys) = plan.keys.as_ref().filter(|_| !reads_whole(run, plan.per_run[i])) {
             rows = match env.cluster {
                 None => rows.filter(Arc::new(pick_udf(keys.clone(), i as u32)).call(vec![c(FP)]))?,

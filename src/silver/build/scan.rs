@@ -37,7 +37,7 @@ fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Ve
 /// `bronze.<source>_current`: commit slots, never a clock).
 pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
     let mut runs = crate::engine::catalog::current_runs(&catalog.runs, source);
-    runs.sort_by(|a, b| b.seq.cmp(&a.seq));
+    runs.sort_by_key(|r| std::cmp::Reverse(r.seq));
     runs
 }
 
