@@ -39,6 +39,12 @@ pub trait Loader: Send {
     fn next_batch(&mut self) -> Result<Option<ParsedBatch>>;
     /// Input columns dropped under `unknown_fields: ignore`.
     fn ignored_columns(&self) -> Vec<String>;
+    /// After the last batch: why the run fails because declared fields were absent from the whole
+    /// input (NDJSON, where a key may be absent from a line; CSV and Parquet check their header
+    /// before reading). `None`: nothing missing.
+    fn missing_fields(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Options of an ingest.

@@ -31,6 +31,10 @@ pub struct NdjsonLoader {
     row_number: u64,
     bytes_read: u64,
     ignored: BTreeSet<String>,
+    /// For each contract field: did any object have its key?
+    seen: Vec<bool>,
+    /// Lines that parsed as JSON objects.
+    objects: u64,
     done: bool,
 }
 
@@ -46,12 +50,14 @@ impl NdjsonLoader {
             input: BufReader::with_capacity(1 << 20, input),
             display,
             sink: RowSink::new(contract.clone(), batch_size, keep_raw),
+            seen: vec![false; contract.fields.len()],
             contract,
             line_buf: Vec::with_capacity(4096),
             line: 0,
             row_number: 0,
             bytes_read: 0,
             ignored: BTreeSet::new(),
+            objects: 0,
             done: false,
         })
     }
@@ -96,6 +102,12 @@ impl NdjsonLoader {
                 return Ok(());
             }
         };
+        self.objects += 1;
+        for (i, f) in self.contract.fields.iter().enumerate() {
+            if !self.seen[i] && obj.contains_key(&f.name) {
+                self.seen[i] = true;
+            }
+        }
         for key in obj.keys() {
             if self.contract.field_index(key).is_none() {
                 match self.contract.unknown_fields {
@@ -203,5 +215,42 @@ impl Loader for NdjsonLoader {
 
     fn ignored_columns(&self) -> Vec<String> {
         self.ignored.iter().cloned().collect()
+    }
+
+    /// A declared field whose key no object of the file has (unless it says `missing: null`): the
+    /// run fails, as a CSV without the column does (an upstream rename would otherwise null the
+    /// field in every record).
+    fn missing_fields(&self) -> Option<String> {
+        let absent: Vec<&str> = self
+            .contract
+            .fields
+            .iter()
+            .zip(&self.seen)
+            .filter(|(f, seen)| !**seen && !f.may_be_missing)
+            .map(|(f, _)| f.name.as_str())
+            .collect();
+        if self.objects == 0 || absent.is_empty() {
+            return None;
+        }
+        let quoted = |names: Vec<&str>| names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ");
+        let renamed = if self.ignored.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the records have keys the contract does not declare: {} (renamed upstream? then rename the \
+                 field in the contract and add `renamed_from: {}` to it)",
+                quoted(self.ignored.iter().map(String::as_str).collect()),
+                absent[0]
+            )
+        };
+        Some(format!(
+            "{}: no record has the declared key{} {}, so {} would be null in every record{renamed}. A field \
+             that records may lack says `missing: null` in {}",
+            self.display,
+            if absent.len() > 1 { "s" } else { "" },
+            quoted(absent.clone()),
+            if absent.len() > 1 { "they" } else { "it" },
+            self.contract.path.display()
+        ))
     }
 }

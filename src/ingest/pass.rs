@@ -233,7 +233,13 @@ pub fn spawn_producer(
                         return;
                     }
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    if let Some(why) = loader.missing_fields() {
+                        let _ = parsed_tx.blocking_send(Err(Error::RunFailed(why)));
+                        return;
+                    }
+                    break;
+                }
                 Err(e) => {
                     let _ = parsed_tx.blocking_send(Err(e));
                     return;

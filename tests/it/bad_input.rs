@@ -352,3 +352,48 @@ natural_key: {version: 1, fields: [id]}
         assert!(err.contains(&want), "{err}\nwant: {want}");
     }
 }
+
+/// NDJSON: a declared field whose key no record of the file has fails the run like a missing CSV
+/// column (an upstream rename would otherwise null it in every record); a key absent from some
+/// lines only is a null there, and a field that says `missing: null` may be absent throughout.
+#[test]
+fn a_declared_key_no_ndjson_record_has_fails_the_run() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("events.yaml"),
+        r#"source: events
+version: 1
+format: ndjson
+unknown_fields: ignore
+fields:
+  - {name: id, type: string, required: true}
+  - {name: amount, type: int32}
+  - {name: note, type: string, missing: null}
+natural_key: {version: 1, fields: [id]}
+"#,
+    )
+    .unwrap();
+    let sparse = t.dir.path().join("sparse.ndjson");
+    std::fs::write(&sparse, "{\"id\":\"a\",\"amount\":1}\n{\"id\":\"b\"}\n").unwrap();
+    let out = t.ingest_ok("events", &sparse);
+    assert!(out.contains("2 rows seen: 2 inserted"), "{out}");
+
+    let renamed = t.dir.path().join("renamed.ndjson");
+    std::fs::write(&renamed, "{\"id\":\"a\",\"amt\":5}\n{\"id\":\"c\",\"amt\":6}\n").unwrap();
+    let out = t.ingest("events", &renamed);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let want = format!(
+        "{}: no record has the declared key \"amount\", so it would be null in every record; the records have \
+         keys the contract does not declare: \"amt\" (renamed upstream? then rename the field in the contract and \
+         add `renamed_from: amount` to it). A field that records may lack says `missing: null` in {}",
+        renamed.display(),
+        t.contracts().join("events.yaml").display()
+    );
+    assert!(stdout(&out).contains(&want), "{}\nwant: {want}", stdout(&out));
+    let current = t.query("SELECT id, amount FROM bronze.events_current ORDER BY id");
+    assert_eq!(current.len(), 2);
+    assert_eq!(current[0]["amount"], 1, "a failed run publishes nothing");
+    let failed = t.query("SELECT status, error FROM audit.ingestion_run_log WHERE status = 'failed'");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["error"], serde_json::Value::from(want));
+}
