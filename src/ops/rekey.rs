@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 pub use crate::ingest::key_version::{check_key_version, lake_key_version};
 use crate::ingest::keys::{Classifier, Fate, Fp, InMemory, StrColumn, fp_key};
 use crate::ingest::pass::Hashers;
+use crate::ingest::sink::{NATURAL_KEY_INVALID, key_part_problem};
 use crate::spec::contract::Contract;
 use crate::table::audit::{FailureRow, FailureWriter, RunRecord, RunStatus, commit_run_record, next_seq, read_run_log};
 use crate::table::bronze::{IS_DELETED, PREVIOUS_FINGERPRINT, RunFileWriter};
@@ -232,7 +233,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     let mut new_keys = InMemory::new(capacity);
     let mut scan = CurrentScan::new(&ctx, contract, &hashers, &urls, capacity)?;
     while let Some(rows) = scan.next().await? {
-        for k in 0..rows.len() {
+        for k in (0..rows.len()).filter(|&k| rows.invalid[k].is_none()) {
             new_keys.classify(rows.new_key[k], rows.row_hash(k)?, 0);
         }
     }
@@ -249,7 +250,22 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     while let Some(rows) = scan.next().await? {
         let mut keep: Vec<usize> = Vec::new();
         let mut clash: Vec<usize> = Vec::new();
-        for k in 0..rows.len() {
+        let bad: Vec<usize> = (0..rows.len()).filter(|&k| rows.invalid[k].is_some()).collect();
+        if !bad.is_empty() {
+            conflicting += bad.len() as u64;
+            for (h, &k) in rows.held(&bad, &names)?.into_iter().zip(&bad) {
+                failures
+                    .push(FailureRow {
+                        source_row_number: h.row_number,
+                        natural_key_fingerprint: Some(h.new_fp),
+                        raw_payload: h.payload,
+                        rule: NATURAL_KEY_INVALID.into(),
+                        reason: rows.invalid[k].clone().unwrap_or_default(),
+                    })
+                    .await?;
+            }
+        }
+        for k in (0..rows.len()).filter(|&k| rows.invalid[k].is_none()) {
             match new_keys.classify(rows.new_key[k], rows.row_hash(k)?, 0) {
                 Fate::Inserted => keep.push(k),
                 Fate::Conflict => clash.push(k),
@@ -295,6 +311,9 @@ struct CurrentRows {
     new_fp: StringArray,
     /// The new key of each current record.
     new_key: Vec<Fp>,
+    /// Why the new key cannot name each current record, if it cannot (rule `natural_key_invalid`:
+    /// a null part, a part empty after normalize, `|` in a part of a composite key).
+    invalid: Vec<Option<String>>,
     fp_col: usize,
     rh_col: usize,
 }
@@ -407,6 +426,8 @@ struct CurrentScan<'a> {
     next_url: usize,
     /// The run being read was written under other fields: recompute its row hashes.
     rehash: bool,
+    norm: String,
+    scratch: String,
     stream: Option<datafusion::execution::SendableRecordBatchStream>,
     old_keys: InMemory,
     fp_col: usize,
@@ -430,12 +451,32 @@ impl<'a> CurrentScan<'a> {
             urls,
             next_url: 0,
             rehash: false,
+            norm: String::new(),
+            scratch: String::new(),
             stream: None,
             old_keys: InMemory::new(capacity),
             fp_col: schema.index_of("natural_key_fingerprint")?,
             rh_col: schema.index_of("row_hash")?,
             del_col: schema.index_of(IS_DELETED)?,
         })
+    }
+
+    /// Why row `i` of `fields` (contract fields) cannot be keyed under the new natural key, if so.
+    fn key_problem(&mut self, fields: &RecordBatch, i: usize) -> Option<String> {
+        let composite = self.contract.natural_key.fields.len() > 1;
+        for &f in &self.contract.natural_key.fields {
+            let column = fields.column(f);
+            let text = if column.is_null(i) {
+                None
+            } else {
+                Some(StrColumn::new(column).map_or("", |c| c.value(i)))
+            };
+            let field = &self.contract.fields[f];
+            if let Some(r) = key_part_problem(field, text, composite, &mut self.norm, &mut self.scratch) {
+                return Some(r.reason);
+            }
+        }
+        None
     }
 
     /// The next batch with at least one current record.
@@ -474,6 +515,7 @@ impl<'a> CurrentScan<'a> {
             let deleted = batch.column(self.del_col).as_boolean_opt();
             let mut index = Vec::new();
             let mut new_key = Vec::new();
+            let mut invalid = Vec::new();
             for i in 0..batch.num_rows() {
                 let Some(key) = batch
                     .column(self.fp_col)
@@ -491,6 +533,7 @@ impl<'a> CurrentScan<'a> {
                 }
                 index.push(i as u32);
                 new_key.push(fp_key(new_fp.value(i)).ok_or_else(|| damaged("the new fingerprint"))?);
+                invalid.push(self.key_problem(&fields, i));
             }
             if index.is_empty() {
                 continue;
@@ -500,6 +543,7 @@ impl<'a> CurrentScan<'a> {
                 index,
                 new_fp,
                 new_key,
+                invalid,
                 fp_col: self.fp_col,
                 rh_col: self.rh_col,
             }));

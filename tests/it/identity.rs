@@ -403,3 +403,62 @@ fn a_replayed_row_never_supersedes_a_later_delivery() {
         "after undoing Tuesday and replaying again",
     );
 }
+
+/// `ingot rekey` applies the same rule to the new key: a current record whose new key has a null
+/// part, a part empty after normalize or `|` in a part of the composite key is logged with rule
+/// `natural_key_invalid` (with its fields as JSON and its new fingerprint), never merged.
+#[test]
+fn rekey_rejects_records_the_new_key_cannot_name() {
+    let t = TestLake::new();
+    let write = |key: &str, version: u32| {
+        contract(
+            &t,
+            "k",
+            &format!(
+                "source: k\nversion: 1\nfields:\n  - {{name: a, type: string, required: true}}\n  - {{name: b, type: string, normalize: [trim]}}\n\
+                 natural_key: {{version: {version}, fields: [{key}]}}\n"
+            ),
+        )
+    };
+    write("a", 1);
+    let file = t.dir.path().join("k.csv");
+    std::fs::write(&file, "a,b\nx,p|q\ny,\nz,ok\nw,\"  \"\n").unwrap();
+    assert!(t.ingest_ok("k", &file).contains("4 rows seen: 4 inserted"));
+    write("a, b", 2);
+    let out = t.run(&["rekey", "k"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = t.query(
+        "SELECT rule, reason, raw_payload FROM audit.row_failure_log WHERE natural_key_fingerprint IS NOT NULL \
+         ORDER BY raw_payload",
+    );
+    let row = |reason: &str, payload: &str| -> std::collections::BTreeMap<String, serde_json::Value> {
+        serde_json::from_value(
+            serde_json::json!({"rule": "natural_key_invalid", "reason": reason, "raw_payload": payload}),
+        )
+        .unwrap()
+    };
+    assert_same_rows(
+        &got,
+        &[
+            row(
+                "b: natural key part \"  \" is empty after normalize, so the record has no identity",
+                "{\"a\":\"w\",\"b\":\"  \"}",
+            ),
+            row(
+                "b: natural key part \"p|q\" contains the separator |, which makes a composite key ambiguous (\"a|b\",\"c\" and \"a\",\"b|c\" would be one record)",
+                "{\"a\":\"x\",\"b\":\"p|q\"}",
+            ),
+            row(
+                "b: natural key part is missing (null), so the record has no identity",
+                "{\"a\":\"y\",\"b\":null}",
+            ),
+        ],
+        "records the new key cannot name",
+    );
+    let current = t.query("SELECT a, b FROM bronze.k_current");
+    assert_same_rows(
+        &current,
+        &[serde_json::from_value(serde_json::json!({"a": "z", "b": "ok"})).unwrap()],
+        "only the record the new key names",
+    );
+}
