@@ -250,21 +250,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
     while let Some(rows) = scan.next().await? {
         let mut keep: Vec<usize> = Vec::new();
         let mut clash: Vec<usize> = Vec::new();
-        let bad: Vec<usize> = (0..rows.len()).filter(|&k| rows.invalid[k].is_some()).collect();
-        if !bad.is_empty() {
-            conflicting += bad.len() as u64;
-            for (h, &k) in rows.held(&bad, &names)?.into_iter().zip(&bad) {
-                failures
-                    .push(FailureRow {
-                        source_row_number: h.row_number,
-                        natural_key_fingerprint: Some(h.new_fp),
-                        raw_payload: h.payload,
-                        rule: NATURAL_KEY_INVALID.into(),
-                        reason: rows.invalid[k].clone().unwrap_or_default(),
-                    })
-                    .await?;
-            }
-        }
+        conflicting += log_invalid(&rows, &names, &mut failures).await?;
         for k in (0..rows.len()).filter(|&k| rows.invalid[k].is_none()) {
             match new_keys.classify(rows.new_key[k], rows.row_hash(k)?, 0) {
                 Fate::Inserted => keep.push(k),
@@ -578,6 +564,26 @@ struct Held {
 /// marks a rekey run); `rows_seen` current records read, `rows_inserted` written under the new key,
 /// `rows_unchanged` merged duplicates, `rows_failed` records in conflict, so it reconciles like any
 /// run.
+/// Log the records of `rows` the new key cannot name (rule `natural_key_invalid`); how many.
+async fn log_invalid(rows: &CurrentRows, names: &[String], failures: &mut FailureWriter) -> Result<u64> {
+    let bad: Vec<usize> = (0..rows.len()).filter(|&k| rows.invalid[k].is_some()).collect();
+    if bad.is_empty() {
+        return Ok(0);
+    }
+    for (h, &k) in rows.held(&bad, names)?.into_iter().zip(&bad) {
+        failures
+            .push(FailureRow {
+                source_row_number: h.row_number,
+                natural_key_fingerprint: Some(h.new_fp),
+                raw_payload: h.payload,
+                rule: NATURAL_KEY_INVALID.into(),
+                reason: rows.invalid[k].clone().unwrap_or_default(),
+            })
+            .await?;
+    }
+    Ok(bad.len() as u64)
+}
+
 async fn log_conflicts(contract: &Contract, version: i32, held: Vec<Held>, failures: &mut FailureWriter) -> Result<()> {
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for h in &held {
