@@ -10,7 +10,10 @@
 //! bytes each, in an open-addressing table) and learns conflicts as it goes; [`Planned`] answers from row sets computed
 //! beforehand by the bounded-memory planner in [`super::spill`].
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::nullif;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -18,7 +21,9 @@ use futures::StreamExt;
 use crate::error::{Error, Result};
 use crate::ingest::pass::Hashers;
 use crate::spec::contract::Contract;
-use crate::table::evolve::StoredRun;
+use crate::table::bronze::RunFileWriter;
+use crate::table::evolve::{StoredRun, hash_layout};
+use crate::table::lake::{Lake, layout};
 
 /// 128-bit prefix of a fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -107,10 +112,13 @@ pub async fn scan_versions(
 /// covers other fields than the contract's ([`StoredRun::rehash`]: a field added, dropped,
 /// reordered, made volatile or not, a type that writes other text), the hash is recomputed from
 /// the stored values read under the contract, so contract evolution marks no unchanged record
-/// updated. Costs a read of the run's columns instead of two.
+/// updated. The recomputed hashes are kept in a cache file per run and contract
+/// ([`layout::row_hash_cache`]), so the cost is paid once per contract change; a cache that cannot
+/// be read is computed again.
 pub async fn scan_stored(
     ctx: &SessionContext,
     cluster: Option<&str>,
+    lake: &Lake,
     contract: &Contract,
     hashers: &Hashers,
     stored: &StoredRun,
@@ -119,6 +127,13 @@ pub async fn scan_stored(
     if !stored.rehash(contract) {
         return scan_versions(ctx, cluster, &stored.url, f).await;
     }
+    let cache = layout::row_hash_cache(&stored.source, &hash_layout(contract), &stored.run_id);
+    if lake.exists(&cache).await? {
+        match scan_versions(ctx, cluster, &lake.url(&cache), &mut f).await {
+            Ok(()) => return Ok(()),
+            Err(e) => eprintln!("{cache}: {e}; computing the row hashes again"),
+        }
+    }
     let url = &stored.url;
     let fields = contract.fields_schema();
     let mut select: Vec<&str> = fields.fields().iter().map(|f| f.name().as_str()).collect();
@@ -126,6 +141,12 @@ pub async fn scan_stored(
     let df = crate::table::evolve::read_stored(ctx, contract, &[stored])?.select_columns(&select)?;
     let mut stream = crate::engine::exec::stream(cluster, df, "ingest: committed versions").await?;
     let n_fields = fields.fields().len();
+    let cache_schema = Arc::new(Schema::new(vec![
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("row_hash", DataType::Utf8, true),
+        Field::new(crate::table::bronze::IS_DELETED, DataType::Boolean, true),
+    ]));
+    let mut writer = RunFileWriter::new(lake, cache.clone(), cache_schema.clone());
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let columns = fields
@@ -134,10 +155,11 @@ pub async fn scan_stored(
             .enumerate()
             .map(|(i, f)| datafusion::arrow::compute::cast(batch.column(i), f.data_type()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let typed = datafusion::arrow::array::RecordBatch::try_new(fields.clone(), columns)?;
+        let typed = RecordBatch::try_new(fields.clone(), columns)?;
         let rhs = hashers.row_hashes(&typed)?;
         let fps = StrColumn::new(batch.column(n_fields)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
         let deleted = batch.column(n_fields + 1).as_boolean_opt();
+        let mut tombstone = Vec::with_capacity(batch.num_rows());
         for i in 0..batch.num_rows() {
             let Some(fp) = batch
                 .column(n_fields)
@@ -147,14 +169,26 @@ pub async fn scan_stored(
             else {
                 return Err(bad_column(url, "natural_key_fingerprint"));
             };
-            if deleted.is_some_and(|d| d.is_valid(i) && d.value(i)) {
+            let gone = deleted.is_some_and(|d| d.is_valid(i) && d.value(i));
+            tombstone.push(gone);
+            if gone {
                 f(fp, None)?;
             } else {
                 let rh = hex_u64(rhs.value(i).as_bytes()).ok_or_else(|| bad_column(url, "row_hash"))?;
                 f(fp, Some(rh))?;
             }
         }
+        let gone = BooleanArray::from(tombstone);
+        let rh = nullif(&rhs, &gone)?;
+        let fp = datafusion::arrow::compute::cast(batch.column(n_fields), &DataType::Utf8)?;
+        writer
+            .write(&RecordBatch::try_new(
+                cache_schema.clone(),
+                vec![fp, rh, Arc::new(gone)],
+            )?)
+            .await?;
     }
+    writer.finish().await?;
     Ok(())
 }
 

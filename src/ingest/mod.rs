@@ -335,10 +335,18 @@ async fn load(
     let stats = if bits == 0 {
         let mut index = InMemory::new(keys.min(1 << 26) as usize);
         for stored in &committed {
-            scan_stored(&ctx, ws.cluster.as_deref(), contract, &hashers, stored, |fp, rh| {
-                index.add_current(fp, rh);
-                Ok(())
-            })
+            scan_stored(
+                &ctx,
+                ws.cluster.as_deref(),
+                &ws.lake,
+                contract,
+                &hashers,
+                stored,
+                |fp, rh| {
+                    index.add_current(fp, rh);
+                    Ok(())
+                },
+            )
             .await?;
         }
         match write_pass(&input, &mut index, opts.replay.is_some()).await? {

@@ -126,13 +126,21 @@ pub async fn plan(
     // the newest version of each key.
     let mut current = Spill::create(dir.path(), "current", parts)?;
     for stored in committed {
-        scan_stored(ctx, input.ws.cluster.as_deref(), contract, hashers, stored, |fp, rh| {
-            // [key, row hash, 1 for a live version / 0 for a tombstone]
-            current.push(
-                partition_of(fp, bits),
-                &[fp.0, fp.1, rh.unwrap_or(0), u64::from(rh.is_some())],
-            )
-        })
+        scan_stored(
+            ctx,
+            input.ws.cluster.as_deref(),
+            &input.ws.lake,
+            contract,
+            hashers,
+            stored,
+            |fp, rh| {
+                // [key, row hash, 1 for a live version / 0 for a tombstone]
+                current.push(
+                    partition_of(fp, bits),
+                    &[fp.0, fp.1, rh.unwrap_or(0), u64::from(rh.is_some())],
+                )
+            },
+        )
         .await?;
     }
     let current = current.finish()?;

@@ -5,7 +5,7 @@
 //!
 //! | file | kept | removed |
 //! |---|---|---|
-//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…` | `r` is a committed run that loaded data (`succeeded`, `succeeded_with_failures`) | `r` has no committed record (a crashed or running ingest: only once the file is older than the grace period), or `r` published nothing (`failed`, `skipped_duplicate_file`: after the grace period), or `r` was rolled back more than the grace period ago |
+//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data (`succeeded`, `succeeded_with_failures`) | `r` has no committed record (a crashed or running ingest: only once the file is older than the grace period), or `r` published nothing (`failed`, `skipped_duplicate_file`: after the grace period), or `r` was rolled back more than the grace period ago |
 //! | `silver/<t>/build_id=<b>/…` | a file the manifest of a kept build names (kept: the latest succeeded build of `t`, and succeeded builds that finished less than the retention ago, whose snapshots stay queryable and which undo can return to); a manifest may name files in an earlier build's folder | `b` has no committed record (after the grace period), failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
 //! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded (its rejections are audit history) | `b` has no committed record, failed or was rolled back (after the grace period) |
 //!
@@ -83,6 +83,10 @@ pub fn owner_of(rel: &str) -> Option<Owner> {
                 })
             }
         }
+        ["_cache", "row_hash", _source, _layout, file] => file
+            .strip_suffix(".parquet")
+            .and_then(|f| f.strip_prefix("run_id="))
+            .map(|id| Owner::Run(id.to_string())),
         ["silver", table, dir, _file] => dir.strip_prefix("build_id=").map(|id| Owner::Build {
             table: Some(table.to_string()),
             build_id: id.to_string(),
@@ -166,7 +170,7 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         dry_run: opts.dry_run,
         ..Default::default()
     };
-    for prefix in ["bronze", "audit/row_failure_log", "silver"] {
+    for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/row_hash"] {
         for meta in lake.list(prefix).await? {
             let Some(rel) = lake.relative(&meta.location) else {
                 continue;

@@ -22,6 +22,27 @@ use crate::table::audit::RunRecord;
 use crate::table::lake::{Lake, layout};
 use crate::table::parquet::table_over;
 
+/// What a row hash computed under `contract` from stored values depends on: every field's name,
+/// type, `volatile`, normalize steps, `renamed_from` and `older_values` (16 hex digits of their
+/// SHA-256). Names the cache of recomputed row hashes ([`crate::table::lake::layout::row_hash_cache`]).
+pub fn hash_layout(contract: &Contract) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for f in &contract.fields {
+        let steps: Vec<&str> = f.normalize.iter().map(|s| s.name()).collect();
+        h.update(format!(
+            "{} {} {} [{}] {:?} {}\n",
+            f.name,
+            f.ty.name(),
+            f.volatile,
+            steps.join(","),
+            f.renamed_from,
+            f.cast_older
+        ));
+    }
+    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 /// One field of a run's recorded `contract_fields`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PastField {
@@ -53,6 +74,7 @@ pub fn parse_fields(definition: &str) -> Option<Vec<PastField>> {
 #[derive(Debug, Clone)]
 pub struct StoredRun {
     pub run_id: String,
+    pub source: String,
     pub url: String,
     definition: Option<String>,
     past: Option<Vec<PastField>>,
@@ -82,6 +104,7 @@ impl StoredRun {
         let past = run.contract_fields.as_deref().and_then(parse_fields);
         StoredRun {
             run_id: run.run_id.clone(),
+            source: run.source.clone(),
             url: lake.url(&layout::bronze_data(&run.source, &run.run_id)),
             definition: run.contract_fields.clone(),
             past,

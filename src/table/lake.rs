@@ -270,6 +270,12 @@ pub mod layout {
         format!("bronze/{source}/run_id={run_id}/part-00000.parquet")
     }
 
+    /// Row hashes of run `run_id`'s versions recomputed under a later contract (`layout`: that
+    /// contract's [`crate::table::evolve::hash_layout`]): a cache, rebuilt when absent.
+    pub fn row_hash_cache(source: &str, layout: &str, run_id: &str) -> String {
+        format!("_cache/row_hash/{source}/{layout}/run_id={run_id}.parquet")
+    }
+
     pub fn failures(run_id: &str) -> String {
         format!("{FAILURE_LOG}/run_id={run_id}/part-00000.parquet")
     }

@@ -119,6 +119,15 @@ fn contract_evolution_marks_only_changed_records_updated() {
             {"id": "d", "town": "w", "amount": 4, "seen": "s1"},
         ]));
         assert_same_rows(&current, &want, "bronze.shop_current under the newest contract");
+        // the hashes recomputed for a run under a contract are kept: one cache file per run
+        // and contract, so the next ingest under the same contract reads two columns again
+        let caches = cache_files(&t);
+        let first = t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at LIMIT 1");
+        let first = first[0]["run_id"].as_str().unwrap();
+        assert!(
+            caches.iter().filter(|c| c.contains(first)).count() >= 5,
+            "the first run was re-hashed once per contract change: {caches:?}"
+        );
         // each run records the fields its row_hash covers
         let fields = t.query("SELECT contract_fields FROM audit.ingestion_run_log ORDER BY started_at");
         assert_eq!(
@@ -130,6 +139,64 @@ fn contract_evolution_marks_only_changed_records_updated() {
             "id string, town string, amount int64, seen string"
         );
     }
+}
+
+/// The row-hash cache files of the lake, lake-relative.
+fn cache_files(t: &TestLake) -> Vec<String> {
+    let root = t.lake().join("_cache");
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(t.lake()).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A cache file that cannot be read (damaged by hand, a disk error) is computed again, and the
+/// ingest classifies as if it had never existed; `gc` removes the cache of an undone run.
+#[test]
+fn a_damaged_row_hash_cache_is_computed_again_and_gc_removes_a_dead_runs_cache() {
+    let t = TestLake::new();
+    contract(&t, V1);
+    deliver(&t, "day1", "id,amount,city,seen\na,1,x,s1\nb,2,y,s1\n");
+    contract(&t, &format!("{V1}  - {{name: note, type: string}}\n"));
+    let got = deliver(&t, "day2", "id,amount,city,seen,note\na,1,x,s1,\nb,3,y,s1,\n");
+    assert_eq!(got, "2 rows seen: 0 inserted, 1 updated, 1 unchanged, 0 failed");
+    let caches = cache_files(&t);
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    std::fs::write(t.lake().join(&caches[0]), b"not parquet").unwrap();
+    let path = t.dir.path().join("day3.csv");
+    std::fs::write(&path, "id,amount,city,seen,note\na,1,x,s1,\nb,3,y,s1,\nc,4,z,s1,\n").unwrap();
+    let out = t.ingest("shop", &path);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("3 rows seen: 1 inserted, 0 updated, 2 unchanged, 0 failed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("computing the row hashes again"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(cache_files(&t), caches, "the cache was written again");
+    assert_ne!(std::fs::read(t.lake().join(&caches[0])).unwrap(), b"not parquet");
+
+    // undo the first run: its cache goes with its files
+    let first = t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at LIMIT 1");
+    let first = first[0]["run_id"].as_str().unwrap().to_string();
+    assert!(t.run(&["undo", &first]).status.success());
+    let gc = t.run(&["gc", "--grace", "0s"]);
+    assert!(gc.status.success(), "{}", stderr(&gc));
+    assert_eq!(cache_files(&t), Vec::<String>::new());
 }
 
 #[test]
