@@ -193,8 +193,8 @@ pub fn current_runs<'a>(runs: impl IntoIterator<Item = &'a RunRecord>, source: &
     loaded[from..].iter().copied().filter(|r| r.has_data()).collect()
 }
 
-/// The build of `table` that was current at `t` (microseconds, UTC): the latest that had finished
-/// by then and was not rolled back before it.
+/// The build of `table` that was current at `t` (microseconds, UTC): of the builds that had
+/// finished by then and were not rolled back before it, the last committed (highest slot).
 pub fn current_at<'a>(builds: &'a [BuildRecord], table: &str, t: i64) -> Option<&'a BuildRecord> {
     builds
         .iter()
@@ -204,7 +204,7 @@ pub fn current_at<'a>(builds: &'a [BuildRecord], table: &str, t: i64) -> Option<
             BuildStatus::RolledBack => b.rolled_back_at.is_some_and(|r| r > t),
             BuildStatus::Failed => false,
         })
-        .max_by_key(|b| (b.finished_at, b.seq))
+        .max_by_key(|b| b.seq)
 }
 
 /// `--as-of`: a build id (the moment it finished) or a UTC time.

@@ -144,7 +144,7 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         }
         let mut record = now.clone();
         record.status = RunStatus::RolledBack;
-        record.rolled_back_at = Some(ws.now_micros());
+        record.rolled_back_at = Some(ws.now_micros().max(record.finished_at.saturating_add(1)));
         record.seq = next_seq(&runs, &run.source);
         commit_run_record(&ws.lake, &record, "undo.before_commit").await?;
         crate::table::failpoint::hit("undo.after_commit")?;
@@ -212,7 +212,13 @@ async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) 
     crate::table::failpoint::hit("undo.after_lock")?;
     let mut record = build.clone();
     record.status = BuildStatus::RolledBack;
-    record.rolled_back_at = Some(ws.now_micros());
+    // after every record of the table, so `--as-of` sees the undo after what it undid
+    let latest = ours
+        .iter()
+        .map(|b| b.finished_at.max(b.rolled_back_at.unwrap_or(0)))
+        .max()
+        .unwrap_or(0);
+    record.rolled_back_at = Some(ws.now_micros().max(latest.saturating_add(1)));
     record.seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
     commit_build_record(&ws.lake, &record, "undo.before_commit").await?;
     crate::table::failpoint::hit("undo.after_commit")?;

@@ -85,8 +85,15 @@ pub fn load_rules(ws: &Workspace, catalog: &Catalog, table: &str, version: Optio
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
     memory::limit_arenas();
     let build_id = ws.new_id();
-    let started_at = ws.now_micros();
+    let now = ws.now_micros();
     let catalog = crate::engine::catalog::open(ws).await?;
+    // Never before a record of the table: build times follow commit order whatever the clock does.
+    let started_at = catalog
+        .builds
+        .iter()
+        .filter(|b| b.table == table)
+        .map(|b| b.finished_at.max(b.rolled_back_at.unwrap_or(0)).saturating_add(1))
+        .fold(now, i64::max);
     let rules = load_rules(ws, &catalog, table, opts.rules_version)?;
     check_unchanged_rules(ws, &catalog, &rules)?;
     let previous = latest_build(&catalog.builds, table);
@@ -128,7 +135,7 @@ pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<B
             // Record the failure (best effort) so the build log tells what happened.
             record.status = BuildStatus::Failed;
             record.error = Some(e.to_string());
-            record.finished_at = ws.now_micros();
+            record.finished_at = ws.now_micros().max(record.started_at);
             let _ = commit_build(&ws.lake, &record).await;
             Err(e)
         }

@@ -52,7 +52,7 @@ pub(super) async fn put_manifest(lake: &Lake, record: &BuildRecord, m: &Manifest
 
 /// Commit `record` (succeeded or failed) with its finish time.
 pub(super) async fn commit(ws: &Workspace, record: &mut BuildRecord) -> Result<()> {
-    record.finished_at = ws.now_micros();
+    record.finished_at = ws.now_micros().max(record.started_at);
     commit_build(&ws.lake, record).await?;
     crate::table::failpoint::hit("build.after_commit")
 }
