@@ -188,10 +188,13 @@ impl RowMessage {
 }
 
 /// The message a `natural_key_fingerprint` digests: `{version}|` then the fields' texts joined
-/// by `|`, a null as the empty string, nothing escaped.
+/// by `|`, a null as the empty string, nothing escaped. The `{version}|` prefix is formatted
+/// once and kept while the version stays the same (a run has one).
 struct KeyMessage {
     bytes: Vec<u8>,
-    digits: itoa::Buffer,
+    /// The version whose prefix `bytes[..prefix]` holds.
+    version: Option<i64>,
+    prefix: usize,
     fields: usize,
 }
 
@@ -199,16 +202,24 @@ impl KeyMessage {
     fn new() -> Self {
         KeyMessage {
             bytes: Vec::with_capacity(128),
-            digits: itoa::Buffer::new(),
+            version: None,
+            prefix: 0,
             fields: 0,
         }
     }
 
     #[inline]
     fn start(&mut self, version: i64) {
-        self.bytes.clear();
-        self.bytes.extend_from_slice(self.digits.format(version).as_bytes());
-        self.bytes.push(b'|');
+        if self.version == Some(version) {
+            self.bytes.truncate(self.prefix);
+        } else {
+            self.bytes.clear();
+            self.bytes
+                .extend_from_slice(itoa::Buffer::new().format(version).as_bytes());
+            self.bytes.push(b'|');
+            self.prefix = self.bytes.len();
+            self.version = Some(version);
+        }
         self.fields = 0;
     }
 
@@ -311,8 +322,26 @@ fn separators_and_backslash(bytes: &[u8]) -> (usize, bool) {
 /// whose text cannot contain `\` or `|`. The same bytes as [`row_hash_columns`] over the
 /// typed values.
 pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool]) -> Result<ArrayRef> {
+    row_hash_texts_into(HexOutput::with_capacity(texts.rows()), texts, fields, escape)?.finish()
+}
+
+/// [`row_hash_texts`] and every digest's first 16 bytes as two big-endian words (the number its
+/// first 32 hex digits spell).
+pub fn row_hash_texts_with_heads(
+    texts: &FieldTexts<'_>,
+    fields: &[usize],
+    escape: &[bool],
+) -> Result<(ArrayRef, Vec<[u64; 2]>)> {
+    row_hash_texts_into(HexOutput::with_heads(texts.rows()), texts, fields, escape)?.finish_with_heads()
+}
+
+fn row_hash_texts_into(
+    mut out: HexOutput,
+    texts: &FieldTexts<'_>,
+    fields: &[usize],
+    escape: &[bool],
+) -> Result<HexOutput> {
     let rows = texts.rows();
-    let mut out = HexOutput::with_capacity(rows);
     // Every field of a row, in order: a plain row is hashed straight from the texts.
     let whole_rows = fields.len() == texts.fields && fields.iter().enumerate().all(|(k, &f)| k == f);
     let mut message = RowMessage::new();
@@ -334,13 +363,31 @@ pub fn row_hash_texts(texts: &FieldTexts<'_>, fields: &[usize], escape: &[bool])
         }
         out.push_digest(&message.bytes)?;
     }
-    out.finish()
+    Ok(out)
 }
 
 /// `natural_key_fingerprint` with `version` over `fields` of canonical texts (null: empty).
 pub fn fingerprint_texts(version: i64, texts: &FieldTexts<'_>, fields: &[usize]) -> Result<ArrayRef> {
+    fingerprint_texts_into(HexOutput::with_capacity(texts.rows()), version, texts, fields)?.finish()
+}
+
+/// [`fingerprint_texts`] and every digest's first 16 bytes as two big-endian words (the number
+/// its first 32 hex digits spell).
+pub fn fingerprint_texts_with_heads(
+    version: i64,
+    texts: &FieldTexts<'_>,
+    fields: &[usize],
+) -> Result<(ArrayRef, Vec<[u64; 2]>)> {
+    fingerprint_texts_into(HexOutput::with_heads(texts.rows()), version, texts, fields)?.finish_with_heads()
+}
+
+fn fingerprint_texts_into(
+    mut out: HexOutput,
+    version: i64,
+    texts: &FieldTexts<'_>,
+    fields: &[usize],
+) -> Result<HexOutput> {
     let rows = texts.rows();
-    let mut out = HexOutput::with_capacity(rows);
     let mut message = KeyMessage::new();
     for row in 0..rows {
         message.start(version);
@@ -353,7 +400,7 @@ pub fn fingerprint_texts(version: i64, texts: &FieldTexts<'_>, fields: &[usize])
         }
         out.push_digest(&message.bytes)?;
     }
-    out.finish()
+    Ok(out)
 }
 
 /// Escape `\` as `\\` and `|` as `\|` in `buf[start..]`, in place. Common case (nothing
@@ -457,14 +504,50 @@ impl Utf8Output {
         let array = StringArray::try_new(offsets, values, self.nulls.finish())?;
         Ok(Arc::new(array))
     }
+
+    /// [`Self::finish`] without the UTF-8 validation pass over the values (768 MB of hex digests
+    /// an SF1 ingest); the offsets are still checked.
+    ///
+    /// # Safety
+    /// Every byte appended to the values is ASCII.
+    unsafe fn finish_ascii(mut self) -> Result<ArrayRef> {
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets));
+        let values = Buffer::from_vec(self.values);
+        let nulls = self.nulls.finish();
+        if offsets.last().is_some_and(|&end| end as usize > values.len())
+            || nulls.as_ref().is_some_and(|n| n.len() != offsets.len() - 1)
+        {
+            return exec_err!("internal error: malformed digest column");
+        }
+        // SAFETY: offsets are monotonic (each pushed as the length of the growing `values`) and
+        // end within `values`; all bytes are ASCII (the caller's contract), so every value is
+        // valid UTF-8.
+        let array = unsafe { StringArray::new_unchecked(offsets, values, nulls) };
+        Ok(Arc::new(array))
+    }
 }
 
-/// A column of hex digests.
-struct HexOutput(Utf8Output);
+/// A column of hex digests, and optionally the first 16 bytes of each digest as two big-endian
+/// words (the number the first 32 hex digits spell), for callers that key rows by them.
+struct HexOutput {
+    out: Utf8Output,
+    heads: Option<Vec<[u64; 2]>>,
+}
 
 impl HexOutput {
     fn with_capacity(rows: usize) -> Self {
-        HexOutput(Utf8Output::with_capacity(rows, rows * 64))
+        HexOutput {
+            out: Utf8Output::with_capacity(rows, rows * 64),
+            heads: None,
+        }
+    }
+
+    /// [`Self::with_capacity`], also keeping every digest's head.
+    fn with_heads(rows: usize) -> Self {
+        HexOutput {
+            heads: Some(Vec::with_capacity(rows)),
+            ..Self::with_capacity(rows)
+        }
     }
 
     /// Append the hex SHA-256 of `message`.
@@ -486,11 +569,26 @@ impl HexOutput {
         for (byte, pair) in digest.iter().zip(hex.chunks_exact_mut(2)) {
             pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
         }
-        self.0.values_mut().extend_from_slice(&hex);
-        self.0.end_value()
+        if let Some(heads) = &mut self.heads {
+            let word = |k: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&digest[k..k + 8]);
+                u64::from_be_bytes(w)
+            };
+            heads.push([word(0), word(8)]);
+        }
+        self.out.values_mut().extend_from_slice(&hex);
+        self.out.end_value()
     }
 
     fn finish(self) -> Result<ArrayRef> {
-        self.0.finish()
+        // SAFETY: only `push_digest_of` appends values: 64 digits of `HEX_PAIRS`, all ASCII.
+        unsafe { self.out.finish_ascii() }
+    }
+
+    /// The column and the heads (empty unless made [`Self::with_heads`]).
+    fn finish_with_heads(mut self) -> Result<(ArrayRef, Vec<[u64; 2]>)> {
+        let heads = self.heads.take().unwrap_or_default();
+        Ok((self.finish()?, heads))
     }
 }

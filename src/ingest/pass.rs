@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::hash::{FieldTexts, fingerprint_texts, row_hash_texts};
+use crate::hash::{FieldTexts, fingerprint_texts_with_heads, row_hash_texts_with_heads};
 use crate::ingest::keys::{Classifier, Fate, Fp, hex_u64};
 use crate::ingest::sink::ParsedBatch;
 use crate::ingest::{FileDigest, IngestOptions, open_loader};
@@ -35,6 +35,9 @@ use crate::table::bronze::{ParallelFileWriter, RunStamp};
 use crate::table::evolve::StoredRun;
 use crate::table::failpoint;
 use crate::table::lake::layout;
+
+/// Every row's key and row-hash prefix (see [`HashedBatch::key`]).
+pub type RowKeys = Vec<(Fp, u64)>;
 
 /// The fingerprint and row-hash expressions of a contract, compiled once per run.
 pub struct Hashers {
@@ -113,8 +116,10 @@ impl Hashers {
             .ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))
     }
 
-    /// Fingerprints and row hashes of every row of the batch (rejected rows included).
-    pub fn eval(&self, batch: &ParsedBatch) -> Result<(StringArray, StringArray)> {
+    /// Fingerprints and row hashes of every row of the batch (rejected rows included), and, when
+    /// the digests were computed here from the batch's texts, every row's key and row-hash prefix
+    /// (otherwise [`HashedBatch::new`] reads them from the hex digits).
+    pub fn eval(&self, batch: &ParsedBatch) -> Result<(StringArray, StringArray, Option<RowKeys>)> {
         let utf8 = |a: ArrayRef, what: &str| -> Result<StringArray> {
             a.as_string_opt::<i32>()
                 .cloned()
@@ -130,9 +135,14 @@ impl Hashers {
                 ends: &t.ends,
                 fields,
             };
-            let fp = fingerprint_texts(self.key_version, &texts, &self.text_key_fields)?;
-            let rh = row_hash_texts(&texts, &self.text_row_fields, &self.text_escape)?;
-            return Ok((utf8(fp, "natural_key_fingerprint")?, utf8(rh, "row_hash")?));
+            let (fp, fp_heads) = fingerprint_texts_with_heads(self.key_version, &texts, &self.text_key_fields)?;
+            let (rh, rh_heads) = row_hash_texts_with_heads(&texts, &self.text_row_fields, &self.text_escape)?;
+            let keys = fp_heads
+                .iter()
+                .zip(&rh_heads)
+                .map(|(f, r)| (Fp(f[0], f[1]), r[0]))
+                .collect();
+            return Ok((utf8(fp, "natural_key_fingerprint")?, utf8(rh, "row_hash")?, Some(keys)));
         }
         let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
         let n = rb.num_rows();
@@ -141,7 +151,7 @@ impl Hashers {
             "natural_key_fingerprint",
         )?;
         let rh = utf8(self.row_hash.evaluate(&rb)?.into_array(n)?, "row_hash")?;
-        Ok((fp, rh))
+        Ok((fp, rh, None))
     }
 }
 
@@ -155,11 +165,19 @@ pub struct HashedBatch {
 }
 
 impl HashedBatch {
-    pub fn new(batch: ParsedBatch, fp: StringArray, rh: StringArray) -> Result<HashedBatch> {
+    /// `keys`: every row's key and row-hash prefix when the caller has them (from the digests'
+    /// bytes); otherwise they are read from the hex digits.
+    pub fn new(batch: ParsedBatch, fp: StringArray, rh: StringArray, keys: Option<RowKeys>) -> Result<HashedBatch> {
         let malformed = || Error::RunFailed("hash UDFs returned a malformed digest".into());
         let n = batch.num_rows();
         if fp.len() != n || rh.len() != n || fp.null_count() > 0 || rh.null_count() > 0 {
             return Err(malformed());
+        }
+        if let Some(keys) = keys {
+            if keys.len() != n {
+                return Err(malformed());
+            }
+            return Ok(HashedBatch { batch, fp, rh, keys });
         }
         let parse = |f: &[u8], r: &[u8]| match (hex_u64(f), f.get(16..).and_then(hex_u64), hex_u64(r)) {
             (Some(a), Some(b), Some(r)) => Ok((Fp(a, b), r)),
@@ -259,8 +277,8 @@ pub fn spawn_producer(
         };
         while let Some(parsed) = parsed_rx.blocking_recv() {
             let hashed = parsed.and_then(|batch| {
-                let (fp, rh) = hashers.eval(&batch)?;
-                HashedBatch::new(batch, fp, rh)
+                let (fp, rh, keys) = hashers.eval(&batch)?;
+                HashedBatch::new(batch, fp, rh, keys)
             });
             let failed = hashed.is_err();
             if tx.blocking_send(hashed).is_err() || failed {

@@ -11,15 +11,10 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray, StringBuilder};
 
+use crate::hash::normalize::normalize_into;
 use crate::hash::{TEXT_NULL, TEXT_SEPARATOR};
 use crate::spec::contract::{Contract, Field, FieldType};
-use crate::spec::types::{ColumnBuilder, Rejection, check_value, parse_value};
-
-/// A required string whose normalized value is empty (`"  "` with `trim`) counts as missing.
-fn normalizes_to_empty(f: &crate::spec::contract::Field, text: &str, norm: &mut String, scratch: &mut String) -> bool {
-    crate::hash::normalize::normalize_into(&f.normalize, text, norm, scratch);
-    norm.is_empty()
-}
+use crate::spec::types::{ColumnBuilder, Rejection, check_normalized, parse_value};
 
 /// The rule of a record whose natural key cannot name it unambiguously (docs/formats.md#hashes):
 /// a key part that is null or empty after normalize, or, in a composite key, a part holding the
@@ -37,19 +32,32 @@ pub fn key_part_problem(
     norm: &mut String,
     scratch: &mut String,
 ) -> Option<Rejection> {
+    let part = match text {
+        Some(t) if f.ty == FieldType::String && !f.normalize.is_empty() => {
+            crate::hash::normalize::normalize_into(&f.normalize, t, norm, scratch);
+            Some(norm.as_str())
+        }
+        other => other,
+    };
+    normalized_key_part_problem(f, text, part, composite)
+}
+
+/// [`key_part_problem`] given also the part after the field's normalize steps (`part`; the same
+/// as `text` for a field without steps), for a caller that has normalized it already.
+#[inline]
+pub fn normalized_key_part_problem(
+    f: &Field,
+    text: Option<&str>,
+    part: Option<&str>,
+    composite: bool,
+) -> Option<Rejection> {
     let invalid = |why: String| Some(Rejection::new(NATURAL_KEY_INVALID, format!("{}: {why}", f.name)));
-    let Some(text) = text else {
+    let (Some(text), Some(part)) = (text, part) else {
         return invalid("natural key part is missing (null), so the record has no identity".into());
     };
     if f.ty != FieldType::String {
         return None;
     }
-    let part = if f.normalize.is_empty() {
-        text
-    } else {
-        crate::hash::normalize::normalize_into(&f.normalize, text, norm, scratch);
-        norm.as_str()
-    };
     if part.is_empty() {
         return invalid(format!(
             "natural key part \"{text}\" is empty after normalize, so the record has no identity"
@@ -109,9 +117,10 @@ pub struct CanonicalTexts {
 }
 
 /// Collects [`CanonicalTexts`] while rows are typed. Only for contracts whose every field has a
-/// canonical text that the input can spell exactly (no `normalize`, no floats or timestamps, no
-/// custom date format); a batch with any other value (or a rejected row) falls back to hashing
-/// the typed values.
+/// canonical text that the input can spell exactly (no floats or timestamps, no custom date
+/// format; a string's text is the one after its `normalize` steps, computed once per value for
+/// its checks too); a batch with any other value (or a rejected row) falls back to hashing the
+/// typed values.
 struct TextCapture {
     texts: CanonicalTexts,
     ok: bool,
@@ -120,7 +129,8 @@ struct TextCapture {
 impl TextCapture {
     fn eligible(contract: &Contract) -> bool {
         contract.fields.iter().all(|f| {
-            f.normalize.is_empty()
+            // normalize steps apply to strings only (the contract reader enforces it)
+            (f.normalize.is_empty() || f.ty == FieldType::String)
                 && match f.ty {
                     FieldType::String | FieldType::Int32 | FieldType::Int64 | FieldType::Boolean => true,
                     FieldType::Decimal { scale, .. } => scale >= 0,
@@ -147,8 +157,8 @@ impl TextCapture {
 }
 
 impl TextCapture {
-    /// Append the canonical text of `text`, which typed fine as `field`, when it can be spelled
-    /// from the input's bytes (docs/formats.md#hashes); otherwise the batch falls back to the typed values.
+    /// Append the canonical text of `text` (after the field's normalize steps), which typed fine
+    /// as `field`, when it can be spelled from the input's bytes (docs/formats.md#hashes); otherwise the batch falls back to the typed values.
     #[inline(always)]
     fn push_value(&mut self, field: &Field, text: &str) {
         if !self.ok {
@@ -201,6 +211,11 @@ fn decimal_into(b: &[u8], scale: usize, out: &mut Vec<u8>) -> bool {
         || (negative && int == b"0" && frac.iter().all(|&d| d == b'0'))
     {
         return false;
+    }
+    if frac.len() == scale {
+        // every fraction digit given (`21168.23` for a scale of 2): the text is canonical as it is
+        out.extend_from_slice(b);
+        return true;
     }
     if negative {
         out.push(b'-');
@@ -300,57 +315,73 @@ impl RowSink {
         for (i, f) in self.contract.fields.iter().enumerate() {
             let builder = &mut self.builders[i];
             let texts = &mut self.texts;
+            let is_key = self.is_key[i];
             let given = field(i);
-            let outcome = match given {
+            // `part`: the value's text after the field's normalize steps (strings only), computed
+            // once and used by every check and by the captured text the row is hashed from.
+            let (outcome, part) = match given {
                 FieldText::Null => {
                     builder.append_null();
                     if let Some(c) = texts {
                         c.push_null();
                     }
-                    if f.required {
-                        Some(Rejection::new(
+                    let outcome = f.required.then(|| {
+                        Rejection::new(
                             format!("required:{}", f.name),
                             format!("{}: required value is missing", f.name),
-                        ))
-                    } else {
-                        None
-                    }
+                        )
+                    });
+                    (outcome, None)
                 }
                 FieldText::Invalid(why) => {
                     builder.append_null();
-                    Some(Rejection::new(format!("type:{}", f.name), format!("{}: {why}", f.name)))
+                    let outcome = Rejection::new(format!("type:{}", f.name), format!("{}: {why}", f.name));
+                    (Some(outcome), None)
                 }
                 FieldText::Text(t) => match parse_value(f, t) {
                     Ok(v) => {
                         builder.append(&v);
-                        if let Some(c) = texts {
-                            c.push_value(f, t);
-                        }
-                        if f.required
-                            && !f.normalize.is_empty()
-                            && normalizes_to_empty(f, t, &mut self.norm, &mut self.scratch)
+                        let part = if f.normalize.is_empty() {
+                            Some(t)
+                        } else if texts.as_ref().is_some_and(|c| c.ok)
+                            || f.required
+                            || is_key
+                            || f.allowed.is_some()
+                            || f.pattern.is_some()
                         {
+                            normalize_into(&f.normalize, t, &mut self.norm, &mut self.scratch);
+                            Some(self.norm.as_str())
+                        } else {
+                            None
+                        };
+                        if let Some(c) = texts {
+                            c.push_value(f, part.unwrap_or(t));
+                        }
+                        // A required string whose normalized value is empty (`"  "` with `trim`)
+                        // counts as missing.
+                        let outcome = if f.required && !f.normalize.is_empty() && part.is_some_and(str::is_empty) {
                             Some(Rejection::new(
                                 format!("required:{}", f.name),
                                 format!("{}: required value is empty after normalize", f.name),
                             ))
                         } else {
-                            check_value(f, &v, &mut self.norm, &mut self.scratch)
-                        }
+                            check_normalized(f, &v, part)
+                        };
+                        (outcome, part)
                     }
                     Err(r) => {
                         builder.append_null();
-                        Some(r)
+                        (Some(r), None)
                     }
                 },
             };
             let outcome = match outcome {
-                None if self.is_key[i] => {
+                None if is_key => {
                     let text = match given {
                         FieldText::Text(t) => Some(t),
                         _ => None,
                     };
-                    key_part_problem(f, text, self.composite, &mut self.norm, &mut self.scratch)
+                    normalized_key_part_problem(f, text, part, self.composite)
                 }
                 other => other,
             };
@@ -359,7 +390,7 @@ impl RowSink {
                 if let Some(c) = &mut self.texts {
                     c.ok = false;
                 }
-                if self.is_key[i] && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
+                if is_key && (r.rule.starts_with("type:") || r.rule.starts_with("required:")) {
                     key_ok = false;
                 }
                 if first.is_none() {

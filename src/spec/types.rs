@@ -329,6 +329,30 @@ pub fn check_value(field: &Field, value: &Value<'_>, norm: &mut String, scratch:
     if field.min.is_none() && field.max.is_none() && field.allowed.is_none() && field.pattern.is_none() {
         return None;
     }
+    let normalized = match value {
+        Value::Str(s) if field.allowed.is_some() || field.pattern.is_some() => {
+            normalize_into(&field.normalize, s, norm, scratch);
+            Some(norm.as_str())
+        }
+        _ => None,
+    };
+    check_normalized(field, value, normalized)
+}
+
+/// [`check_value`] for a caller that already has the value's text after the field's normalize
+/// steps (`normalized`; `None` means the string as it is): a string is normalized once per row.
+/// Inlined down to the test for a field without checks (most fields): no call per value.
+#[inline(always)]
+pub fn check_normalized(field: &Field, value: &Value<'_>, normalized: Option<&str>) -> Option<Rejection> {
+    if field.min.is_none() && field.max.is_none() && field.allowed.is_none() && field.pattern.is_none() {
+        return None;
+    }
+    check_constraints(field, value, normalized)
+}
+
+/// The checks of [`check_normalized`] for a field that has some.
+#[inline(never)]
+fn check_constraints(field: &Field, value: &Value<'_>, normalized: Option<&str>) -> Option<Rejection> {
     let cmp = |b: &Bound| -> Option<std::cmp::Ordering> {
         match (value, b) {
             (Value::Int(v), Bound::Int(b)) => Some(v.cmp(b)),
@@ -371,9 +395,9 @@ pub fn check_value(field: &Field, value: &Value<'_>, norm: &mut String, scratch:
         if field.allowed.is_none() && field.pattern.is_none() {
             return None;
         }
-        normalize_into(&field.normalize, s, norm, scratch);
+        let norm = normalized.unwrap_or(s);
         if let Some(allowed) = &field.allowed
-            && !allowed.iter().any(|a| a == norm.as_str())
+            && !allowed.iter().any(|a| a == norm)
         {
             return Some(Rejection::new(
                 format!("allowed:{}", field.name),

@@ -621,3 +621,80 @@ natural_key: {version: 3, fields: [id]}
     let f = t.query("SELECT count(*) AS n FROM audit.row_failure_log");
     assert_eq!(f[0]["n"], 0);
 }
+
+/// String fields with `normalize` steps are normalized once per value while the rows are typed,
+/// and a batch without rejections is hashed from those normalized texts: the stored hashes must
+/// be those the SQL UDFs compute from the stored (raw) columns through `normalize_text`, and the
+/// normalized value is what the required, key, `allowed` and `pattern` checks see.
+#[test]
+fn normalized_texts_hash_as_the_udfs_over_normalized_values() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("norm.yaml"),
+        r#"source: norm
+version: 1
+format: csv
+csv: {delimiter: ",", header: true, quote: '"', null_values: [""]}
+fields:
+  - {name: code, type: string, required: true, normalize: [trim, upper]}
+  - {name: ref, type: string, normalize: [trim, lower, collapse_whitespace]}
+  - {name: email, type: string, normalize: [trim, lower]}
+  - {name: state, type: string, allowed: [a, b], normalize: [trim, lower]}
+  - {name: cur, type: string, pattern: "^[A-Z]{3}$", normalize: [trim, upper]}
+  - {name: note, type: string, normalize: [nfkc]}
+  - {name: n, type: int32}
+natural_key: {version: 2, fields: [code, ref]}
+"#,
+    )
+    .unwrap();
+    let good = t.dir.path().join("good.csv");
+    std::fs::write(
+        &good,
+        "code,ref,email,state,cur,n,note\n\
+         \" ams01 \",\"  Hello   World \", Ann@X.COM , A ,eur,1,\u{fb01}ne\n\
+         Σx,ΣΑΣ,,b,Usd ,2,a|b\n\
+         çA,r\u{a0}\u{a0}1,BOB@y.org,a,GBP,3,back\\slash\n",
+    )
+    .unwrap();
+    t.ingest_ok("norm", &good);
+    // The same rules with rejected rows in the batch (its hashes come from the typed values).
+    let mixed = t.dir.path().join("mixed.csv");
+    std::fs::write(
+        &mixed,
+        "code,ref,email,state,cur,n,note\n\
+         \"   \",x,,a,EUR,1,\n\
+         k1,\" a|b \",,a,EUR,1,\n\
+         k2,y,,zz,EUR,1,\n\
+         k3,y,, B ,eu,1,\n\
+         \" k4 \",\" Y \",,b,chf,4,ok\n",
+    )
+    .unwrap();
+    t.ingest_ok("norm", &mixed);
+    let rows = t.query(
+        "SELECT count(*) AS n, \
+         sum(CASE WHEN row_hash = row_hash(normalize_text(code, 'trim,upper'), \
+             normalize_text(ref, 'trim,lower,collapse_whitespace'), normalize_text(email, 'trim,lower'), \
+             normalize_text(state, 'trim,lower'), normalize_text(cur, 'trim,upper'), \
+             normalize_text(note, 'nfkc'), n) THEN 1 ELSE 0 END) AS rh, \
+         sum(CASE WHEN natural_key_fingerprint = natural_key_fingerprint(2, normalize_text(code, 'trim,upper'), \
+             normalize_text(ref, 'trim,lower,collapse_whitespace')) THEN 1 ELSE 0 END) AS fp \
+         FROM bronze.norm",
+    );
+    assert_eq!(rows[0]["n"], 4, "{rows:?}");
+    assert_eq!(rows[0]["rh"], 4, "{rows:?}");
+    assert_eq!(rows[0]["fp"], 4, "{rows:?}");
+    let f = t.query("SELECT source_row_number, rule FROM audit.row_failure_log ORDER BY source_row_number");
+    let got: Vec<(i64, &str)> = f
+        .iter()
+        .map(|r| (r["source_row_number"].as_i64().unwrap(), r["rule"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "required:code"),
+            (2, "natural_key_invalid"),
+            (3, "allowed:state"),
+            (4, "pattern:cur")
+        ]
+    );
+}
