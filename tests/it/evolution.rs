@@ -243,3 +243,31 @@ fn a_type_change_old_runs_cannot_be_read_as_is_refused_unless_the_field_says_cas
         "old values cast",
     );
 }
+
+/// A decimal's precision raised (its scale kept) writes the same canonical text: the same records
+/// again are unchanged, and the old run reads at the new precision.
+#[test]
+fn raising_a_decimals_precision_marks_nothing_updated() {
+    let t = TestLake::new();
+    let fields = |precision: u32| {
+        format!(
+            "  - {{name: id, type: string, required: true}}\n  - {{name: price, type: \"decimal({precision},2)\"}}\n"
+        )
+    };
+    contract(&t, &fields(6));
+    let day1 = deliver(&t, "day1", "id,price\na,1.50\nb,9999.99\n");
+    assert_eq!(day1, "2 rows seen: 2 inserted, 0 updated, 0 unchanged, 0 failed");
+    contract(&t, &fields(12));
+    let again = deliver(&t, "day2", "id,price\na,1.50\nb,9999.99\nc,12345678.90\n");
+    assert_eq!(again, "3 rows seen: 1 inserted, 0 updated, 2 unchanged, 0 failed");
+    let current = t.query("SELECT id, CAST(price AS VARCHAR) AS price FROM bronze.shop_current ORDER BY id");
+    assert_same_rows(
+        &current,
+        &rows(json!([
+            {"id": "a", "price": "1.50"},
+            {"id": "b", "price": "9999.99"},
+            {"id": "c", "price": "12345678.90"},
+        ])),
+        "decimal(6,2) runs read as decimal(12,2)",
+    );
+}
