@@ -97,7 +97,7 @@ pub fn later_runs<'a>(current: &[&'a RunRecord], runs: &[&RunRecord], original: 
         .collect()
 }
 
-/// Read the keys of the runs after the replay's original (under the source's lock). Memory: 20
+/// Read the keys of the runs after the replay's original (under the source's lock). Memory: ~40
 /// bytes per distinct key those runs hold; a replay is rare and its input small.
 pub async fn superseding(
     ctx: &SessionContext,
