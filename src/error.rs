@@ -150,3 +150,64 @@ fn render_located(items: &[Located]) -> String {
     }
     out
 }
+
+/// Console output that never stops work: a closed stdout (`ingot run | head -1`) or a dead
+/// terminal ends the printing of that stream, never the job. Use through [`say!`](crate::say)
+/// (stdout) and [`tell!`](crate::tell) (stderr) instead of `println!`/`eprintln!`, which panic.
+pub mod console {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+    static STDERR_GONE: AtomicBool = AtomicBool::new(false);
+
+    /// Stdout as a writer that discards everything once a write failed.
+    pub struct Stdout;
+
+    impl Write for Stdout {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if !STDOUT_GONE.load(Ordering::Relaxed) && std::io::stdout().lock().write_all(buf).is_err() {
+                STDOUT_GONE.store(true, Ordering::Relaxed);
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            if !STDOUT_GONE.load(Ordering::Relaxed) && std::io::stdout().lock().flush().is_err() {
+                STDOUT_GONE.store(true, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    }
+
+    /// Has a write to stdout failed (its reader is gone)? Long outputs stop early then.
+    pub fn stdout_gone() -> bool {
+        STDOUT_GONE.load(Ordering::Relaxed)
+    }
+
+    pub fn say(args: std::fmt::Arguments<'_>) {
+        let _ = writeln!(Stdout, "{args}");
+    }
+
+    pub fn tell(args: std::fmt::Arguments<'_>) {
+        if !STDERR_GONE.load(Ordering::Relaxed) && writeln!(std::io::stderr().lock(), "{args}").is_err() {
+            STDERR_GONE.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `println!` that a closed stdout cannot turn into a panic ([`console`]).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::error::console::say(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that a closed stderr cannot turn into a panic ([`console`]).
+#[macro_export]
+macro_rules! tell {
+    ($($arg:tt)*) => {
+        $crate::error::console::tell(format_args!($($arg)*))
+    };
+}

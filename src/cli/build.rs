@@ -41,10 +41,10 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
         let plan = dry_run(&ws, &args.table, &opts).await?;
         if args.json {
             let json = serde_json::to_string(&plan).map_err(|e| Error::Internal(format!("plan as JSON: {e}")))?;
-            println!("{json}");
+            crate::say!("{json}");
         } else {
-            println!("{plan}");
-            println!("dry run: nothing was written");
+            crate::say!("{plan}");
+            crate::say!("dry run: nothing was written");
         }
         return Ok(ExitStatus::Success);
     }
@@ -61,9 +61,9 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
     }
     let built = built?;
     if args.json {
-        println!("{}", record_json(&built.record));
+        crate::say!("{}", record_json(&built.record));
     } else {
-        println!("{}", describe(&built));
+        crate::say!("{}", describe(&built));
     }
     Ok(ExitStatus::failed_if(built.record.status == BuildStatus::Failed))
 }

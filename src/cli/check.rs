@@ -17,20 +17,20 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
     let rules = RulesSet::load(&cli.rules, &set, &mut problems);
     lake_problems(cli, &set, &mut problems).await?;
     if problems.is_empty() {
-        println!(
+        crate::say!(
             "ok: {} contract{} in {} ({})",
             set.contracts.len(),
             if set.contracts.len() == 1 { "" } else { "s" },
             cli.contracts.display(),
             set.names().join(", ")
         );
-        println!("{}", rules_summary(&rules));
+        crate::say!("{}", rules_summary(&rules));
         return Ok(ExitStatus::Success);
     }
     for p in &problems.items {
-        eprintln!("{p}");
+        crate::tell!("{p}");
     }
-    eprintln!(
+    crate::tell!(
         "{} problem{} found",
         problems.items.len(),
         if problems.items.len() == 1 { "" } else { "s" }

@@ -7,12 +7,12 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let report = crate::ops::doctor::doctor(&ws).await?;
     for v in &report.violations {
-        println!("{v}");
+        crate::say!("{v}");
     }
     for o in &report.orphans {
-        println!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
+        crate::say!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
     }
-    println!(
+    crate::say!(
         "doctor: {} run{} and {} build{} checked, {} violation{}, {} orphan file{}",
         report.runs_checked,
         if report.runs_checked == 1 { "" } else { "s" },

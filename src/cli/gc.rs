@@ -29,10 +29,10 @@ pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
     let report = crate::ops::gc::gc(&ws.lake, &opts).await?;
     let verb = if report.dry_run { "would remove" } else { "removed" };
     for r in &report.removed {
-        println!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
+        crate::say!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
     }
     let bytes: u64 = report.removed.iter().map(|r| r.bytes).sum();
-    println!(
+    crate::say!(
         "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period",
         report.removed.len(),
         if report.removed.len() == 1 { "" } else { "s" },

@@ -36,9 +36,9 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
             code = ExitStatus::Failure;
         }
         if args.json {
-            println!("{}", record_json(&record));
+            crate::say!("{}", record_json(&record));
         } else {
-            println!("{}", describe(&record));
+            crate::say!("{}", describe(&record));
         }
     }
     Ok(code)

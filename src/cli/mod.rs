@@ -203,7 +203,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            crate::tell!("error: cannot start the async runtime: {e}");
             return ExitStatus::Internal.into();
         }
     };
@@ -218,10 +218,10 @@ pub fn run(cli: Cli) -> ExitCode {
 
 /// Print an error with its cause chain.
 pub fn report(e: &Error) {
-    eprintln!("error: {e}");
+    crate::tell!("error: {e}");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        eprintln!("  caused by: {s}");
+        crate::tell!("  caused by: {s}");
         source = s.source();
     }
 }

@@ -15,13 +15,13 @@ pub async fn run(cli: &Cli, args: &ReplayArgs) -> Result<ExitStatus> {
     let opts = crate::ingest::IngestOptions::default();
     match crate::ops::replay::replay(&ws, &args.run_id, &opts).await? {
         crate::ops::replay::Replayed::Run(r) => {
-            println!("{}", crate::cli::ingest::describe(&r));
+            crate::say!("{}", crate::cli::ingest::describe(&r));
             Ok(ExitStatus::failed_if(
                 r.status == crate::table::audit::RunStatus::Failed,
             ))
         }
         crate::ops::replay::Replayed::Nothing(why) => {
-            println!("{why}");
+            crate::say!("{why}");
             Ok(ExitStatus::Success)
         }
     }

@@ -26,13 +26,13 @@ pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<ExitStatus> {
     });
     let report = nightly(&ws, &opts, |step| match &spinner {
         Some(s) => s.set_message(step.to_string()),
-        None => println!("{step}"),
+        None => crate::say!("{step}"),
     })
     .await?;
     if let Some(s) = spinner {
         s.finish_and_clear();
     }
-    print!("{}", summary(&report));
+    let _ = std::io::Write::write_all(&mut crate::error::console::Stdout, summary(&report).as_bytes());
     Ok(ExitStatus::failed_if(report.failed()))
 }
 

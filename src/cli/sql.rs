@@ -23,7 +23,7 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let catalog = crate::query::open_catalog(&ws, args.as_of.as_deref()).await?;
     for p in &catalog.problems.items {
-        eprintln!("warning: {p} (its tables are not available)");
+        crate::tell!("warning: {p} (its tables are not available)");
     }
     let Some(query) = &args.query else {
         use crate::query::output::OutputFormat;

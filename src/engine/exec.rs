@@ -98,7 +98,7 @@ pub fn empty_scans_as_relations(plan: LogicalPlan) -> Result<LogicalPlan> {
 
 fn trace(stage: &str, place: &str) {
     if std::env::var_os("INGOT_CLUSTER_TRACE").is_some_and(|v| !v.is_empty() && v != "0") {
-        eprintln!("cluster: {stage}: {place}");
+        crate::tell!("cluster: {stage}: {place}");
     }
 }
 

@@ -131,7 +131,7 @@ pub async fn scan_stored(
     if lake.exists(&cache).await? {
         match scan_versions(ctx, cluster, &lake.url(&cache), &mut f).await {
             Ok(()) => return Ok(()),
-            Err(e) => eprintln!("{cache}: {e}; computing the row hashes again"),
+            Err(e) => crate::tell!("{cache}: {e}; computing the row hashes again"),
         }
     }
     let url = &stored.url;

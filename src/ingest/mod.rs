@@ -366,7 +366,7 @@ async fn load(
             }
         }
     } else {
-        eprintln!(
+        crate::tell!(
             "{}: about {keys} keys exceed the index memory ({} bytes): change detection runs in {} partitions \
              (spilled to disk, the input is read twice)",
             contract.source,

@@ -51,7 +51,7 @@ pub async fn write_stream(
             if format == OutputFormat::Parquet {
                 return Err(Error::Invalid("--format parquet needs --output FILE".into()));
             }
-            Box::new(std::io::BufWriter::new(std::io::stdout()))
+            Box::new(std::io::BufWriter::new(crate::error::console::Stdout))
         }
     };
     let mut rows = 0u64;
@@ -84,6 +84,9 @@ pub async fn write_stream(
                 let b = b?;
                 rows += b.num_rows() as u64;
                 w.write(&b)?;
+                if output.is_none() && crate::error::console::stdout_gone() {
+                    break;
+                }
                 wrote = true;
             }
             if !wrote {
@@ -96,6 +99,9 @@ pub async fn write_stream(
                 let b = b?;
                 rows += b.num_rows() as u64;
                 w.write(&b)?;
+                if output.is_none() && crate::error::console::stdout_gone() {
+                    break;
+                }
             }
             w.finish()?;
         }
@@ -106,6 +112,9 @@ pub async fn write_stream(
                 let b = b?;
                 rows += b.num_rows() as u64;
                 w.write(&b)?;
+                if output.is_none() && crate::error::console::stdout_gone() {
+                    break;
+                }
             }
             w.close()?;
         }
@@ -115,6 +124,9 @@ pub async fn write_stream(
                 let b = b?;
                 rows += b.num_rows() as u64;
                 w.write(&b)?;
+                if output.is_none() && crate::error::console::stdout_gone() {
+                    break;
+                }
             }
             w.finish()?;
         }

@@ -79,7 +79,7 @@ pub async fn serve(ws: Workspace, addr: &str, token: Option<String>) -> Result<(
     );
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io(format!("--addr {addr}"), e))?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    println!("listening on {bound} (Arrow Flight SQL, read-only)");
+    crate::say!("listening on {bound} (Arrow Flight SQL, read-only)");
     use std::io::Write;
     let _ = std::io::stdout().flush();
     tonic::transport::Server::builder()

@@ -125,7 +125,7 @@ impl<'a> Shell<'a> {
                 match result {
                     Ok(rows) => {
                         if self.timing {
-                            eprintln!(
+                            crate::tell!(
                                 "{rows} row{} in {:.3}s",
                                 if rows == 1 { "" } else { "s" },
                                 start.elapsed().as_secs_f64()
@@ -134,7 +134,7 @@ impl<'a> Shell<'a> {
                     }
                     Err(e) => {
                         self.errors += 1;
-                        eprintln!("error: {e}");
+                        crate::tell!("error: {e}");
                     }
                 }
                 Ok(true)
@@ -149,13 +149,13 @@ impl<'a> Shell<'a> {
         let arg = words.next();
         match (name, arg) {
             ("\\q" | "\\quit", _) => return Ok(false),
-            ("\\?" | "\\help" | "\\h", _) => println!("{HELP}"),
+            ("\\?" | "\\help" | "\\h", _) => crate::say!("{HELP}"),
             ("\\d", None) => self.tables().await?,
             ("\\d", Some(table)) => match self.columns(table).await {
                 Ok(()) => {}
                 Err(e) => {
                     self.errors += 1;
-                    eprintln!("error: {e}");
+                    crate::tell!("error: {e}");
                 }
             },
             ("\\format", Some(f)) => match f {
@@ -164,14 +164,14 @@ impl<'a> Shell<'a> {
                 "json" => self.format = OutputFormat::Json,
                 _ => {
                     self.errors += 1;
-                    eprintln!("error: unknown format \"{f}\"; valid formats: table, csv, json");
+                    crate::tell!("error: unknown format \"{f}\"; valid formats: table, csv, json");
                 }
             },
             ("\\timing", Some("on")) => self.timing = true,
             ("\\timing", Some("off")) => self.timing = false,
             _ => {
                 self.errors += 1;
-                eprintln!("error: unknown command \"{cmd}\"; \\? lists the commands");
+                crate::tell!("error: unknown command \"{cmd}\"; \\? lists the commands");
             }
         }
         Ok(true)
@@ -240,7 +240,7 @@ pub async fn run_piped(catalog: &Catalog, format: OutputFormat) -> Result<ExitSt
 /// stdin as in a pipe.
 #[cfg(not(feature = "shell"))]
 pub async fn run_interactive(catalog: &Catalog, format: OutputFormat) -> Result<ExitStatus> {
-    eprintln!("(this ingot was built without the `shell` feature: no line editing; statements end with ';')");
+    crate::tell!("(this ingot was built without the `shell` feature: no line editing; statements end with ';')");
     run_piped(catalog, format).await
 }
 
@@ -253,7 +253,7 @@ pub async fn run_interactive(catalog: &Catalog, format: OutputFormat) -> Result<
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    println!("ingot sql shell: read-only SQL over bronze.*, silver.*, audit.*; \\? for help, \\q to quit");
+    crate::say!("ingot sql shell: read-only SQL over bronze.*, silver.*, audit.*; \\? for help, \\q to quit");
     let mut shell = Shell::new(catalog, format, true);
     let mut reader = StatementReader::default();
     loop {

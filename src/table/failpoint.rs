@@ -60,6 +60,6 @@ pub fn hit(name: &str) -> Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(ms));
         return Ok(());
     }
-    eprintln!("ingot: failpoint {name} reached: aborting");
+    crate::tell!("ingot: failpoint {name} reached: aborting");
     std::process::abort();
 }

@@ -134,3 +134,36 @@ fn a_new_file_is_ingested_alone_and_only_affected_tables_are_rebuilt() {
         215
     );
 }
+
+/// `ingot run | head -1`, or a terminal that went away: printing stops, the job does not. With its
+/// stdout closed before it prints anything, the nightly job still ingests and builds everything
+/// and exits 0; so do `ingot sql` with a closed pipe and a second run.
+#[test]
+fn a_closed_stdout_never_stops_the_job() {
+    let t = TestLake::new();
+    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    let landing = t.dir.path().join("landing");
+    let closed = |args: &[&str]| {
+        let mut child = t
+            .command()
+            .arg("--landing")
+            .arg(&landing)
+            .arg("--rules")
+            .arg(repo().join("rules"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    };
+    let out = closed(&["run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let builds = t.query("SELECT DISTINCT \"table\" FROM audit.silver_build_log WHERE status = 'succeeded' ORDER BY 1");
+    assert_eq!(builds.len(), 4, "every table was built: {builds:?}");
+    let out = closed(&["sql", "SELECT * FROM bronze.bookings", "--format", "csv"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = closed(&["run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}

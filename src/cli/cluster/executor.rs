@@ -59,9 +59,15 @@ pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<ExitStatus> {
         Some(n) => n,
         None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
-    println!(
+    crate::say!(
         "ingot cluster executor: results on {}:{}, tasks on {}:{}, scheduler {}:{}, {concurrent_tasks} concurrent tasks; lake {}",
-        bind.host, bind.port, grpc_bind.host, grpc_bind.port, scheduler.host, scheduler.port, cli.lake
+        bind.host,
+        bind.port,
+        grpc_bind.host,
+        grpc_bind.port,
+        scheduler.host,
+        scheduler.port,
+        cli.lake
     );
     let _ = std::io::stdout().flush();
     serve(

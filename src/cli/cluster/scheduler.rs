@@ -19,7 +19,7 @@ pub async fn run(cli: &Cli, args: &SchedulerArgs) -> Result<ExitStatus> {
     let addr = listener
         .local_addr()
         .map_err(|e| crate::Error::RunFailed(format!("--bind {}: {e}", args.bind)))?;
-    println!(
+    crate::say!(
         "ingot cluster scheduler listening on {addr} (clients: --cluster df://{addr}; executors: --scheduler {addr}); lake {}",
         cli.lake
     );
