@@ -43,6 +43,8 @@ pub struct Catalog {
     pub problems: Problems,
     /// The cluster queries run on (`--cluster`), see [`crate::engine::exec`].
     pub cluster: Option<String>,
+    /// Silver tables left out because their snapshot cannot be read (see `problems`).
+    pub unreadable: Vec<String>,
 }
 
 /// Open a session over the lake with all tables registered.
@@ -103,7 +105,7 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         .map(|b| ws.lake.url(&layout::build_record(&b.table, b.seq)))
         .collect();
     ctx.register_table("audit.silver_build_log", table_over(build_files, build_log_schema())?)?;
-    register_silver(&ctx, ws, &contracts, &builds, cutoff).await?;
+    let unreadable = register_silver(&ctx, ws, &builds, cutoff, &mut problems).await?;
     ctx.register_table(
         "audit.row_failure_log",
         table_over(failure_files, failure_log_schema())?,
@@ -116,6 +118,7 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         builds,
         problems,
         cluster: ws.cluster.clone(),
+        unreadable,
     })
 }
 
@@ -246,34 +249,45 @@ pub fn latest_build<'a>(builds: &'a [BuildRecord], table: &str) -> Option<&'a Bu
 async fn register_silver(
     ctx: &SessionContext,
     ws: &Workspace,
-    _contracts: &ContractSet,
     builds: &[BuildRecord],
     as_of: Option<i64>,
-) -> Result<()> {
+    problems: &mut Problems,
+) -> Result<Vec<String>> {
     let mut tables: Vec<&str> = builds.iter().map(|b| b.table.as_str()).collect();
     tables.dedup();
-    let mut built = std::collections::HashSet::new();
+    let mut unreadable = Vec::new();
     for table in tables {
         let chosen = match as_of {
             None => latest_build(builds, table),
             Some(t) => current_at(builds, table, t),
         };
         if let Some(b) = chosen {
-            let provider = crate::table::silver::snapshot_table(ctx, &ws.lake, table, &b.build_id)
-                .await
-                .map_err(|e| match as_of {
-                    Some(_) => Error::Invalid(format!(
+            let provider = match crate::table::silver::snapshot_table(ctx, &ws.lake, table, &b.build_id).await {
+                Ok(p) => p,
+                Err(e) if as_of.is_some() => {
+                    return Err(Error::Invalid(format!(
                         "silver.{table} as of then is build {}, whose snapshot is no longer readable (removed by \
                          `ingot gc` after its retention?): {e}",
                         b.build_id
-                    )),
-                    None => e,
-                })?;
+                    )));
+                }
+                Err(Error::Internal(e)) => return Err(Error::Internal(e)),
+                Err(e) => {
+                    // One broken table leaves the others queryable; its problem names the file.
+                    let manifest = layout::silver_manifest(table, &b.build_id);
+                    problems.push(
+                        std::path::Path::new(&manifest),
+                        crate::spec::yaml::Pos { line: 1, column: 1 },
+                        format!("silver.{table} (build {}) cannot be read: {e}", b.build_id),
+                    );
+                    unreadable.push(table.to_string());
+                    continue;
+                }
+            };
             ctx.register_table(format!("silver.{table}").as_str(), provider)?;
-            built.insert(table.to_string());
         }
     }
-    Ok(())
+    Ok(unreadable)
 }
 
 /// `table_descriptions` and `column_descriptions` (see the module docs), from the contracts, the

@@ -4,7 +4,9 @@
 //! 1. **files**: each committed run that loaded data has its bronze file (and its failure file
 //!    when it rejected rows); each table's current build has its snapshot, each succeeded build
 //!    that rejected rows its failure file. Files no committed run or build owns are listed as
-//!    orphans (not a violation: `ingot gc` removes them after its grace period).
+//!    orphans (not a violation: `ingot gc` removes them after its grace period). An object in the
+//!    run or build log that is not a record, or a record no reader can parse, is a violation
+//!    (`logs`; every other command skips it).
 //! 2. **counts**: run records reconcile (`rows_seen = inserted + updated + unchanged + failed`), a
 //!    run's bronze file has `inserted + updated + deleted` rows and its failure file `rows_failed`;
 //!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
@@ -125,9 +127,13 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         builds_checked: all_builds.len(),
         ..Default::default()
     };
-    let mut out = Vec::new();
 
     // 1. files; sources and tables with a lost file cannot be queried: their later checks are skipped.
+    let mut out: Vec<Violation> = crate::table::audit::stray_log_objects(lake)
+        .await?
+        .into_iter()
+        .map(|(path, why)| v("logs", path, why))
+        .collect();
     let mut damaged = Damaged::default();
     check_run_files(&all_runs, &present, &mut damaged, &mut out);
     let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();

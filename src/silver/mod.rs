@@ -26,7 +26,9 @@ pub async fn register_planned(catalog: &Catalog, ws: &Workspace) -> Result<()> {
     let mut added = false;
     for (table, versions) in &rules.tables {
         let name = format!("silver.{table}");
-        if ctx.table_exist(name.as_str())? {
+        // a table whose snapshot could not be read is never planned-empty: it stays absent and
+        // the catalog's problem names the file
+        if ctx.table_exist(name.as_str())? || catalog.unreadable.contains(table) {
             continue;
         }
         let Some(latest) = versions.values().next_back() else {

@@ -352,14 +352,51 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
         + 1
 }
 
-/// Every committed run record of the lake, in start order (then run id).
+/// The slot a log file name stands for: `<digits>.parquet`.
+fn slot_of(name: Option<&str>) -> Option<u64> {
+    let digits = name?.strip_suffix(".parquet")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Objects under the run and build logs that are not records (their names are not
+/// `<digits>.parquet`), or that are records no reader can parse: `(path, why)`, for `ingot doctor`.
+pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (rel, log) in [(layout::RUN_LOG, "run log"), (layout::BUILD_LOG, "build log")] {
+        for meta in lake.list(rel).await? {
+            let path = lake
+                .relative(&meta.location)
+                .unwrap_or_else(|| meta.location.to_string());
+            if slot_of(meta.location.filename()).is_none() {
+                out.push((
+                    path,
+                    format!(
+                        "not a {log} record (records are named <slot>.parquet): skipped by every command; remove it"
+                    ),
+                ));
+                continue;
+            }
+            let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+            if let Err(e) = ParquetRecordBatchReaderBuilder::try_new(bytes).and_then(|b| b.build()) {
+                out.push((path, format!("unreadable {log} record: {e}")));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every committed run record of the lake, in commit order within each source (sources by name).
 pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
     let out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
         r.seq = seq
     })
     .await?;
     let mut out = latest_per_id(out, |r| (r.source.clone(), r.run_id.clone()), |r| r.seq);
-    out.sort_by(|a, b| (a.started_at, &a.run_id).cmp(&(b.started_at, &b.run_id)));
+    // Commit order within each source (its slots), never a clock.
+    out.sort_by(|a, b| (&a.source, a.seq).cmp(&(&b.source, b.seq)));
     Ok(out)
 }
 
@@ -472,12 +509,12 @@ async fn read_log<T>(
         if meta.location.extension() != Some("parquet") {
             continue;
         }
-        let seq = meta
-            .location
-            .filename()
-            .and_then(|f| f.strip_suffix(".parquet"))
-            .and_then(|f| f.parse::<u64>().ok())
-            .ok_or_else(|| Error::RunFailed(format!("unexpected file in the {log}: {}", meta.location)))?;
+        // Only `<digits>.parquet` is a record (a slot); anything else (`._0000000001.parquet` from
+        // a macOS copy, an editor's backup) is not part of the log: skipped here, reported by
+        // `ingot doctor` ([`stray_log_objects`]).
+        let Some(seq) = slot_of(meta.location.filename()) else {
+            continue;
+        };
         let bytes = lake.store.get(&meta.location).await?.bytes().await?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())

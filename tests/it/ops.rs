@@ -309,3 +309,59 @@ fn doctor_reports_each_kind_of_damage_with_its_location() {
         "{said}"
     );
 }
+
+/// One stray object never stops the lake: a `._0000000001.parquet` (a macOS copy on a share) in
+/// the run log and the build log is skipped by every command and reported by `doctor` with its
+/// path; a silver table whose manifest is damaged fails only its own queries, and the warning
+/// names the file.
+#[test]
+fn a_stray_object_in_a_log_or_one_broken_table_never_stops_the_lake() {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    t.ingest_ok("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    t.ingest_ok(
+        "marketing_spend",
+        &landing("marketing_spend/2026-10-13_marketing_spend.csv"),
+    );
+    for table in ["bookings", "marketing_spend"] {
+        assert!(t.run(&["build", table]).status.success());
+    }
+    let runs = t.lake().join("audit/ingestion_run_log/hotels");
+    std::fs::copy(runs.join("0000000001.parquet"), runs.join("._0000000001.parquet")).unwrap();
+    std::fs::write(runs.join("notes.parquet"), b"scratch").unwrap();
+    let builds = t.lake().join("audit/silver_build_log/bookings");
+    std::fs::write(builds.join("._0000000001.parquet"), b"\x00\x05\x16\x07").unwrap();
+    for args in [
+        vec!["runs"],
+        vec!["sql", "SELECT 1"],
+        vec!["sql", "SELECT count(*) FROM silver.bookings"],
+    ] {
+        let out = t.run(&args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(t.query("SELECT count(*) AS n FROM audit.ingestion_run_log")[0]["n"], 3);
+    let out = t.run(&["doctor"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    for path in [
+        "audit/ingestion_run_log/hotels/._0000000001.parquet",
+        "audit/ingestion_run_log/hotels/notes.parquet",
+        "audit/silver_build_log/bookings/._0000000001.parquet",
+    ] {
+        assert!(stdout(&out).contains(path), "{path} not reported:\n{}", stdout(&out));
+    }
+
+    // a damaged manifest: silver.bookings fails, naming the file; silver.marketing_spend works
+    let build = t.query("SELECT build_id FROM audit.silver_build_log WHERE \"table\" = 'bookings'")[0]["build_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let manifest = format!("silver/bookings/build_id={build}/manifest.json");
+    std::fs::write(t.lake().join(&manifest), b"{ not json").unwrap();
+    let out = t.run(&["sql", "SELECT count(*) AS n FROM silver.marketing_spend"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&manifest), "{}", stderr(&out));
+    let out = t.run(&["sql", "SELECT count(*) FROM silver.bookings"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&manifest), "{}", stderr(&out));
+    assert!(t.run(&["runs"]).status.success());
+}
