@@ -4,17 +4,15 @@
 //! 1. **files**: each committed run that loaded data has its bronze file (and its failure file
 //!    when it rejected rows); each table's current build has its snapshot, each succeeded build
 //!    that rejected rows its failure file. Files no committed run or build owns are listed as
-//!    orphans (not a violation: `ingot gc` removes them after its grace period). An object in the
-//!    run or build log that is not a record, or a record no reader can parse, is a violation
-//!    (`logs`; every other command skips it).
+//!    orphans (not a violation: `ingot gc` removes them after its grace period). Log objects that
+//!    are no record or unreadable are `logs` violations.
 //! 2. **counts**: run records reconcile (`rows_seen = inserted + updated + unchanged + failed`), a
 //!    run's bronze file has `inserted + updated + deleted` rows and its failure file `rows_failed`;
 //!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
 //!    file has `rows_rejected` rows.
 //! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
 //!    per fingerprint.
-//! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (until its next build,
-//!    a table fails this after an undo).
+//! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
 //! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -118,8 +116,29 @@ fn v(check: &'static str, location: impl Into<String>, message: impl Into<String
 /// Run every check; see the module documentation.
 pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let lake = &ws.lake;
-    let all_runs = crate::table::audit::read_run_log(lake).await?;
-    let all_builds = crate::table::audit::read_build_log(lake).await?;
+    // 0. logs: objects that are not records, records no reader can parse (the logs cannot be read
+    // while one is in a slot: then that is all doctor can say)
+    let mut out: Vec<Violation> = crate::table::audit::stray_log_objects(lake)
+        .await?
+        .into_iter()
+        .map(|(path, why)| v("logs", path, why))
+        .collect();
+    let logs = async {
+        Ok::<_, crate::error::Error>((
+            crate::table::audit::read_run_log(lake).await?,
+            crate::table::audit::read_build_log(lake).await?,
+        ))
+    };
+    let (all_runs, all_builds) = match logs.await {
+        Ok(logs) => logs,
+        Err(_) if !out.is_empty() => {
+            return Ok(DoctorReport {
+                violations: out,
+                ..Default::default()
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let present = lake_files(lake).await?;
     let mut report = DoctorReport {
         orphans: orphans(&present, &all_runs, &all_builds),
@@ -129,11 +148,6 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     };
 
     // 1. files; sources and tables with a lost file cannot be queried: their later checks are skipped.
-    let mut out: Vec<Violation> = crate::table::audit::stray_log_objects(lake)
-        .await?
-        .into_iter()
-        .map(|(path, why)| v("logs", path, why))
-        .collect();
     let mut damaged = Damaged::default();
     check_run_files(&all_runs, &present, &mut damaged, &mut out);
     let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();

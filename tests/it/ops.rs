@@ -364,4 +364,18 @@ fn a_stray_object_in_a_log_or_one_broken_table_never_stops_the_lake() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains(&manifest), "{}", stderr(&out));
     assert!(t.run(&["runs"]).status.success());
+
+    // a record in a slot that no reader can parse: doctor still names it
+    std::fs::write(
+        t.lake().join("audit/ingestion_run_log/hotels/0000000002.parquet"),
+        b"PAR1",
+    )
+    .unwrap();
+    let out = t.run(&["doctor"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("audit/ingestion_run_log/hotels/0000000002.parquet: unreadable run log record"),
+        "{}",
+        stdout(&out)
+    );
 }
