@@ -114,6 +114,12 @@ pub fn summary(r: &NightlyReport) -> String {
             ));
         }
     }
+    for (table, why) in &r.reasons {
+        out.push_str(&format!("\nbuilt silver.{table}: {why}"));
+    }
+    if !r.reasons.is_empty() {
+        out.push('\n');
+    }
     for run in r.runs.iter().filter(|x| x.status == RunStatus::Failed) {
         out.push_str(&format!(
             "\nFAILED run {} ({}): {}\n",

@@ -5,8 +5,10 @@
 //! hash, with a status other than `failed` (a failed file is retried only after the contract
 //! version changes). Files are ingested per source in sorted order, one run each, so a re-sent
 //! copy under another name is recorded as `skipped_duplicate_file` once. A table is built
-//! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, or
-//! when it has no succeeded build with its latest rules version yet. Running the job twice in a row
+//! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, when
+//! it has no succeeded build with its latest rules version yet, or when its latest build no longer
+//! shows the committed state of its inputs, whatever changed them (a manual ingest, undo, replay or
+//! rekey, a build that was killed or failed): the job heals. Running the job twice in a row
 //! changes nothing the second time. The landing folder can be local or `s3://bucket/prefix`
 //! ([`crate::ingest::landing`]).
 
@@ -30,6 +32,8 @@ pub struct NightlyReport {
     pub builds: Vec<Built>,
     /// Landing files found already loaded (not ingested again).
     pub already_loaded: usize,
+    /// Why each table was built, in build order.
+    pub reasons: Vec<(String, String)>,
 }
 
 impl NightlyReport {
@@ -98,11 +102,37 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
         let built_with_latest = builds
             .iter()
             .any(|b| b.table == table && b.status == BuildStatus::Succeeded && b.rules_version == latest.version);
-        if !inputs_changed && built_with_latest {
-            continue;
-        }
+        let why = if inputs_changed {
+            Some("this job loaded data into its inputs".to_string())
+        } else if !built_with_latest {
+            Some(format!("no succeeded build with rules v{} yet", latest.version))
+        } else {
+            stale(ws, table).await?
+        };
+        let Some(why) = why else { continue };
         on_step(&format!("build silver.{table}"));
+        report.reasons.push((table.to_string(), why));
         report.builds.push(build(ws, table, &BuildOptions::default()).await?);
     }
     Ok(report)
+}
+
+/// Why `table`'s latest succeeded build no longer shows the committed state of its inputs (an
+/// ingest, undo, replay or rekey outside this job, a build that was killed or failed), if it does
+/// not: what a build now would do, from its dry run.
+async fn stale(ws: &Workspace, table: &str) -> Result<Option<String>> {
+    let plan = crate::silver::build::dry_run(ws, table, &BuildOptions::default()).await?;
+    if plan.kind == "unchanged" || (plan.process == 0 && plan.removed == 0 && plan.previous_build.is_some()) {
+        return Ok(None);
+    }
+    let mut why = format!(
+        "its latest build does not show the committed state of its inputs: {} record{} to process, {} to remove",
+        plan.process,
+        if plan.process == 1 { "" } else { "s" },
+        plan.removed
+    );
+    if let Some(r) = &plan.reason {
+        why.push_str(&format!(" ({r})"));
+    }
+    Ok(Some(why))
 }

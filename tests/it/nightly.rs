@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::util::{TestLake, assert_ok, repo, stdout};
+use crate::util::{TestLake, assert_ok, repo, stderr, stdout};
 
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -166,4 +166,66 @@ fn a_closed_stdout_never_stops_the_job() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let out = closed(&["run"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The nightly job heals: after an undo, a manual ingest and a build killed before its commit
+/// (none of them through the job), `ingot run` rebuilds exactly the tables whose latest build no
+/// longer shows their inputs, says why, and leaves a lake `doctor` finds clean; the run after
+/// that builds nothing.
+#[test]
+fn the_nightly_job_rebuilds_whatever_changed_its_inputs() {
+    let t = TestLake::new();
+    copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
+    assert_ok(&nightly(&t));
+    let rules = repo().join("rules");
+    let with_rules = |args: &[&str]| t.command().arg("--rules").arg(&rules).args(args).output().unwrap();
+    // an undo of a bookings run and a manual site_traffic ingest, outside the job
+    let run = t.query(
+        "SELECT run_id FROM audit.ingestion_run_log WHERE source = 'bookings' AND rows_inserted > 0 \
+         ORDER BY started_at DESC LIMIT 1",
+    )[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ok(&with_rules(&["undo", &run]));
+    let extra = t.dir.path().join("extra_site_traffic.csv");
+    std::fs::write(
+        &extra,
+        "hotel_code,day,sessions,pageviews,conversions\nAMS01,2026-12-01,5,9,1\n",
+    )
+    .unwrap();
+    let out = t.ingest("site_traffic", &extra);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // a build of marketing_spend killed after writing its files, before its commit
+    let mut killed = t.command();
+    killed
+        .env("INGOT_FAILPOINT", "build.after_data")
+        .arg("--rules")
+        .arg(&rules)
+        .args(["build", "marketing_spend"]);
+    let _ = killed.output().unwrap();
+    let doctor = t.run(&["doctor"]);
+    assert_eq!(
+        doctor.status.code(),
+        Some(1),
+        "the undo left silver.bookings behind: {}",
+        stdout(&doctor)
+    );
+
+    let out = nightly(&t);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("built silver.bookings: its latest build does not show the committed state of its inputs"),
+        "{text}"
+    );
+    assert!(
+        text.contains("built silver.site_traffic: its latest build does not show"),
+        "{text}"
+    );
+    assert!(!text.contains("built silver.web_sessions"), "{text}");
+    let doctor = t.run(&["doctor"]);
+    assert_eq!(doctor.status.code(), Some(0), "{}", stdout(&doctor));
+    let again = stdout(&nightly(&t));
+    assert!(again.contains("0 builds"), "{again}");
 }
