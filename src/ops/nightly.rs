@@ -121,7 +121,16 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
 /// ingest, undo, replay or rekey outside this job, a build that was killed or failed), if it does
 /// not: what a build now would do, from its dry run.
 async fn stale(ws: &Workspace, table: &str) -> Result<Option<String>> {
-    let plan = crate::silver::build::dry_run(ws, table, &BuildOptions::default()).await?;
+    let plan = match crate::silver::build::dry_run(ws, table, &BuildOptions::default()).await {
+        Ok(plan) => plan,
+        // a table whose build would be refused (edited rules, a broken lookup contract) does not
+        // stop the job over the others: warned, not built
+        Err(e @ (Error::Invalid(_) | Error::Config(_))) => {
+            crate::tell!("warning: silver.{table} not checked for changes: {e}");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     if plan.kind == "unchanged" || (plan.process == 0 && plan.removed == 0 && plan.previous_build.is_some()) {
         return Ok(None);
     }
