@@ -48,6 +48,11 @@ pub enum Error {
     #[error("{0}")]
     RunFailed(String),
 
+    /// A run could not finish for a passing cause (the file changed while it was read, a read
+    /// failed): recorded as a failed run of class `transient`, which the nightly job retries.
+    #[error("{0}")]
+    RunInterrupted(String),
+
     /// ingot itself failed (a panicked thread, a broken invariant): not the input's fault, so no
     /// failed run is recorded for the file; nothing of the interrupted work is published.
     #[error("internal error: {0}")]

@@ -114,10 +114,13 @@ pub fn summary(r: &NightlyReport) -> String {
             ));
         }
     }
+    for (file, why) in &r.retried {
+        out.push_str(&format!("\nretried {file}: {why}"));
+    }
     for (table, why) in &r.reasons {
         out.push_str(&format!("\nbuilt silver.{table}: {why}"));
     }
-    if !r.reasons.is_empty() {
+    if !r.reasons.is_empty() || !r.retried.is_empty() {
         out.push('\n');
     }
     for run in r.runs.iter().filter(|x| x.status == RunStatus::Failed) {

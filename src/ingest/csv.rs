@@ -220,7 +220,7 @@ impl CsvLoader {
                     match self.input.read(&mut self.buf) {
                         Ok(n) => break n,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(Error::RunFailed(format!("{}: read failed: {e}", self.display))),
+                        Err(e) => return Err(Error::RunInterrupted(format!("{}: read failed: {e}", self.display))),
                     }
                 };
                 self.bytes_read += self.len as u64;

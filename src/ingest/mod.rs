@@ -174,6 +174,7 @@ pub async fn ingest_file(
         natural_key_definition: Some(contract.key_definition()),
         rows_superseded: 0,
         contract_fields: Some(contract.fields_definition()),
+        failure_class: None,
         seq: 0,
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
@@ -191,10 +192,19 @@ pub async fn ingest_file(
     };
     let result = match outcome {
         Ok(()) => Ok(record),
-        Err(Error::RunFailed(msg)) => {
-            // Bad input: record the failed run (no data is published) and carry on.
+        Err(e @ (Error::RunFailed(_) | Error::RunInterrupted(_))) => {
+            // Bad input, or a passing cause: record the failed run (no data is published) with
+            // its class, and carry on.
+            record.failure_class = Some(
+                if matches!(e, Error::RunInterrupted(_)) {
+                    "transient"
+                } else {
+                    "content"
+                }
+                .to_string(),
+            );
             record.status = RunStatus::Failed;
-            record.error = Some(msg);
+            record.error = Some(e.to_string());
             record.rows_seen = 0;
             record.rows_inserted = 0;
             record.rows_updated = 0;
@@ -436,7 +446,7 @@ impl FileStamp {
     /// Fail the run if the file is no longer what was hashed.
     fn check(&self, path: &Path) -> Result<()> {
         if FileStamp::of(path)? != *self {
-            return Err(Error::RunFailed(format!(
+            return Err(Error::RunInterrupted(format!(
                 "{}: the file changed while it was being ingested; nothing was published. Re-run when it is complete",
                 path.display()
             )));

@@ -193,7 +193,7 @@ impl Loader for NdjsonLoader {
             let n = (&mut self.input)
                 .take(MAX_LINE_BYTES + 1)
                 .read_until(b'\n', &mut self.line_buf)
-                .map_err(|e| Error::RunFailed(format!("{}: read failed: {e}", self.display)))?;
+                .map_err(|e| Error::RunInterrupted(format!("{}: read failed: {e}", self.display)))?;
             if self.line_buf.len() as u64 > MAX_LINE_BYTES {
                 return Err(Error::RunFailed(format!(
                     "{}: line {}: longer than {} MiB; nothing was loaded",

@@ -2,8 +2,9 @@
 //! whose inputs changed.
 //!
 //! A landing file is *new* unless a run of its source already has the same file name and file
-//! hash, with a status other than `failed` (a failed file is retried only after the contract
-//! version changes). Files are ingested per source in sorted order, one run each, so a re-sent
+//! hash, with a status other than `failed` (a file that failed for its content is retried only
+//! after the contract version changes; one that failed for a passing cause, class `transient`,
+//! is retried by the next job). Files are ingested per source in sorted order, one run each, so a re-sent
 //! copy under another name is recorded as `skipped_duplicate_file` once. A table is built
 //! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, when
 //! it has no succeeded build with its latest rules version yet, or when its latest build no longer
@@ -34,6 +35,8 @@ pub struct NightlyReport {
     pub already_loaded: usize,
     /// Why each table was built, in build order.
     pub reasons: Vec<(String, String)>,
+    /// Landing files ingested again after a run of theirs failed for a passing cause, and why.
+    pub retried: Vec<(String, String)>,
 }
 
 impl NightlyReport {
@@ -58,7 +61,8 @@ async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32,
             r.source == source
                 && file_name(&r.file_path) == name
                 && r.file_bytes == bytes
-                && (r.status != RunStatus::Failed || r.contract_version == contract_version)
+                && (r.status != RunStatus::Failed
+                    || (r.contract_version == contract_version && r.failure_class.as_deref() != Some("transient")))
         })
         .collect();
     if candidates.is_empty() {
@@ -84,6 +88,21 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
             if already_loaded(&runs, source, contract.version as i32, &input).await? {
                 report.already_loaded += 1;
                 continue;
+            }
+            if let Some(prev) = runs.iter().rev().find(|r| {
+                r.source == *source
+                    && r.status == RunStatus::Failed
+                    && r.failure_class.as_deref() == Some("transient")
+                    && file_name(&r.file_path) == input.file_name()
+            }) {
+                report.retried.push((
+                    input.display(),
+                    format!(
+                        "run {} failed for a passing cause: {}",
+                        prev.run_id,
+                        prev.error.as_deref().unwrap_or("")
+                    ),
+                ));
             }
             on_step(&format!("ingest {source} {}", input.display()));
             let record = ingest_input(ws, contract.clone(), &input, opts).await?;

@@ -222,6 +222,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         natural_key_definition: Some(contract.key_definition()),
         rows_superseded: 0,
         contract_fields: Some(contract.fields_definition()),
+        failure_class: None,
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;

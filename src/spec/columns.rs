@@ -52,6 +52,7 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "natural_key_definition",
     "rows_superseded",
     "contract_fields",
+    "failure_class",
     "replay_of",
     "error",
     "ingot_version",

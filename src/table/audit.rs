@@ -6,7 +6,7 @@
 //! file that only becomes visible through the run's committed record. Columns added after the
 //! first release (`ignored_columns`, `rolled_back_at`, `rows_deleted`, `natural_key_version`,
 //! `previous_natural_key_version`, `natural_key_definition`, `rows_superseded`,
-//! `contract_fields`) read as null (or 0) in older records; [`RunRecord`] says what each holds.
+//! `contract_fields`, `failure_class`) read as null (or 0) in older records; [`RunRecord`] says what each holds.
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
 //! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
@@ -119,6 +119,10 @@ pub struct RunRecord {
     ///
     /// [`Contract::fields_definition`]: crate::spec::contract::Contract::fields_definition
     pub contract_fields: Option<String>,
+    /// Why a `failed` run failed: `content` (the file under this contract: retried only when the
+    /// contract changes) or `transient` (the file changed while read, a read failed: the nightly
+    /// job retries it). Extension column; null on other runs and in older records (read as content).
+    pub failure_class: Option<String>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -173,6 +177,7 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("natural_key_definition", DataType::Utf8, true),
         Field::new("rows_superseded", DataType::Int64, true),
         Field::new("contract_fields", DataType::Utf8, true),
+        Field::new("failure_class", DataType::Utf8, true),
     ]))
 }
 
@@ -240,6 +245,7 @@ impl RunRecord {
             str_array(self.natural_key_definition.as_deref()),
             i64_array(self.rows_superseded),
             str_array(self.contract_fields.as_deref()),
+            str_array(self.failure_class.as_deref()),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -284,6 +290,10 @@ impl RunRecord {
                 rows_superseded: c.opt_i64("rows_superseded", r)?.unwrap_or(0),
                 contract_fields: match c.batch.column_by_name("contract_fields") {
                     Some(_) => c.opt("contract_fields", r)?,
+                    None => None,
+                },
+                failure_class: match c.batch.column_by_name("failure_class") {
+                    Some(_) => c.opt("failure_class", r)?,
                     None => None,
                 },
                 seq: 0,

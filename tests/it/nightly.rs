@@ -229,3 +229,61 @@ fn the_nightly_job_rebuilds_whatever_changed_its_inputs() {
     let again = stdout(&nightly(&t));
     assert!(again.contains("0 builds"), "{again}");
 }
+
+/// A file that failed for a passing cause (here: touched while it was read) is recorded with
+/// failure class `transient` and retried by the next nightly job; a file that failed for its
+/// content is not retried until its contract changes.
+#[test]
+fn the_nightly_job_retries_a_run_that_failed_for_a_passing_cause() {
+    let t = TestLake::new();
+    let landing = t.dir.path().join("landing");
+    std::fs::create_dir_all(landing.join("hotels")).unwrap();
+    let file = landing.join("hotels/2026-11-01_hotels.csv");
+    std::fs::copy(repo().join("data/landing/hotels/2026-11-01_hotels.csv"), &file).unwrap();
+    std::fs::create_dir_all(landing.join("bookings")).unwrap();
+    std::fs::write(landing.join("bookings/empty.csv"), "").unwrap();
+    let marker = t.dir.path().join("reached");
+    let mut job = t.command();
+    job.env("INGOT_FAILPOINT", "ingest.after_hash:sleep:3000")
+        .env("INGOT_FAILPOINT_MARKER", &marker)
+        .arg("--landing")
+        .arg(&landing)
+        .arg("--rules")
+        .arg(repo().join("rules"))
+        .arg("run")
+        .stdout(std::process::Stdio::piped());
+    let child = job.spawn().unwrap();
+    crate::util::wait_for_marker(&marker, "the nightly job");
+    // touched while it is read: same bytes, a new modification time
+    let f = std::fs::File::options().write(true).open(&file).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let runs =
+        || t.query("SELECT source, status, failure_class FROM audit.ingestion_run_log ORDER BY source, started_at");
+    let first: Vec<String> = runs()
+        .iter()
+        .map(|r| format!("{} {} {}", r["source"], r["status"], r["failure_class"]))
+        .collect();
+    assert_eq!(
+        first,
+        vec![
+            "\"bookings\" \"failed\" \"content\"".to_string(),
+            "\"hotels\" \"failed\" \"transient\"".to_string()
+        ]
+    );
+    // the next job retries the transient failure only
+    let out = nightly(&t);
+    let text = stdout(&out);
+    assert!(text.contains("ingest hotels"), "{text}");
+    assert!(!text.contains("ingest bookings"), "{text}");
+    assert!(
+        text.contains("failed for a passing cause:") && text.contains("the file changed while it was being ingested"),
+        "the summary says why it retried: {text}"
+    );
+    let last = runs().into_iter().last().unwrap();
+    assert_eq!(last["status"], "succeeded");
+    assert_eq!(last.get("failure_class"), None, "null on a run that did not fail");
+}

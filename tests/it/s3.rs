@@ -433,6 +433,7 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         natural_key_definition: None,
         rows_superseded: 0,
         contract_fields: None,
+        failure_class: None,
         replay_of: None,
         error: Some(format!("writer {run_id}")),
         ingot_version: "test".into(),
