@@ -210,7 +210,61 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
             });
         }
     }
+    if let Some(root) = lake.root_dir() {
+        remove_staging_leftovers(root, now, grace, &mut report)?;
+    }
     Ok(report)
+}
+
+/// Is `name` a staging file of an unfinished write to the local disk (`<name>#<digits>`, which
+/// the object store writes, then renames into place; it lists none of them)?
+fn is_staging(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(base, n)| !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Remove the staging files that killed writes left on a local lake, once older than the grace
+/// period (a write still in progress renames its file well within it).
+fn remove_staging_leftovers(root: &std::path::Path, now: i64, grace: i64, report: &mut GcReport) -> Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(dir.display(), e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(dir.display(), e))?;
+            let path = entry.path();
+            let meta = entry.metadata().map_err(|e| Error::io(path.display(), e))?;
+            if meta.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if !entry.file_name().to_str().is_some_and(is_staging) {
+                continue;
+            }
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(now, |d| d.as_micros() as i64);
+            if now - modified < grace {
+                report.in_grace += 1;
+                continue;
+            }
+            if !report.dry_run {
+                std::fs::remove_file(&path).map_err(|e| Error::io(path.display(), e))?;
+            }
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            report.removed.push(Removal {
+                path: rel.display().to_string().replace('\\', "/"),
+                bytes: meta.len(),
+                reason: "staging file of a write that never finished".to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Parse a duration like `90s`, `30m`, `24h`, `7d` (or `0`).

@@ -100,6 +100,11 @@ impl Lake {
         })
     }
 
+    /// The lake's directory on the local disk (`None` on a remote object store).
+    pub fn root_dir(&self) -> Option<&std::path::Path> {
+        self.root_dir.as_deref()
+    }
+
     /// Is the lake on a remote object store (S3), rather than the local disk?
     pub fn is_remote(&self) -> bool {
         self.root_dir.is_none()

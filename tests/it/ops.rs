@@ -379,3 +379,40 @@ fn a_stray_object_in_a_log_or_one_broken_table_never_stops_the_lake() {
         stdout(&out)
     );
 }
+
+/// A write killed before its rename leaves a hidden `<name>#<n>` staging file on a local lake
+/// (the object store lists none of them): gc removes it once older than the grace period, and
+/// keeps a fresh one (a write in progress).
+#[test]
+fn gc_removes_staging_leftovers_of_killed_writes_after_the_grace_period() {
+    let t = TestLake::new();
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    let run = t.query("SELECT run_id FROM audit.ingestion_run_log")[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = t.lake().join(format!("bronze/hotels/run_id={run}"));
+    let old = dir.join("part-00000.parquet#7");
+    let fresh = t.lake().join("audit/row_failure_log/run_id=x/part-00000.parquet#2");
+    std::fs::create_dir_all(fresh.parent().unwrap()).unwrap();
+    std::fs::write(&old, vec![0u8; 100]).unwrap();
+    std::fs::write(&fresh, b"in progress").unwrap();
+    let f = std::fs::File::options().write(true).open(&old).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200))
+        .unwrap();
+    drop(f);
+    let before = t.query("SELECT * FROM bronze.hotels ORDER BY hotel_code");
+
+    let dry = t.run(&["gc", "--dry-run", "--grace", "30m"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let want = format!(
+        "would remove bronze/hotels/run_id={run}/part-00000.parquet#7 (100 bytes): staging file of a write that never finished"
+    );
+    assert!(stdout(&dry).contains(&want), "{}", stdout(&dry));
+    assert!(old.exists());
+    let out = t.run(&["gc", "--grace", "30m"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!old.exists(), "the old staging file is gone");
+    assert!(fresh.exists(), "a fresh one (a write in progress) stays");
+    assert_eq!(t.query("SELECT * FROM bronze.hotels ORDER BY hotel_code"), before);
+}
