@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::nullif;
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
@@ -64,6 +64,16 @@ fn bad_column(url: &str, col: &str) -> Error {
     ))
 }
 
+/// The columns change detection reads of a version: its fingerprint, its row hash (null on a
+/// tombstone) and `is_deleted`. Also the schema of a row-hash cache file.
+fn versions_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("natural_key_fingerprint", DataType::Utf8, true),
+        Field::new("row_hash", DataType::Utf8, true),
+        Field::new(crate::table::bronze::IS_DELETED, DataType::Boolean, true),
+    ]))
+}
+
 /// Stream the versions of one committed bronze file, in file order: the fingerprint and the
 /// row-hash prefix, or `None` for a tombstone (`is_deleted`; files from before deletions have no
 /// such column and no tombstones). The scan runs on `cluster` when given (see [`crate::engine::exec`]).
@@ -73,37 +83,40 @@ pub async fn scan_versions(
     url: &str,
     mut f: impl FnMut(Fp, Option<u64>) -> Result<()>,
 ) -> Result<()> {
-    let schema = std::sync::Arc::new(Schema::new(vec![
-        Field::new("natural_key_fingerprint", DataType::Utf8, true),
-        Field::new("row_hash", DataType::Utf8, true),
-        Field::new(crate::table::bronze::IS_DELETED, DataType::Boolean, true),
-    ]));
-    let df = ctx.read_table(crate::engine::catalog::table_over(vec![url.to_string()], schema)?)?;
+    let df = ctx.read_table(crate::engine::catalog::table_over(
+        vec![url.to_string()],
+        versions_schema(),
+    )?)?;
     let mut stream = crate::engine::exec::stream(cluster, df, "ingest: committed versions").await?;
     while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
-        let rhs = StrColumn::new(batch.column(1)).ok_or_else(|| bad_column(url, "row_hash"))?;
-        let deleted = batch.column(2).as_boolean_opt();
-        for i in 0..batch.num_rows() {
-            let tombstone = deleted.is_some_and(|d| d.is_valid(i) && d.value(i));
-            let Some(fp) = batch.column(0).is_valid(i).then(|| fp_key(fps.value(i))).flatten() else {
-                return Err(bad_column(url, "natural_key_fingerprint"));
-            };
-            if tombstone {
-                f(fp, None)?;
-                continue;
-            }
-            let Some(rh) = batch
-                .column(1)
-                .is_valid(i)
-                .then(|| hex_u64(rhs.value(i).as_bytes()))
-                .flatten()
-            else {
-                return Err(bad_column(url, "row_hash"));
-            };
-            f(fp, Some(rh))?;
+        visit_versions(&batch?, url, &mut f)?;
+    }
+    Ok(())
+}
+
+/// Call `f` for each version of `batch` (columns as [`versions_schema`]) read from `url`.
+fn visit_versions(batch: &RecordBatch, url: &str, f: &mut impl FnMut(Fp, Option<u64>) -> Result<()>) -> Result<()> {
+    let fps = StrColumn::new(batch.column(0)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
+    let rhs = StrColumn::new(batch.column(1)).ok_or_else(|| bad_column(url, "row_hash"))?;
+    let deleted = batch.column(2).as_boolean_opt();
+    for i in 0..batch.num_rows() {
+        let tombstone = deleted.is_some_and(|d| d.is_valid(i) && d.value(i));
+        let Some(fp) = batch.column(0).is_valid(i).then(|| fp_key(fps.value(i))).flatten() else {
+            return Err(bad_column(url, "natural_key_fingerprint"));
+        };
+        if tombstone {
+            f(fp, None)?;
+            continue;
         }
+        let Some(rh) = batch
+            .column(1)
+            .is_valid(i)
+            .then(|| hex_u64(rhs.value(i).as_bytes()))
+            .flatten()
+        else {
+            return Err(bad_column(url, "row_hash"));
+        };
+        f(fp, Some(rh))?;
     }
     Ok(())
 }
@@ -141,12 +154,7 @@ pub async fn scan_stored(
     let df = crate::table::evolve::read_stored(ctx, contract, &[stored])?.select_columns(&select)?;
     let mut stream = crate::engine::exec::stream(cluster, df, "ingest: committed versions").await?;
     let n_fields = fields.fields().len();
-    let cache_schema = Arc::new(Schema::new(vec![
-        Field::new("natural_key_fingerprint", DataType::Utf8, true),
-        Field::new("row_hash", DataType::Utf8, true),
-        Field::new(crate::table::bronze::IS_DELETED, DataType::Boolean, true),
-    ]));
-    let mut writer = RunFileWriter::new(lake, cache.clone(), cache_schema.clone());
+    let mut writer = RunFileWriter::new(lake, cache.clone(), versions_schema());
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let columns = fields
@@ -155,38 +163,22 @@ pub async fn scan_stored(
             .enumerate()
             .map(|(i, f)| datafusion::arrow::compute::cast(batch.column(i), f.data_type()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let typed = RecordBatch::try_new(fields.clone(), columns)?;
-        let rhs = hashers.row_hashes(&typed)?;
-        let fps = StrColumn::new(batch.column(n_fields)).ok_or_else(|| bad_column(url, "natural_key_fingerprint"))?;
-        let deleted = batch.column(n_fields + 1).as_boolean_opt();
-        let mut tombstone = Vec::with_capacity(batch.num_rows());
-        for i in 0..batch.num_rows() {
-            let Some(fp) = batch
-                .column(n_fields)
-                .is_valid(i)
-                .then(|| fp_key(fps.value(i)))
-                .flatten()
-            else {
-                return Err(bad_column(url, "natural_key_fingerprint"));
-            };
-            let gone = deleted.is_some_and(|d| d.is_valid(i) && d.value(i));
-            tombstone.push(gone);
-            if gone {
-                f(fp, None)?;
-            } else {
-                let rh = hex_u64(rhs.value(i).as_bytes()).ok_or_else(|| bad_column(url, "row_hash"))?;
-                f(fp, Some(rh))?;
-            }
-        }
-        let gone = BooleanArray::from(tombstone);
-        let rh = nullif(&rhs, &gone)?;
-        let fp = datafusion::arrow::compute::cast(batch.column(n_fields), &DataType::Utf8)?;
-        writer
-            .write(&RecordBatch::try_new(
-                cache_schema.clone(),
-                vec![fp, rh, Arc::new(gone)],
-            )?)
-            .await?;
+        let rhs = hashers.row_hashes(&RecordBatch::try_new(fields.clone(), columns)?)?;
+        // the versions as the cache keeps them: no row hash on a tombstone
+        let gone = match batch.column(n_fields + 1).as_boolean_opt() {
+            Some(d) => BooleanArray::from_iter(d.iter().map(|v| Some(v == Some(true)))),
+            None => BooleanArray::from(vec![false; batch.num_rows()]),
+        };
+        let versions = RecordBatch::try_new(
+            versions_schema(),
+            vec![
+                datafusion::arrow::compute::cast(batch.column(n_fields), &DataType::Utf8)?,
+                nullif(&rhs, &gone)?,
+                Arc::new(gone),
+            ],
+        )?;
+        visit_versions(&versions, url, &mut f)?;
+        writer.write(&versions).await?;
     }
     writer.finish().await?;
     Ok(())

@@ -195,14 +195,11 @@ pub async fn ingest_file(
         Err(e @ (Error::RunFailed(_) | Error::RunInterrupted(_))) => {
             // Bad input, or a passing cause: record the failed run (no data is published) with
             // its class, and carry on.
-            record.failure_class = Some(
-                if matches!(e, Error::RunInterrupted(_)) {
-                    "transient"
-                } else {
-                    "content"
-                }
-                .to_string(),
-            );
+            let class = match e {
+                Error::RunInterrupted(_) => crate::table::audit::FAILED_TRANSIENTLY,
+                _ => crate::table::audit::FAILED_FOR_CONTENT,
+            };
+            record.failure_class = Some(class.to_string());
             record.status = RunStatus::Failed;
             record.error = Some(e.to_string());
             record.rows_seen = 0;

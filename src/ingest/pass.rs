@@ -95,25 +95,13 @@ impl Hashers {
     /// Fingerprints of a batch of contract fields (in [`Contract::fields_schema`]), under the
     /// contract's natural key (`ingot rekey`).
     pub fn fingerprint(&self, fields: &RecordBatch) -> Result<StringArray> {
-        let n = fields.num_rows();
-        self.fingerprint
-            .evaluate(fields)?
-            .into_array(n)?
-            .as_string_opt::<i32>()
-            .cloned()
-            .ok_or_else(|| Error::RunFailed("natural_key_fingerprint UDF returned a non-utf8 array".into()))
+        evaluate_utf8(&self.fingerprint, fields, "natural_key_fingerprint")
     }
 
     /// Row hashes of a batch of contract fields (in [`Contract::fields_schema`]): a stored
     /// version's hash under the current contract ([`crate::table::evolve`]).
     pub fn row_hashes(&self, fields: &RecordBatch) -> Result<StringArray> {
-        let n = fields.num_rows();
-        self.row_hash
-            .evaluate(fields)?
-            .into_array(n)?
-            .as_string_opt::<i32>()
-            .cloned()
-            .ok_or_else(|| Error::RunFailed("row_hash UDF returned a non-utf8 array".into()))
+        evaluate_utf8(&self.row_hash, fields, "row_hash")
     }
 
     /// Fingerprints and row hashes of every row of the batch (rejected rows included), and, when
@@ -145,14 +133,17 @@ impl Hashers {
             return Ok((utf8(fp, "natural_key_fingerprint")?, utf8(rh, "row_hash")?, Some(keys)));
         }
         let rb = RecordBatch::try_new(self.schema.clone(), batch.columns.clone())?;
-        let n = rb.num_rows();
-        let fp = utf8(
-            self.fingerprint.evaluate(&rb)?.into_array(n)?,
-            "natural_key_fingerprint",
-        )?;
-        let rh = utf8(self.row_hash.evaluate(&rb)?.into_array(n)?, "row_hash")?;
-        Ok((fp, rh, None))
+        Ok((self.fingerprint(&rb)?, self.row_hashes(&rb)?, None))
     }
+}
+
+/// One hash expression over a batch of contract fields: its digests as a string array.
+fn evaluate_utf8(expr: &Arc<dyn PhysicalExpr>, fields: &RecordBatch, what: &str) -> Result<StringArray> {
+    expr.evaluate(fields)?
+        .into_array(fields.num_rows())?
+        .as_string_opt::<i32>()
+        .cloned()
+        .ok_or_else(|| Error::RunFailed(format!("{what} UDF returned a non-utf8 array")))
 }
 
 /// A parsed, typed and hashed batch.

@@ -16,6 +16,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use crate::engine::catalog::Catalog;
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
 use crate::ingest::landing::{Input, landing_files};
@@ -62,7 +63,7 @@ async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32,
                 && file_name(&r.file_path) == name
                 && r.file_bytes == bytes
                 && (r.status != RunStatus::Failed
-                    || (r.contract_version == contract_version && r.failure_class.as_deref() != Some("transient")))
+                    || (r.contract_version == contract_version && !r.failed_transiently()))
         })
         .collect();
     if candidates.is_empty() {
@@ -89,12 +90,11 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
                 report.already_loaded += 1;
                 continue;
             }
-            if let Some(prev) = runs.iter().rev().find(|r| {
-                r.source == *source
-                    && r.status == RunStatus::Failed
-                    && r.failure_class.as_deref() == Some("transient")
-                    && file_name(&r.file_path) == input.file_name()
-            }) {
+            if let Some(prev) = runs
+                .iter()
+                .rev()
+                .find(|r| r.source == *source && r.failed_transiently() && file_name(&r.file_path) == input.file_name())
+            {
                 report.retried.push((
                     input.display(),
                     format!(
@@ -113,6 +113,8 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
         }
     }
     let builds = read_build_log(&ws.lake).await?;
+    // one catalog for every table's staleness check (silver tables never read each other)
+    let mut catalog = None;
     for table in rules.table_names() {
         let Some(latest) = rules.latest(table) else { continue };
         let contract = contracts.contracts.get(&latest.source);
@@ -126,7 +128,13 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
         } else if !built_with_latest {
             Some(format!("no succeeded build with rules v{} yet", latest.version))
         } else {
-            stale(ws, table).await?
+            if catalog.is_none() {
+                catalog = Some(crate::engine::catalog::open(ws).await?);
+            }
+            match &catalog {
+                Some(c) => stale(ws, c, table).await?,
+                None => None,
+            }
         };
         let Some(why) = why else { continue };
         on_step(&format!("build silver.{table}"));
@@ -139,8 +147,13 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
 /// Why `table`'s latest succeeded build no longer shows the committed state of its inputs (an
 /// ingest, undo, replay or rekey outside this job, a build that was killed or failed), if it does
 /// not: what a build now would do, from its dry run.
-async fn stale(ws: &Workspace, table: &str) -> Result<Option<String>> {
-    let plan = match crate::silver::build::dry_run(ws, table, &BuildOptions::default()).await {
+async fn stale(ws: &Workspace, catalog: &Catalog, table: &str) -> Result<Option<String>> {
+    let opts = BuildOptions::default();
+    let plan = match crate::silver::build::load_rules(ws, catalog, table, None) {
+        Ok(rules) => crate::silver::build::plan_summary(ws, catalog, &rules, &opts).await,
+        Err(e) => Err(e),
+    };
+    let plan = match plan {
         Ok(plan) => plan,
         // a table whose build would be refused (edited rules, a broken lookup contract) does not
         // stop the job over the others: warned, not built

@@ -72,6 +72,11 @@ impl RunStatus {
     }
 }
 
+/// `failure_class` of a run that failed for its file's content under its contract.
+pub const FAILED_FOR_CONTENT: &str = "content";
+/// `failure_class` of a run that failed for a passing cause (retried by the nightly job).
+pub const FAILED_TRANSIENTLY: &str = "transient";
+
 /// One row of `audit.ingestion_run_log`. Times are microseconds since the epoch, UTC.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
@@ -129,6 +134,11 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// Did this run fail for a passing cause (`failure_class` transient)?
+    pub fn failed_transiently(&self) -> bool {
+        self.status == RunStatus::Failed && self.failure_class.as_deref() == Some(FAILED_TRANSIENTLY)
+    }
+
     /// Did this run write a bronze data file?
     pub fn has_data(&self) -> bool {
         self.status.is_loaded() && self.rows_written() > 0

@@ -31,7 +31,12 @@ fn workspace(dir: &std::path::Path, clock: Arc<ManualClock>) -> Workspace {
 
 /// `(text, micros)` of a query's first two columns, every row.
 async fn rows(ws: &Workspace, sql: &str) -> Vec<(String, i64)> {
-    let catalog = ingot::query::open_catalog(ws, None).await.unwrap();
+    rows_as_of(ws, sql, None).await
+}
+
+/// [`rows`] with `silver.*` as of a build id or a time (`ingot sql --as-of`).
+async fn rows_as_of(ws: &Workspace, sql: &str, as_of: Option<&str>) -> Vec<(String, i64)> {
+    let catalog = ingot::query::open_catalog(ws, as_of).await.unwrap();
     let batches = catalog.ctx.sql(sql).await.unwrap().collect().await.unwrap();
     let mut out = Vec::new();
     for b in batches {
@@ -219,25 +224,15 @@ async fn a_clock_that_steps_back_does_not_reorder_builds_or_as_of() {
     assert!(second.finished_at >= second.started_at);
     // as of the moment the second build finished, and as of now: the second build's table
     for at in [second.build_id.clone(), "2030-01-01".to_string()] {
-        let catalog = ingot::engine::catalog::open_as_of(&ws, Some(&at)).await.unwrap();
-        let batches = catalog
-            .ctx
-            .sql("SELECT DISTINCT silver_build_id FROM silver.bookings")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let ids: Vec<String> = batches
-            .iter()
-            .flat_map(|b| {
-                let c = datafusion::arrow::compute::cast(b.column(0), &datafusion::arrow::datatypes::DataType::Utf8)
-                    .unwrap();
-                (0..c.len())
-                    .map(|i| c.as_string::<i32>().value(i).to_string())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let ids: Vec<String> = rows_as_of(
+            &ws,
+            "SELECT DISTINCT silver_build_id, 0 FROM silver.bookings",
+            Some(&at),
+        )
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
         // the second build's table (a delta on the first: rows it kept carry the first's id)
         assert!(ids.contains(&second.build_id), "as of {at}: {ids:?}");
     }
