@@ -70,6 +70,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate every contract and rules file; print all problems at once as file:line:column: message.
+    ///
+    /// With a lake, contracts are also checked against the runs it holds: a field whose type
+    /// stored runs cannot be read as is refused, naming the runs (unless `older_values: cast`).
     Check,
     /// Ingest files into bronze: one run per file, in sorted order.
     ///
@@ -106,11 +109,14 @@ pub enum Command {
     /// DataFusion logical plans the rules compile to.
     Explain(explain::ExplainArgs),
     /// The nightly job: ingest every new file under <landing>/<source>/ (sorted, one run each),
-    /// then build every silver table whose inputs changed; print one summary table.
+    /// then build every silver table whose latest build does not show its inputs' committed
+    /// state (whatever changed them: this job, a manual ingest, undo, replay, rekey, a killed
+    /// build); print one summary table and why each table was built.
     ///
     /// A file counts as new unless a run of its source already took the same file name and hash
-    /// (a failed file is retried after its contract version changes). Running the job twice in a
-    /// row changes nothing the second time. Exit 1 when any run or build failed.
+    /// (a file that failed for its content is retried after its contract version changes, one that
+    /// failed for a passing cause by the next job). Running the job twice in a row changes nothing
+    /// the second time. Exit 1 when any run or build failed.
     Run(run::RunArgs),
     /// Show the ingestion runs, oldest first.
     Runs(runs::RunsArgs),
@@ -129,7 +135,8 @@ pub enum Command {
     /// The rows become a new run with replay_of set (e.g. after adding a missing allowed value
     /// to the contract); each keeps its record number in the original file. Only rows no earlier
     /// replay loaded are replayed, so replaying twice adds nothing; `ingot failures --run ID`
-    /// shows which rows a replay loaded (replayed_by).
+    /// shows which rows a replay loaded (replayed_by). A replayed row counts as delivered by the
+    /// original run: where a later run delivered its key it is not loaded (rule replay_superseded).
     Replay(replay::ReplayArgs),
     /// Move a source's bronze to the contract's new natural key, as one committed run.
     ///
