@@ -31,9 +31,16 @@ pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
     for r in &report.removed {
         crate::say!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
     }
+    for why in &report.skipped {
+        crate::say!("{why}");
+    }
     let bytes: u64 = report.removed.iter().map(|r| r.bytes).sum();
+    let held = match report.held {
+        0 => String::new(),
+        n => format!("; {n} held by running writers"),
+    };
     crate::say!(
-        "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period",
+        "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period{held}",
         report.removed.len(),
         if report.removed.len() == 1 { "" } else { "s" },
         report.in_grace

@@ -5,23 +5,26 @@
 //!
 //! | file | kept | removed |
 //! |---|---|---|
-//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data (`succeeded`, `succeeded_with_failures`) | `r` has no committed record (a crashed or running ingest: only once the file is older than the grace period), or `r` published nothing (`failed`, `skipped_duplicate_file`: after the grace period), or `r` was rolled back more than the grace period ago |
-//! | `silver/<t>/build_id=<b>/…` | a file the manifest of a kept build names (kept: the latest succeeded build of `t`, and succeeded builds that finished less than the retention ago, whose snapshots stay queryable and which undo can return to); a manifest may name files in an earlier build's folder | `b` has no committed record (after the grace period), failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
-//! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded (its rejections are audit history) | `b` has no committed record, failed or was rolled back (after the grace period) |
+//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data, or a live lock holds `r` (an ingest or rekey in progress) | `r` has no committed record (a crashed ingest), published nothing (`failed`, `skipped_duplicate_file`) or was rolled back: after the grace period |
+//! | `silver/<t>/build_id=<b>/…` | a file a kept build's manifest names (the latest succeeded build of `t`, and succeeded builds within the retention); while a build or undo holds `t`'s lock, every file of `t` | `b` has no committed record, failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
+//! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded, or a live lock holds `b` (a build in progress) | `b` has no committed record, failed or was rolled back (after the grace period) |
 //!
-//! The run and build logs themselves, locks, and anything gc does not recognise are never
-//! touched. The grace period protects the files of a run or build still in progress: keep it
-//! longer than your longest ingest or build (default 24 hours). A removed older snapshot can no
-//! longer be restored by undoing the builds after it. Deleting is idempotent, so a crash during
-//! gc is repaired by running it again.
+//! The logs, locks, and anything gc does not recognise are never touched. gc lists files, then
+//! reads the live locks ([`crate::table::lock::live_holds`]), then the logs; it decides and deletes
+//! a table's snapshots holding the table's lock, so no undo can restore one meanwhile. The grace
+//! period guards writers whose lock was lost (default 24 hours). Deleting is idempotent, so a
+//! crash during gc is repaired by running it again; `…#<n>` staging leftovers go after the grace.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
+
+use object_store::ObjectMeta;
 
 use crate::engine::catalog::latest_build;
 use crate::error::{Error, Result};
 use crate::table::audit::{BuildRecord, BuildStatus, RunRecord, RunStatus, read_build_log, read_run_log};
 use crate::table::lake::Lake;
+use crate::table::lock::{GC_HOLDER, Scope, acquire_for, default_ttl};
 
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -58,6 +61,10 @@ pub struct GcReport {
     pub removed: Vec<Removal>,
     /// Files that would go but are younger than the grace period.
     pub in_grace: usize,
+    /// Files of runs and builds a live writer holds (in progress, or about to be restored).
+    pub held: usize,
+    /// Tables whose snapshots were not collected, and why (a build or undo held the table).
+    pub skipped: Vec<String>,
     pub dry_run: bool,
 }
 
@@ -140,80 +147,220 @@ fn build_verdict(
     }
 }
 
+/// A data file gc listed, and whose it is.
+struct Listed {
+    rel: String,
+    meta: ObjectMeta,
+    owner: Owner,
+}
+
+impl Owner {
+    /// The run or build id.
+    fn id(&self) -> &str {
+        match self {
+            Owner::Run(id) => id,
+            Owner::Build { build_id, .. } => build_id,
+        }
+    }
+}
+
 /// Remove (or with `dry_run` list) what nothing reads any more; see the module documentation.
+///
+/// The order makes it safe beside running writers: the files are listed first, then the live
+/// locks are read, then the logs. A writer whose files were listed either still held its lock
+/// (its runs and builds are kept) or had committed before the logs were read. Snapshots, which
+/// an undo can make current again, are decided and deleted table by table under the table's
+/// lock, with the build log read again under it.
 pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
+    let mut listed = Vec::new();
+    for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/row_hash"] {
+        for meta in lake.list(prefix).await? {
+            let Some(rel) = lake.relative(&meta.location) else {
+                continue;
+            };
+            if let Some(owner) = owner_of(&rel) {
+                listed.push(Listed { rel, meta, owner });
+            }
+        }
+    }
+    let held = crate::table::lock::live_holds(lake).await?;
     let runs: BTreeMap<String, RunRecord> = read_run_log(lake)
         .await?
         .into_iter()
         .map(|r| (r.run_id.clone(), r))
         .collect();
     let builds_all = read_build_log(lake).await?;
-    let mut latest: HashMap<String, String> = HashMap::new();
-    for b in &builds_all {
-        if let Some(l) = latest_build(&builds_all, &b.table) {
-            latest.insert(b.table.clone(), l.build_id.clone());
-        }
-    }
-    let builds: BTreeMap<String, &BuildRecord> = builds_all.iter().map(|b| (b.build_id.clone(), b)).collect();
     // the system clock, not the workspace's: grace periods compare it with the store's
     // modification times
     let now = chrono::Utc::now().timestamp_micros();
-    // Files the kept snapshots read (a manifest may name files of earlier builds' folders).
-    let mut live: BTreeSet<String> = BTreeSet::new();
-    for b in &builds_all {
-        if matches!(build_verdict(Some(b), true, &latest, now, opts.retain), Verdict::Keep) {
-            live.extend(crate::silver::build::build_files(lake, &b.table, &b.build_id).await?);
-        }
-    }
-    let grace = opts.grace.as_micros() as i64;
     let mut report = GcReport {
         dry_run: opts.dry_run,
         ..Default::default()
     };
-    for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/row_hash"] {
-        for meta in lake.list(prefix).await? {
-            let Some(rel) = lake.relative(&meta.location) else {
-                continue;
-            };
-            let Some(owner) = owner_of(&rel) else { continue };
-            if live.contains(&rel) {
+    let mut snapshots: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
+    {
+        let latest = latest_builds(&builds_all);
+        let builds = by_id(&builds_all);
+        for f in listed {
+            if held.contains(f.owner.id()) {
+                report.held += 1;
                 continue;
             }
-            let verdict = match &owner {
+            let verdict = match &f.owner {
                 Owner::Run(id) => run_verdict(runs.get(id)),
-                Owner::Build { table, build_id } => build_verdict(
-                    builds.get(build_id).copied(),
-                    table.is_some(),
-                    &latest,
-                    now,
-                    opts.retain,
-                ),
-            };
-            let Verdict::Remove(reason, since) = verdict else {
-                continue;
-            };
-            let since = since.unwrap_or_else(|| meta.last_modified.timestamp_micros());
-            if now - since < grace {
-                report.in_grace += 1;
-                continue;
-            }
-            if !opts.dry_run {
-                lake.delete(&rel).await?;
-                if report.removed.is_empty() {
-                    crate::table::failpoint::hit("gc.after_first_delete")?;
+                Owner::Build { table: Some(table), .. } => {
+                    snapshots.entry(table.clone()).or_default().push(f);
+                    continue;
                 }
-            }
-            report.removed.push(Removal {
-                path: rel,
-                bytes: meta.size,
-                reason: reason.to_string(),
-            });
+                Owner::Build { table: None, build_id } => {
+                    build_verdict(builds.get(build_id).copied(), false, &latest, now, opts.retain)
+                }
+            };
+            remove_if(lake, f, verdict, now, opts, &mut report).await?;
         }
+        // a table none of whose snapshot files the logs let go needs no lock
+        snapshots.retain(|_, files| {
+            files.iter().any(|f| {
+                let b = builds.get(f.owner.id()).copied();
+                matches!(build_verdict(b, true, &latest, now, opts.retain), Verdict::Remove(..))
+            })
+        });
+    }
+    let gc_id = format!("{GC_HOLDER}{}", uuid::Uuid::now_v7());
+    for (table, files) in snapshots {
+        let lock = match acquire_for(lake, Scope::Table(&table), &gc_id, Vec::new(), default_ttl()).await {
+            Ok(lock) => lock,
+            Err(Error::Locked(why)) => {
+                report.skipped.push(format!("silver.{table} kept for now: {why}"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let done = snapshots_of(lake, &table, files, now, opts, &mut report).await;
+        lock.release().await?;
+        done?;
     }
     if let Some(root) = lake.root_dir() {
-        remove_staging_leftovers(root, now, grace, &mut report)?;
+        remove_staging_leftovers(root, now, opts.grace.as_micros() as i64, &mut report)?;
+    }
+    if let Some(uploads) = &lake.uploads {
+        abort_stale_uploads(lake, uploads, now, opts, &mut report).await?;
     }
     Ok(report)
+}
+
+/// Abort the incomplete multipart uploads under the lake's prefix (writes killed on S3, which
+/// leave no object but keep their parts, and their cost, until aborted) once older than the
+/// grace period: a write in progress completes its upload well within it.
+async fn abort_stale_uploads(
+    lake: &Lake,
+    uploads: &crate::table::store::Uploads,
+    now: i64,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<()> {
+    let root = lake.path("");
+    let prefix = match root.as_ref() {
+        "" => String::new(),
+        r => format!("{r}/"),
+    };
+    for u in uploads.list(&prefix).await? {
+        if now - u.initiated.timestamp_micros() < opts.grace.as_micros() as i64 {
+            report.in_grace += 1;
+            continue;
+        }
+        if !opts.dry_run {
+            uploads.abort(&u.key, &u.id).await?;
+        }
+        let path = u.key.strip_prefix(&prefix).unwrap_or(&u.key).to_string();
+        report.removed.push(Removal {
+            path,
+            bytes: 0,
+            reason: format!(
+                "incomplete multipart upload {} started {}: a write that never finished",
+                u.id,
+                u.initiated.to_rfc3339()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The latest succeeded build of every table.
+fn latest_builds(builds: &[BuildRecord]) -> HashMap<String, String> {
+    let mut latest = HashMap::new();
+    for b in builds {
+        if let Some(l) = latest_build(builds, &b.table) {
+            latest.insert(b.table.clone(), l.build_id.clone());
+        }
+    }
+    latest
+}
+
+fn by_id(builds: &[BuildRecord]) -> BTreeMap<String, &BuildRecord> {
+    builds.iter().map(|b| (b.build_id.clone(), b)).collect()
+}
+
+/// Decide and remove the snapshot files of `table`, under its lock: the build log is read again,
+/// so an undo or build that committed since gc's first reading counts.
+async fn snapshots_of(
+    lake: &Lake,
+    table: &str,
+    files: Vec<Listed>,
+    now: i64,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<()> {
+    let all = read_build_log(lake).await?;
+    let ours: Vec<BuildRecord> = all.into_iter().filter(|b| b.table == table).collect();
+    let latest = latest_builds(&ours);
+    let builds = by_id(&ours);
+    // Files the kept snapshots read (a manifest may name files of earlier builds' folders).
+    let mut live: BTreeSet<String> = BTreeSet::new();
+    for b in &ours {
+        if matches!(build_verdict(Some(b), true, &latest, now, opts.retain), Verdict::Keep) {
+            live.extend(crate::silver::build::build_files(lake, &b.table, &b.build_id).await?);
+        }
+    }
+    for f in files {
+        if live.contains(&f.rel) {
+            continue;
+        }
+        let verdict = build_verdict(builds.get(f.owner.id()).copied(), true, &latest, now, opts.retain);
+        remove_if(lake, f, verdict, now, opts, report).await?;
+    }
+    Ok(())
+}
+
+/// Remove `f` (or list it, in a dry run) if the verdict says so and its grace period is over.
+async fn remove_if(
+    lake: &Lake,
+    f: Listed,
+    verdict: Verdict,
+    now: i64,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<()> {
+    let Verdict::Remove(reason, since) = verdict else {
+        return Ok(());
+    };
+    let since = since.unwrap_or_else(|| f.meta.last_modified.timestamp_micros());
+    if now - since < opts.grace.as_micros() as i64 {
+        report.in_grace += 1;
+        return Ok(());
+    }
+    if !opts.dry_run {
+        lake.delete(&f.rel).await?;
+        if report.removed.is_empty() {
+            crate::table::failpoint::hit("gc.after_first_delete")?;
+        }
+    }
+    report.removed.push(Removal {
+        path: f.rel,
+        bytes: f.meta.size,
+        reason: reason.to_string(),
+    });
+    Ok(())
 }
 
 /// Is `name` a staging file of an unfinished write to the local disk (`<name>#<digits>`, which

@@ -121,12 +121,15 @@ pub fn undo_blocker(runs: &[RunRecord], run: &RunRecord) -> Option<String> {
 /// the data streams in batches, read twice (once to find conflicts, once to write).
 pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
     let holder = format!("rekey-{}", ws.new_id());
-    let lock =
-        crate::table::lock::acquire(&ws.lake, &contract.source, &holder, crate::table::lock::default_ttl()).await?;
+    // the rekey run's id, named in the lock so that gc keeps its files while it runs
+    let run_id = ws.new_id();
+    let scope = crate::table::lock::Scope::Source(&contract.source);
+    let ttl = crate::table::lock::default_ttl();
+    let lock = crate::table::lock::acquire_for(&ws.lake, scope, &holder, vec![run_id.clone()], ttl).await?;
     let result = async {
         failpoint::hit("rekey.after_lock")?;
         let runs = read_run_log(&ws.lake).await?;
-        rekey_locked(ws, &contract, &runs).await
+        rekey_locked(ws, &contract, &runs, run_id).await
     }
     .await;
     if matches!(result, Ok(Rekeyed::Run(_))) {
@@ -148,7 +151,7 @@ pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
 /// `bronze.<source>` under the fingerprint they were written with (their `natural_key_version` says
 /// which), reachable from the new key through `previous_natural_key_fingerprint`. The next silver
 /// build removes the old fingerprints and adds the new ones (a full and an incremental build agree).
-async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecord]) -> Result<Rekeyed> {
+async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecord], run_id: String) -> Result<Rekeyed> {
     let source = &contract.source;
     let new_version = contract.natural_key.version as i32;
     let Some(old_version) = lake_key_version(ws, runs, source).await? else {
@@ -194,7 +197,6 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         }
     }
 
-    let run_id = ws.new_id();
     let started_at = crate::table::audit::not_before(runs, source, ws.now_micros());
     let mut record = RunRecord {
         run_id: run_id.clone(),

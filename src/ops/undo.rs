@@ -1,7 +1,8 @@
 //! `ingot undo <id>`: roll back one committed ingestion run or one silver build (docs/operations.md).
 //!
 //! An undo commits a copy of the run's (or build's) log record with status `rolled_back` into the
-//! next slot of its log, under the source's lock, with the create-if-absent put of every commit:
+//! next slot of its log, under the source's lock (a run) or the table's (a build, which also
+//! names the build it restores, so gc keeps it), with the create-if-absent put of every commit:
 //! logs stay append-only and the copy supersedes the original wherever the log is read. Nothing
 //! is deleted (the files stay until `ingot gc`); undoing twice is a no-op that says so.
 //!
@@ -160,23 +161,86 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
 /// build, so it is the previous snapshot again (or empty when `B` was the first), atomically;
 /// the next incremental build starts from that snapshot's state. Only the latest succeeded build
 /// of a table can be undone (undo the later ones first). A rolled-back build no longer pins its
-/// rules version's SHA-256.
+/// rules version's SHA-256. The undo holds `T`'s lock, naming the build it returns to (so gc
+/// keeps that snapshot), reads the build log again under it, and checks right before its commit
+/// that every file of the snapshot it restores is still there.
 async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) -> Result<Undone> {
-    match build.status {
-        BuildStatus::RolledBack => {
-            return Ok(Undone::Nothing(format!(
-                "build {} of silver.{} is already rolled back: nothing to do",
-                build.build_id, build.table
-            )));
-        }
-        BuildStatus::Failed => {
-            return Ok(Undone::Nothing(format!(
-                "build {} of silver.{} failed and published nothing: nothing to undo",
-                build.build_id, build.table
-            )));
-        }
-        BuildStatus::Succeeded => {}
+    if let Some(n) = nothing_for_build(&build) {
+        return Ok(n);
     }
+    let restores = restored_build(builds, &build)?.map(|p| p.build_id);
+    let holder = format!("undo-{}", ws.new_id());
+    let scope = crate::table::lock::Scope::Table(&build.table);
+    let ttl = crate::table::lock::default_ttl();
+    let lock = crate::table::lock::acquire_for(&ws.lake, scope, &holder, restores.into_iter().collect(), ttl).await?;
+    let result = undo_build_locked(ws, &build).await;
+    lock.release().await?;
+    result
+}
+
+/// [`undo_build`] under the table's lock.
+async fn undo_build_locked(ws: &Workspace, build: &BuildRecord) -> Result<Undone> {
+    // Read again under the lock: another undo or a build may have committed since.
+    let builds = read_build_log(&ws.lake).await?;
+    let Some(build) = builds.iter().find(|b| b.build_id == build.build_id) else {
+        return Err(Error::RunFailed(format!(
+            "build {} vanished from the build log",
+            build.build_id
+        )));
+    };
+    if let Some(n) = nothing_for_build(build) {
+        return Ok(n);
+    }
+    let restored = restored_build(&builds, build)?;
+    crate::table::failpoint::hit("undo.after_lock")?;
+    if let Some(p) = &restored {
+        // the snapshot to return to must still be there (gc removes snapshots past retention)
+        for rel in crate::silver::build::build_files(&ws.lake, &p.table, &p.build_id).await? {
+            if !ws.lake.exists(&rel).await? {
+                return Err(Error::Invalid(format!(
+                    "cannot undo build {}: the snapshot of build {} it would return to is gone ({} was removed, \
+                     e.g. by `ingot gc`); nothing was undone; rebuild with `ingot build {} --full` instead",
+                    build.build_id,
+                    p.build_id,
+                    ws.lake.url(&rel),
+                    build.table
+                )));
+            }
+        }
+    }
+    let ours: Vec<&BuildRecord> = builds.iter().filter(|b| b.table == build.table).collect();
+    let mut record = build.clone();
+    record.status = BuildStatus::RolledBack;
+    // after every record of the table, so `--as-of` sees the undo after what it undid
+    let latest = ours
+        .iter()
+        .map(|b| b.finished_at.max(b.rolled_back_at.unwrap_or(0)))
+        .max()
+        .unwrap_or(0);
+    record.rolled_back_at = Some(ws.now_micros().max(latest.saturating_add(1)));
+    record.seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
+    commit_build_record(&ws.lake, &record, "undo.before_commit").await?;
+    crate::table::failpoint::hit("undo.after_commit")?;
+    Ok(Undone::Build { record, restored })
+}
+
+fn nothing_for_build(build: &BuildRecord) -> Option<Undone> {
+    match build.status {
+        BuildStatus::RolledBack => Some(Undone::Nothing(format!(
+            "build {} of silver.{} is already rolled back: nothing to do",
+            build.build_id, build.table
+        ))),
+        BuildStatus::Failed => Some(Undone::Nothing(format!(
+            "build {} of silver.{} failed and published nothing: nothing to undo",
+            build.build_id, build.table
+        ))),
+        BuildStatus::Succeeded => None,
+    }
+}
+
+/// The build whose snapshot undoing `build` returns its table to (none: the table becomes
+/// empty), or an error when `build` is not the table's latest succeeded build.
+fn restored_build(builds: &[BuildRecord], build: &BuildRecord) -> Result<Option<BuildRecord>> {
     let ours: Vec<&BuildRecord> = builds.iter().filter(|b| b.table == build.table).collect();
     let succeeded = |b: &&&BuildRecord| b.status == BuildStatus::Succeeded;
     if let Some(later) = ours
@@ -191,36 +255,10 @@ async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) 
             build.build_id, build.table, later.build_id
         )));
     }
-    let restored = ours
+    Ok(ours
         .iter()
         .filter(succeeded)
         .filter(|b| b.seq < build.seq)
         .max_by_key(|b| b.seq)
-        .map(|b| (*b).clone());
-    if let Some(p) = &restored {
-        // the snapshot to return to must still be there (gc removes snapshots past retention)
-        for rel in crate::silver::build::build_files(&ws.lake, &p.table, &p.build_id).await? {
-            if !ws.lake.exists(&rel).await? {
-                return Err(Error::Invalid(format!(
-                    "cannot undo build {}: the snapshot of build {} it would return to is gone ({rel} was removed \
-                     by `ingot gc`); rebuild with `ingot build {} --full` instead",
-                    build.build_id, p.build_id, build.table
-                )));
-            }
-        }
-    }
-    crate::table::failpoint::hit("undo.after_lock")?;
-    let mut record = build.clone();
-    record.status = BuildStatus::RolledBack;
-    // after every record of the table, so `--as-of` sees the undo after what it undid
-    let latest = ours
-        .iter()
-        .map(|b| b.finished_at.max(b.rolled_back_at.unwrap_or(0)))
-        .max()
-        .unwrap_or(0);
-    record.rolled_back_at = Some(ws.now_micros().max(latest.saturating_add(1)));
-    record.seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
-    commit_build_record(&ws.lake, &record, "undo.before_commit").await?;
-    crate::table::failpoint::hit("undo.after_commit")?;
-    Ok(Undone::Build { record, restored })
+        .map(|b| (*b).clone()))
 }

@@ -63,6 +63,8 @@ pub struct Lake {
     /// The root as a local directory (for `file://` URLs with proper percent-encoding); `None`
     /// for a lake on a remote object store.
     root_dir: Option<std::path::PathBuf>,
+    /// The store's incomplete multipart uploads, which gc aborts (S3 only).
+    pub uploads: Option<Arc<crate::table::store::Uploads>>,
 }
 
 impl Lake {
@@ -83,6 +85,7 @@ impl Lake {
                 store_url: opened.store_url,
                 display: location.trim_end_matches('/').to_string(),
                 root_dir: None,
+                uploads: opened.uploads,
             });
         }
         let local = location.strip_prefix("file://").unwrap_or(location);
@@ -97,6 +100,7 @@ impl Lake {
             store_url,
             display: location.to_string(),
             root_dir: Some(abs),
+            uploads: None,
         })
     }
 

@@ -1,17 +1,19 @@
-//! One ingest per source at a time: a lock object in the lake.
+//! Writers' locks in the lake: one ingest, undo or rekey per source, one build or undo per table.
 //!
-//! The lock is taken with a create-if-absent put of `_locks/<source>.lock` (`If-None-Match: *` on
-//! S3) and kept alive by a heartbeat that rewrites it every third of its time-to-live. A second
-//! ingest of the same source fails at once with a message naming the holder. A lock whose
-//! heartbeat is older than its TTL, or whose process is gone (same host, pid not alive), is stale
-//! and is taken over, so a crashed process never blocks the source for longer than the TTL.
+//! A lock is taken with a create-if-absent put of `_locks/<source>.lock` (a source) or
+//! `_locks/silver/<table>.lock` (a silver table), `If-None-Match: *` on S3, and kept alive by a
+//! heartbeat every third of its time-to-live. It names its holder and the runs and builds whose
+//! files the holder may still commit or restore ([`LockInfo::holds`]): `ingot gc` reads the live
+//! locks and keeps those files ([`live_holds`]), and holds a table's lock while deleting the
+//! table's snapshots. A second writer fails at once naming the holder, except that it waits while
+//! gc holds the lock. A lock whose heartbeat is older than its TTL, or whose process is gone (same
+//! host), is stale and taken over, so a crash blocks nothing longer than the TTL.
 //!
-//! Hazard: on the local file system (no compare-and-swap) takeover is delete-then-create and a
-//! heartbeat or release is check-then-write, two steps each; and on any store a process paused past
-//! its TTL loses the lock. So the lock is only advisory, and correctness does not rest on it: each
-//! run commits into the source's next sequence slot with a create-if-absent put
-//! ([`crate::table::audit::commit_run`]), so of two runs that started from the same state only one can
-//! publish; the other fails and publishes nothing.
+//! Hazard: on the local file system takeover is delete-then-create and a heartbeat is
+//! check-then-write; on any store a process paused past its TTL loses the lock. So the lock is
+//! advisory and correctness does not rest on it: every commit is a create-if-absent put into the
+//! next slot of its log ([`crate::table::audit::commit_run`]), and builds and undo check that the
+//! files they publish still exist right before it.
 
 use std::time::Duration;
 
@@ -35,7 +37,36 @@ pub struct LockInfo {
     /// next ingest takes it over as if it were absent.
     #[serde(default)]
     pub released: bool,
+    /// The runs and builds whose files the holder may still commit or restore besides its own
+    /// (`run_id`): a rekey's run, the build an undo returns a table to. gc keeps their files.
+    #[serde(default)]
+    pub holds: Vec<String>,
 }
+
+/// What a lock protects, for its object's path and for messages.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// A source: ingest, undo of a run, rekey.
+    Source(&'a str),
+    /// A silver table: build, undo of a build, and gc while it deletes the table's snapshots.
+    Table(&'a str),
+}
+
+impl Scope<'_> {
+    /// The lock object, relative to the lake root.
+    pub fn rel(&self) -> String {
+        match self {
+            Scope::Source(source) => layout::lock(source),
+            Scope::Table(table) => format!("{LOCKS}/silver/{table}.lock"),
+        }
+    }
+}
+
+/// The folder of every lock object.
+pub const LOCKS: &str = "_locks";
+
+/// The id prefix of gc's locks: a writer that finds gc holding a lock waits for it.
+pub const GC_HOLDER: &str = "gc-";
 
 /// On stores with compare-and-swap (S3: `If-Match` on the ETag) every change of a lock object after
 /// its creation is conditional on the version last seen: of two processes taking over the same
@@ -89,16 +120,78 @@ impl LockInfo {
 
 /// Take the lock of `source` for `run_id`.
 pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> Result<SourceLock> {
-    let rel = layout::lock(source);
+    acquire_for(lake, Scope::Source(source), run_id, Vec::new(), ttl).await
+}
+
+/// Take the lock of `scope` for `holder`, naming in it the other runs and builds whose files the
+/// holder may commit or restore (`holds`). While gc holds the lock this waits for it (at most a
+/// TTL); any other live holder makes it fail at once with [`Error::Locked`] naming the holder.
+pub async fn acquire_for(
+    lake: &Lake,
+    scope: Scope<'_>,
+    holder: &str,
+    holds: Vec<String>,
+    ttl: Duration,
+) -> Result<SourceLock> {
     let info = LockInfo {
-        run_id: run_id.to_string(),
+        run_id: holder.to_string(),
         host: hostname(),
         pid: std::process::id(),
         acquired_at: chrono::Utc::now().to_rfc3339(),
         heartbeat_ms: now_ms(),
         ttl_ms: ttl.as_millis() as i64,
         released: false,
+        holds,
     };
+    let deadline = std::time::Instant::now() + ttl;
+    loop {
+        match try_acquire(lake, scope, info.clone(), ttl).await? {
+            Ok(lock) => return Ok(lock),
+            Err(h) if h.run_id.starts_with(GC_HOLDER) && !holder.starts_with(GC_HOLDER) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(locked(lake, scope, &h));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(h) => return Err(locked(lake, scope, &h)),
+        }
+    }
+}
+
+/// The error for a lock `scope` that `h` holds.
+fn locked(lake: &Lake, scope: Scope<'_>, h: &LockInfo) -> Error {
+    let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_default();
+    let (what, one) = match scope {
+        Scope::Source(source) => (
+            format!("source \"{source}\" is being ingested by run"),
+            "one ingest per source runs at a time",
+        ),
+        Scope::Table(table) => (
+            format!("silver table \"{table}\" is being built or undone by"),
+            "one build or undo per table runs at a time",
+        ),
+    };
+    Error::Locked(format!(
+        "{what} {} (pid {} on {}, since {}); {one}. Re-run when it has finished; a lock left by a \
+         crashed process expires at {expires} ({})",
+        h.run_id,
+        h.pid,
+        h.host,
+        h.acquired_at,
+        lake.url(&scope.rel())
+    ))
+}
+
+/// One attempt: the lock, or its live holder.
+async fn try_acquire(
+    lake: &Lake,
+    scope: Scope<'_>,
+    info: LockInfo,
+    ttl: Duration,
+) -> Result<std::result::Result<SourceLock, LockInfo>> {
+    let rel = scope.rel();
     let body = Bytes::from(serde_json::to_vec(&info).map_err(|e| Error::Invalid(e.to_string()))?);
     let take = |version: Option<UpdateVersion>| {
         let heartbeat = spawn_heartbeat(lake.clone(), rel.clone(), info.clone(), version, ttl);
@@ -111,30 +204,16 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
     };
     for attempt in 0..3 {
         if let Some(version) = lake.put_create_versioned(&rel, body.clone()).await? {
-            return Ok(take(Some(version)));
+            return Ok(Ok(take(Some(version))));
         }
         let Some((bytes, version)) = lake.get_versioned(&rel).await? else {
             continue; // released in between
         };
         match serde_json::from_slice::<LockInfo>(&bytes).ok() {
-            Some(h) if !h.is_stale(now_ms()) => {
-                let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
-                    .map(|t| t.to_rfc3339())
-                    .unwrap_or_default();
-                return Err(Error::Locked(format!(
-                    "source \"{source}\" is being ingested by run {} (pid {} on {}, since {}); \
-                     one ingest per source runs at a time. Re-run when it has finished; a lock \
-                     left by a crashed process expires at {expires} ({})",
-                    h.run_id,
-                    h.pid,
-                    h.host,
-                    h.acquired_at,
-                    lake.url(&rel)
-                )));
-            }
+            Some(h) if !h.is_stale(now_ms()) => return Ok(Err(h)),
             // Stale, released or unreadable: take it over, atomically where the store can.
             _ => match lake.replace_if(&rel, body.clone(), version).await? {
-                Replaced::Done(version) => return Ok(take(Some(version))),
+                Replaced::Done(version) => return Ok(Ok(take(Some(version)))),
                 Replaced::Conflict => {} // another process took it or refreshed it: look again
                 Replaced::Unsupported if attempt < 2 => lake.delete(&rel).await?,
                 Replaced::Unsupported => {}
@@ -142,9 +221,33 @@ pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> 
         }
     }
     Err(Error::Locked(format!(
-        "source \"{source}\": could not take the lock {}; another ingest of the source is starting. Re-run it",
+        "could not take the lock {}; another command is taking it. Re-run it",
         lake.url(&rel)
     )))
+}
+
+/// The ids of the runs and builds the live (not stale, not released) locks of the lake hold:
+/// each holder's own id and its [`LockInfo::holds`]. gc reads them after listing the files it
+/// may remove and before reading the logs, so a writer either shows here or has committed.
+pub async fn live_holds(lake: &Lake) -> Result<std::collections::BTreeSet<String>> {
+    let mut out = std::collections::BTreeSet::new();
+    let now = now_ms();
+    for meta in lake.list(LOCKS).await? {
+        let Some(rel) = lake.relative(&meta.location) else {
+            continue;
+        };
+        let Some(bytes) = lake.get(&rel).await? else {
+            continue; // released meanwhile
+        };
+        // an unreadable lock object holds nothing (a torn write cannot happen: puts are whole)
+        if let Ok(h) = serde_json::from_slice::<LockInfo>(&bytes)
+            && !h.is_stale(now)
+        {
+            out.insert(h.run_id);
+            out.extend(h.holds);
+        }
+    }
+    Ok(out)
 }
 
 /// Refresh the lock every third of its TTL while it is ours. Where the store can replace

@@ -28,6 +28,8 @@ pub struct Opened {
     pub store: Arc<dyn ObjectStore>,
     pub store_url: Url,
     pub path: Path,
+    /// The store's incomplete multipart uploads (S3 only).
+    pub uploads: Option<Arc<Uploads>>,
 }
 
 /// Does `location` carry a URL scheme (`scheme://...`) other than `file://`?
@@ -71,7 +73,8 @@ fn open_s3(location: &str, url: &Url, options: &[(String, String)]) -> Result<Op
             .map_err(|e| Error::Invalid(format!("S3 option \"{key}\" for \"{location}\": {e}")))?;
         builder = builder.with_config(key, value);
     }
-    let store = builder.with_bucket_name(bucket).build().map_err(|e| {
+    let builder = builder.with_bucket_name(bucket);
+    let store = builder.clone().build().map_err(|e| {
         Error::Invalid(format!(
             "cannot configure S3 for \"{location}\": {e}. S3 is configured by the environment variables \
                  AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ALLOW_HTTP"
@@ -81,10 +84,13 @@ fn open_s3(location: &str, url: &Url, options: &[(String, String)]) -> Result<Op
         .map_err(|e| Error::Invalid(format!("\"{location}\": invalid object path: {e}")))?;
     let store_url = Url::parse(&format!("s3://{bucket}"))
         .map_err(|e| Error::Invalid(format!("\"{location}\": invalid bucket name \"{bucket}\": {e}")))?;
+    let store = Arc::new(store);
+    let uploads = Uploads::new(&builder, store.clone(), bucket)?;
     Ok(Opened {
-        store: Arc::new(store),
+        store,
         store_url,
         path,
+        uploads: Some(Arc::new(uploads)),
     })
 }
 
@@ -94,6 +100,187 @@ fn open_s3(location: &str, _url: &Url, _options: &[(String, String)]) -> Result<
         "\"{location}\": this ingot was built without S3 support; rebuild with `cargo build --features s3` \
          (make build enables it), or use a local path or file:// URL"
     )))
+}
+
+/// The incomplete multipart uploads of an S3 lake, which object_store 0.13 can abort but not list:
+/// listing is one signed `ListMultipartUploads` request (SigV4 by object_store's
+/// [`object_store::aws::AwsAuthorizer`], sent through its HTTP client), aborting is
+/// [`object_store::multipart::MultipartStore::abort_multipart`].
+#[derive(Debug)]
+pub struct Uploads {
+    #[cfg(feature = "s3")]
+    s3: Arc<object_store::aws::AmazonS3>,
+    /// The bucket's URL: `<endpoint>/<bucket>`, or the endpoint itself for virtual-hosted requests.
+    #[cfg(feature = "s3")]
+    bucket_url: String,
+    #[cfg(feature = "s3")]
+    region: String,
+    #[cfg(feature = "s3")]
+    client: object_store::client::HttpClient,
+}
+
+/// One incomplete multipart upload: its object key (in the bucket), id and start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub key: String,
+    pub id: String,
+    pub initiated: chrono::DateTime<chrono::Utc>,
+}
+
+#[cfg(feature = "s3")]
+impl Uploads {
+    fn new(
+        builder: &object_store::aws::AmazonS3Builder,
+        s3: Arc<object_store::aws::AmazonS3>,
+        bucket: &str,
+    ) -> Result<Uploads> {
+        use object_store::ClientConfigKey;
+        use object_store::aws::AmazonS3ConfigKey as K;
+        use object_store::client::HttpConnector;
+
+        let get = |k: K| builder.get_config_value(&k).filter(|v| !v.is_empty());
+        let region = get(K::Region).unwrap_or_else(|| "us-east-1".to_string());
+        let virtual_hosted = get(K::VirtualHostedStyleRequest).is_some_and(|v| v == "true");
+        let bucket_url = match (get(K::Endpoint), virtual_hosted) {
+            (Some(e), true) => e.trim_end_matches('/').to_string(),
+            (Some(e), false) => format!("{}/{bucket}", e.trim_end_matches('/')),
+            (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+            (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+        };
+        let allow_http = get(K::Client(ClientConfigKey::AllowHttp)).is_some_and(|v| v == "true");
+        let options = object_store::ClientOptions::new().with_allow_http(allow_http);
+        let client = object_store::client::ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| Error::Invalid(format!("S3 client for {bucket_url}: {e}")))?;
+        Ok(Uploads {
+            s3,
+            bucket_url,
+            region,
+            client,
+        })
+    }
+
+    /// Every incomplete multipart upload whose key starts with `prefix`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Upload>> {
+        let mut out = Vec::new();
+        let mut markers: Option<(String, String)> = None;
+        loop {
+            let mut url = url::Url::parse(&self.bucket_url)
+                .map_err(|e| Error::Invalid(format!("S3 bucket URL {}: {e}", self.bucket_url)))?;
+            {
+                let mut q = url.query_pairs_mut();
+                q.append_pair("uploads", "").append_pair("prefix", prefix);
+                if let Some((key, id)) = &markers {
+                    q.append_pair("key-marker", key).append_pair("upload-id-marker", id);
+                }
+            }
+            let body = self.get(&url).await?;
+            for block in elements(&body, "Upload") {
+                let (Some(key), Some(id), Some(at)) = (
+                    element(block, "Key"),
+                    element(block, "UploadId"),
+                    element(block, "Initiated"),
+                ) else {
+                    continue;
+                };
+                let Ok(initiated) = chrono::DateTime::parse_from_rfc3339(&at) else {
+                    continue;
+                };
+                out.push(Upload {
+                    key,
+                    id,
+                    initiated: initiated.with_timezone(&chrono::Utc),
+                });
+            }
+            match (
+                element(&body, "IsTruncated").as_deref(),
+                element(&body, "NextKeyMarker"),
+                element(&body, "NextUploadIdMarker"),
+            ) {
+                (Some("true"), Some(key), Some(id)) if markers.as_ref() != Some(&(key.clone(), id.clone())) => {
+                    markers = Some((key, id))
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// One signed GET; the response body, or an error naming the URL and the status.
+    async fn get(&self, url: &url::Url) -> Result<String> {
+        use object_store::client::{HttpRequest, HttpRequestBody};
+
+        let credential = self
+            .s3
+            .credentials()
+            .get_credential()
+            .await
+            .map_err(|e| explain(url.as_str(), e))?;
+        let mut request = HttpRequest::new(HttpRequestBody::empty());
+        *request.uri_mut() = url
+            .as_str()
+            .parse()
+            .map_err(|e| Error::Invalid(format!("S3 request URL {url}: {e}")))?;
+        object_store::aws::AwsAuthorizer::new(&credential, "s3", &self.region).authorize(&mut request, None);
+        let fail = |e: &dyn std::fmt::Display| Error::Invalid(format!("listing incomplete uploads, {url}: {e}"));
+        let response = self.client.execute(request).await.map_err(|e| fail(&e))?;
+        let status = response.status();
+        let body = response.into_body().bytes().await.map_err(|e| fail(&e))?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if !status.is_success() {
+            return Err(fail(&format!("HTTP {status}: {text}")));
+        }
+        Ok(text)
+    }
+
+    /// Abort the upload `id` of `key`.
+    pub async fn abort(&self, key: &str, id: &str) -> Result<()> {
+        use object_store::multipart::MultipartStore;
+        let path = Path::parse(key).map_err(|e| Error::Invalid(format!("S3 key \"{key}\": {e}")))?;
+        self.s3
+            .abort_multipart(&path, &id.to_string())
+            .await
+            .map_err(|e| explain(&format!("{}/{key}", self.bucket_url), e))
+    }
+}
+
+#[cfg(not(feature = "s3"))]
+impl Uploads {
+    /// Without S3 support no lake has uploads.
+    pub async fn list(&self, _prefix: &str) -> Result<Vec<Upload>> {
+        Ok(Vec::new())
+    }
+
+    pub async fn abort(&self, _key: &str, _id: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The contents of every `<tag>…</tag>` in `xml`.
+#[cfg(feature = "s3")]
+fn elements<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+/// The text of the first `<tag>…</tag>` in `xml`, unescaped.
+#[cfg(feature = "s3")]
+fn element(xml: &str, tag: &str) -> Option<String> {
+    let raw = elements(xml, tag).into_iter().next()?;
+    Some(
+        raw.replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&amp;", "&"),
+    )
 }
 
 /// Explain a storage error of `url` for people: a missing bucket, missing or refused credentials

@@ -11,6 +11,7 @@ mod evolution;
 #[cfg(feature = "flight")]
 mod flight;
 mod fuzz;
+mod gc_writers;
 mod golden;
 mod hashing;
 mod hashing_python;

@@ -682,3 +682,67 @@ fn s3_mistakes_are_named_with_what_would_be_valid() {
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("AWS_ALLOW_HTTP"), "{}", stderr(&out));
 }
+
+/// A write killed on S3 leaves an incomplete multipart upload (no object, but its parts are kept
+/// and billed until aborted). gc aborts those under the lake's prefix once older than the grace
+/// period, lists them in a dry run, and leaves alone younger ones and those outside the lake.
+#[test]
+fn gc_aborts_incomplete_multipart_uploads_under_the_lake_after_the_grace_period() {
+    let moto = Moto::start();
+    let t = s3_lake(&moto, "uploads");
+    t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
+    let before = t.query("SELECT * FROM bronze.hotels ORDER BY hotel_code");
+    let keys = [
+        "lake/bronze/hotels/run_id=killed/part-00000.parquet",
+        "lake/silver/bookings/build_id=killed/part-00000.parquet",
+        "elsewhere/part-00000.parquet",
+    ];
+    for key in keys {
+        let r = moto
+            .http("POST", &format!("/uploads/{key}?uploads"))
+            .unwrap_or_default();
+        assert!(r.starts_with("HTTP/1.1 200"), "create upload {key}: {r}");
+    }
+    let pending = || -> Vec<String> {
+        let body = moto.http("GET", "/uploads?uploads").unwrap_or_default();
+        let mut keys: Vec<String> = body
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|s| s.split("</Key>").next())
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let mut all: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    all.sort();
+    assert_eq!(pending(), all);
+
+    let out = t.run(&["gc", "--grace", "1h"]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("gc: removed 0 files (0 bytes); 2 more within the grace period"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(pending(), all, "young uploads stay (writes in progress)");
+
+    let out = t.run(&["gc", "--dry-run", "--grace", "0s"]);
+    assert_ok(&out);
+    for rel in [
+        "bronze/hotels/run_id=killed/part-00000.parquet",
+        "silver/bookings/build_id=killed/part-00000.parquet",
+    ] {
+        assert!(
+            stdout(&out).contains(&format!("would remove {rel} (0 bytes): incomplete multipart upload ")),
+            "{}",
+            stdout(&out)
+        );
+    }
+    assert_eq!(pending(), all, "a dry run aborts nothing");
+
+    let out = t.run(&["gc", "--grace", "0s"]);
+    assert_ok(&out);
+    assert_eq!(pending(), vec!["elsewhere/part-00000.parquet".to_string()]);
+    assert_eq!(t.query("SELECT * FROM bronze.hotels ORDER BY hotel_code"), before);
+}

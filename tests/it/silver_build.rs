@@ -688,8 +688,10 @@ fn every_build_failpoint_crash_then_rerun_equals_one_clean_build() {
     }
 }
 
-/// A build that stalls before its commit while another build of the table commits must not
-/// publish: its commit slot is taken, it exits 1, and silver is the other build's.
+/// One build of a table at a time: a second build while one stalls before its commit fails at
+/// once, naming the holder. And should the stalled build lose its lock (taken over, as after its
+/// TTL) while another build of the table commits, it must not publish: its commit slot is taken,
+/// it exits 1, and silver is the other build's.
 #[test]
 fn a_stalled_build_whose_slot_was_taken_cannot_commit() {
     let t = TestLake::new();
@@ -698,7 +700,7 @@ fn a_stalled_build_whose_slot_was_taken_cannot_commit() {
     let marker = t.dir.path().join("reached");
     let stalled = t
         .command()
-        .env("INGOT_FAILPOINT", "build.before_commit:sleep:3000")
+        .env("INGOT_FAILPOINT", "build.before_commit:sleep:5000")
         .env("INGOT_FAILPOINT_MARKER", &marker)
         .arg("--rules")
         .arg(&rules)
@@ -708,6 +710,20 @@ fn a_stalled_build_whose_slot_was_taken_cannot_commit() {
         .spawn()
         .unwrap();
     crate::util::wait_for_marker(&marker, "the stalled build");
+    let second = t
+        .command()
+        .arg("--rules")
+        .arg(&rules)
+        .args(["build", "bookings"])
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("silver table \"bookings\" is being built or undone by"),
+        "{}",
+        stderr(&second)
+    );
+    std::fs::remove_file(t.lake().join("_locks/silver/bookings.lock")).unwrap();
     build_ok(&t, &rules, &["bookings"]);
     let published = silver(&t, "bookings");
     let out = stalled.wait_with_output().unwrap();

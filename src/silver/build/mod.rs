@@ -35,6 +35,7 @@ use crate::spec::contract::ContractSet;
 use crate::spec::rules::{RuleSet, RulesSet};
 use crate::spec::yaml::Problems;
 use crate::table::audit::{BuildRecord, BuildStatus, commit_build};
+use crate::table::lock::{Scope, acquire_for, default_ttl};
 pub use crate::table::silver::{build_files, snapshot_table};
 
 /// `silver_build_id` (Utf8): the build that wrote a silver row.
@@ -82,9 +83,20 @@ pub fn load_rules(ws: &Workspace, catalog: &Catalog, table: &str, version: Optio
 /// Build `table` (see the module documentation). A build that fails a `fail` validation returns
 /// its committed `failed` record (the caller exits 1); other errors are returned as errors, and
 /// those that are not the user's input are recorded as a `failed` build first.
+///
+/// The build holds the table's lock (`_locks/silver/<table>.lock`) from before it reads the
+/// build log until after its commit: one build or undo of a table at a time, and gc leaves the
+/// table's files alone meanwhile.
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
     memory::limit_arenas();
     let build_id = ws.new_id();
+    let lock = acquire_for(&ws.lake, Scope::Table(table), &build_id, Vec::new(), default_ttl()).await?;
+    let result = build_locked(ws, table, opts, build_id).await;
+    lock.release().await?;
+    result
+}
+
+async fn build_locked(ws: &Workspace, table: &str, opts: &BuildOptions, build_id: String) -> Result<Built> {
     let now = ws.now_micros();
     let catalog = crate::engine::catalog::open(ws).await?;
     // Never before a record of the table: build times follow commit order whatever the clock does.

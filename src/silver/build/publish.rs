@@ -50,11 +50,32 @@ pub(super) async fn put_manifest(lake: &Lake, record: &BuildRecord, m: &Manifest
     crate::table::failpoint::hit("build.after_data")
 }
 
-/// Commit `record` (succeeded or failed) with its finish time.
+/// Commit `record` (succeeded or failed) with its finish time. A succeeded build first checks
+/// that every file its manifest names (its own, and those it keeps from earlier builds' folders)
+/// is still there, so it never publishes a snapshot with a hole in it.
 pub(super) async fn commit(ws: &Workspace, record: &mut BuildRecord) -> Result<()> {
+    if record.status == BuildStatus::Succeeded {
+        check_files(&ws.lake, record).await?;
+    }
     record.finished_at = ws.now_micros().max(record.started_at);
     commit_build(&ws.lake, record).await?;
     crate::table::failpoint::hit("build.after_commit")
+}
+
+/// Every file the manifest of `record` names exists, or an error naming the first missing one.
+async fn check_files(lake: &Lake, record: &BuildRecord) -> Result<()> {
+    for rel in crate::table::silver::build_files(lake, &record.table, &record.build_id).await? {
+        if !lake.exists(&rel).await? {
+            return Err(Error::RunFailed(format!(
+                "build {} of silver.{} was not published: {} that its manifest names is gone (removed while \
+                 the build ran, e.g. by `ingot gc` after a lost lock, or by hand); run the build again",
+                record.build_id,
+                record.table,
+                lake.url(&rel)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Publish a build whose table is the previous build's (nothing to do): its manifest `m` names
