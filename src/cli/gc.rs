@@ -35,12 +35,12 @@ pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
         crate::say!("{why}");
     }
     let bytes: u64 = report.removed.iter().map(|r| r.bytes).sum();
-    let held = match report.held {
+    let in_use = match report.in_use {
         0 => String::new(),
-        n => format!("; {n} held by running writers"),
+        n => format!("; {n} in use by running writers"),
     };
     crate::say!(
-        "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period{held}",
+        "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period{in_use}",
         report.removed.len(),
         if report.removed.len() == 1 { "" } else { "s" },
         report.in_grace

@@ -9,7 +9,7 @@
 //! | `silver/<t>/build_id=<b>/…` | a file a kept build's manifest names (the latest succeeded build of `t`, and succeeded builds within the retention); while a build or undo holds `t`'s lock, every file of `t` | `b` has no committed record, failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
 //! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded, or a live lock holds `b` (a build in progress) | `b` has no committed record, failed or was rolled back (after the grace period) |
 //!
-//! The logs, locks, and anything gc does not recognise are never touched. gc lists files, then
+//! The logs and anything gc does not recognise are never touched. gc lists files, then
 //! reads the live locks ([`crate::table::lock::live_holds`]), then the logs; it decides and deletes
 //! a table's snapshots holding the table's lock, so no undo can restore one meanwhile. The grace
 //! period guards writers whose lock was lost (default 24 hours). Deleting is idempotent, so a
@@ -62,7 +62,7 @@ pub struct GcReport {
     /// Files that would go but are younger than the grace period.
     pub in_grace: usize,
     /// Files of runs and builds a live writer holds (in progress, or about to be restored).
-    pub held: usize,
+    pub in_use: usize,
     /// Tables whose snapshots were not collected, and why (a build or undo held the table).
     pub skipped: Vec<String>,
     pub dry_run: bool,
@@ -203,7 +203,7 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         let builds = by_id(&builds_all);
         for f in listed {
             if held.contains(f.owner.id()) {
-                report.held += 1;
+                report.in_use += 1;
                 continue;
             }
             let verdict = match &f.owner {
@@ -218,11 +218,11 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
             };
             remove_if(lake, f, verdict, now, opts, &mut report).await?;
         }
-        // a table none of whose snapshot files the logs let go needs no lock
+        // a table none of whose snapshot files the logs let go now needs no lock
         snapshots.retain(|_, files| {
             files.iter().any(|f| {
                 let b = builds.get(f.owner.id()).copied();
-                matches!(build_verdict(b, true, &latest, now, opts.retain), Verdict::Remove(..))
+                due(&build_verdict(b, true, &latest, now, opts.retain), f, now, opts).is_some()
             })
         });
     }
@@ -332,6 +332,15 @@ async fn snapshots_of(
     Ok(())
 }
 
+/// Why `f` goes now: the verdict says remove and its grace period is over.
+fn due(verdict: &Verdict, f: &Listed, now: i64, opts: &GcOptions) -> Option<&'static str> {
+    let Verdict::Remove(reason, since) = verdict else {
+        return None;
+    };
+    let since = since.unwrap_or_else(|| f.meta.last_modified.timestamp_micros());
+    (now - since >= opts.grace.as_micros() as i64).then_some(*reason)
+}
+
 /// Remove `f` (or list it, in a dry run) if the verdict says so and its grace period is over.
 async fn remove_if(
     lake: &Lake,
@@ -341,14 +350,13 @@ async fn remove_if(
     opts: &GcOptions,
     report: &mut GcReport,
 ) -> Result<()> {
-    let Verdict::Remove(reason, since) = verdict else {
+    let Verdict::Remove(..) = verdict else {
         return Ok(());
     };
-    let since = since.unwrap_or_else(|| f.meta.last_modified.timestamp_micros());
-    if now - since < opts.grace.as_micros() as i64 {
+    let Some(reason) = due(&verdict, &f, now, opts) else {
         report.in_grace += 1;
         return Ok(());
-    }
+    };
     if !opts.dry_run {
         lake.delete(&f.rel).await?;
         if report.removed.is_empty() {

@@ -105,7 +105,7 @@ fn gc_during_an_undo_keeps_the_snapshot_the_undo_restores() {
     assert_ok(&gc);
     assert_ok(&undone);
     // the undo's lock names the build it restores: gc keeps that snapshot
-    assert!(stdout(&gc).contains("held by running writers"), "{}", stdout(&gc));
+    assert!(stdout(&gc).contains("in use by running writers"), "{}", stdout(&gc));
     assert!(
         !stdout(&gc).contains(&format!("build_id={}/", ids[0])),
         "{}",
@@ -198,7 +198,7 @@ fn gc_during_a_build_and_an_ingest_removes_none_of_their_files() {
         !said.contains("removed silver/") && !said.contains("removed bronze/marketing_spend"),
         "{said}"
     );
-    assert!(said.contains("held by running writers"), "{said}");
+    assert!(said.contains("in use by running writers"), "{said}");
     assert!(
         said.contains("silver.bookings kept for now: silver table \"bookings\" is being built or undone by"),
         "{said}"
