@@ -8,6 +8,9 @@
 //! object_store's default (`If-None-Match` / `If-Match` on the ETag), which the commit protocol of
 //! [`crate::table::lake`] depends on.
 //!
+//! [`Uploads`] lists (one signed request object_store has no call for) and aborts a bucket's
+//! incomplete multipart uploads, for gc.
+//!
 //! Hazard: an S3-compatible store that ignores `If-None-Match: *` silently breaks the
 //! one-commit-per-slot guarantee (docs/guide.md#s3-lakes lists which stores honour it).
 
