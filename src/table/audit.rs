@@ -349,10 +349,8 @@ pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
 pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    if !lake
-        .put_create(&layout::run_record(&record.source, record.seq), bytes)
-        .await?
-    {
+    let slot = |seq| layout::run_record(&record.source, seq);
+    if !put_record(lake, slot, record.seq, bytes, "run log", RunRecord::from_columns).await? {
         return Err(Error::Locked(format!(
             "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
              over); nothing of run {} was published: run the same command again",
@@ -400,8 +398,13 @@ pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
                 continue;
             }
             let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-            if let Err(e) = ParquetRecordBatchReaderBuilder::try_new(bytes).and_then(|b| b.build()) {
-                out.push((path, format!("unreadable {log} record: {e}")));
+            let parsed = if rel == layout::RUN_LOG {
+                parse_record(bytes, log, &RunRecord::from_columns).map(|_| ())
+            } else {
+                parse_record(bytes, log, &BuildRecord::from_columns).map(|_| ())
+            };
+            if let Err(e) = parsed {
+                out.push((path, format!("{e}: skipped by every command; remove it")));
             }
         }
     }
@@ -536,18 +539,56 @@ async fn read_log<T>(
             continue;
         };
         let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
-            for mut record in parse(&LogColumns { batch: &batch, log })? {
-                set_seq(&mut record, seq);
-                out.push(record);
-            }
+        // A record no reader can parse (a foreign file in a slot, a damaged copy) is not part of
+        // the log either: skipped, reported by `ingot doctor`; a commit passes its slot by.
+        let Ok(records) = parse_record(bytes, log, &parse) else {
+            continue;
+        };
+        for mut record in records {
+            set_seq(&mut record, seq);
+            out.push(record);
         }
     }
     Ok(out)
+}
+
+/// The records of one log file's bytes.
+fn parse_record<T>(
+    bytes: Bytes,
+    log: &'static str,
+    parse: &impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
+        out.extend(parse(&LogColumns { batch: &batch, log })?);
+    }
+    Ok(out)
+}
+
+/// Put a commit record into slot `seq` (`rel` names a slot's file), create-if-absent; `Ok(false)`
+/// when the slot holds another commit. A slot holding an object no reader can parse is not a
+/// commit (every reader skips it): the record goes into the next free slot instead.
+async fn put_record<T>(
+    lake: &Lake,
+    rel: impl Fn(u64) -> String,
+    mut seq: u64,
+    bytes: Bytes,
+    log: &'static str,
+    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+) -> Result<bool> {
+    loop {
+        if lake.put_create(&rel(seq), bytes.clone()).await? {
+            return Ok(true);
+        }
+        match lake.get(&rel(seq)).await? {
+            Some(taken) if parse_record(taken.clone(), log, &parse).is_err() => seq += 1,
+            _ => return Ok(false),
+        }
+    }
 }
 
 /// A rejected record, bronze or silver.
@@ -801,10 +842,8 @@ pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
 pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    if !lake
-        .put_create(&layout::build_record(&record.table, record.seq), bytes)
-        .await?
-    {
+    let slot = |seq| layout::build_record(&record.table, seq);
+    if !put_record(lake, slot, record.seq, bytes, "build log", BuildRecord::from_columns).await? {
         return Err(Error::Locked(format!(
             "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
              was published: run the same command again",

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod build_plan;
+mod chaos;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod contracts;
@@ -21,6 +22,7 @@ mod layering;
 mod model;
 mod nightly;
 mod ops;
+mod power;
 mod rekey;
 mod replay;
 mod rules;
