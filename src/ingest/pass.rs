@@ -397,6 +397,12 @@ pub struct Stats {
     pub deleted: u64,
     /// Replayed records a later run had delivered (counted in `failed` too).
     pub superseded: u64,
+    /// A full delivery: the records current before the run.
+    pub current: u64,
+    /// A full delivery: rejected records whose natural key could not be read (so the run cannot
+    /// tell which records they hold), and the first of them (`record N, rule: reason`).
+    pub unreadable_keys: u64,
+    pub first_unreadable: Option<String>,
     pub ignored: Vec<String>,
 }
 
@@ -474,8 +480,15 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         stats.seen += batch.num_rows() as u64;
         for r in &batch.rejections {
             stats.failed += 1;
-            if r.key_ok && delete_from.is_some() {
-                classifier.mark_present(hashed.key(r.index).0);
+            if delete_from.is_some() {
+                if r.key_ok {
+                    classifier.mark_present(hashed.key(r.index).0);
+                } else {
+                    stats.unreadable_keys += 1;
+                    if stats.first_unreadable.is_none() {
+                        stats.first_unreadable = Some(format!("record {}, {}: {}", r.row_number, r.rule, r.reason));
+                    }
+                }
             }
             failures
                 .push(FailureRow {
@@ -575,6 +588,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     }
     log_conflicts(contract, held, &mut failures).await?;
     if let Some(stored) = delete_from {
+        stats.current = classifier.current_records();
         stats.deleted = write_tombstones(ctx, contract, stored, classifier, &mut data).await?;
     }
     data.finish().await?;

@@ -14,6 +14,9 @@
 //!    per fingerprint.
 //! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
 //! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
+//!
+//! Held runs are notices, not violations (they wait for `ingot publish` or `ingot discard`); a
+//! held run whose files are missing could not be published: that is a `files` violation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,6 +62,8 @@ pub struct DoctorReport {
     pub orphans: Vec<String>,
     pub runs_checked: usize,
     pub builds_checked: usize,
+    /// Runs held for review (a notice each, not a violation).
+    pub held: Vec<RunRecord>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -142,6 +147,11 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let present = lake_files(lake).await?;
     let mut report = DoctorReport {
         orphans: orphans(&present, &all_runs, &all_builds),
+        held: all_runs
+            .iter()
+            .filter(|r| r.status == RunStatus::Held)
+            .cloned()
+            .collect(),
         runs_checked: all_runs.len(),
         builds_checked: all_builds.len(),
         ..Default::default()
@@ -196,7 +206,7 @@ fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[Bui
     let runs: BTreeMap<&str, _> = all_runs.iter().map(|r| (r.run_id.as_str(), r)).collect();
     let builds: BTreeMap<&str, _> = all_builds.iter().map(|b| (b.build_id.as_str(), b)).collect();
     let committed = |rel: &str| match owner_of(rel) {
-        Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.status.is_loaded()),
+        Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.keeps_files()),
         Some(Owner::Build { build_id, .. }) => builds
             .get(build_id.as_str())
             .is_some_and(|b| b.status == BuildStatus::Succeeded),
@@ -223,6 +233,30 @@ fn check_run_files(
                     r.run_id,
                     r.source,
                     r.rows_written()
+                ),
+            ));
+        }
+        let held = r.status == RunStatus::Held;
+        if held && r.rows_written() > 0 && !present.contains(&layout::bronze_data(&r.source, &r.run_id)) {
+            out.push(v(
+                "files",
+                layout::bronze_data(&r.source, &r.run_id),
+                format!(
+                    "missing: held run {} of {} wrote {} rows; it cannot be published (`ingot discard {}`)",
+                    r.run_id,
+                    r.source,
+                    r.rows_written(),
+                    r.run_id
+                ),
+            ));
+        }
+        if held && r.rows_failed > 0 && !present.contains(&layout::failures(&r.run_id)) {
+            out.push(v(
+                "files",
+                layout::failures(&r.run_id),
+                format!(
+                    "missing: held run {} of {} wrote {} failure rows; it cannot be published (`ingot discard {}`)",
+                    r.run_id, r.source, r.rows_failed, r.run_id
                 ),
             ));
         }
