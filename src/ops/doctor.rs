@@ -13,10 +13,8 @@
 //! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
 //!    per fingerprint.
 //! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
-//! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
-//!
-//! Held runs are notices, not violations (they wait for `ingot publish` or `ingot discard`); a
-//! held run whose files are missing could not be published: that is a `files` violation.
+//! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's. Held runs
+//!    are notices, not violations; a held run's missing file is a `files` violation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
