@@ -298,6 +298,8 @@ async fn run(
 /// of a natural-key conflict, count as delivered (a malformed row today is not a deletion). The
 /// tombstones' keys and fields come from reading the current state's files once more, newest
 /// first. They count in `rows_deleted` and are undone with the run. A replay never deletes.
+/// Last, the hold gates of the contract ([`hold`]) may mark the run `held`: its files are written
+/// as usual, and its record commits with that status, so nothing of it is published.
 ///
 /// Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
 /// the source and the file; everything else streams in batches. When the estimated keys exceed

@@ -13,8 +13,7 @@
 //! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
 //!    per fingerprint.
 //! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
-//! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's. Held runs
-//!    are notices, not violations; a held run's missing file is a `files` violation.
+//! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -213,7 +212,9 @@ fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[Bui
     present.iter().filter(|rel| !committed(rel)).cloned().collect()
 }
 
-/// Every run that committed data has its bronze file, and its failure file when it rejected rows.
+/// Every run that committed data has its bronze file, and its failure file when it rejected rows;
+/// so does a held run (it could not be published without them). Held runs are notices of
+/// [`DoctorReport::held`], never violations.
 fn check_run_files(
     all_runs: &[RunRecord],
     present: &BTreeSet<String>,
