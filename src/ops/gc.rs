@@ -106,8 +106,10 @@ fn run_verdict(run: Option<&RunRecord>) -> Verdict {
     match run {
         None => Verdict::Remove("uncommitted run", None),
         Some(r) => match r.status {
-            RunStatus::Succeeded | RunStatus::SucceededWithFailures => Verdict::Keep,
+            // a held run's files wait for `ingot publish` or `ingot discard`
+            RunStatus::Succeeded | RunStatus::SucceededWithFailures | RunStatus::Held => Verdict::Keep,
             RunStatus::RolledBack => Verdict::Remove("rolled-back run", r.rolled_back_at),
+            RunStatus::Discarded => Verdict::Remove("discarded run", r.decided_at),
             RunStatus::Failed | RunStatus::SkippedDuplicateFile => Verdict::Remove("run that published nothing", None),
         },
     }

@@ -15,6 +15,7 @@ mod fuzz;
 mod golden;
 mod hashing;
 mod hashing_python;
+mod held;
 mod identity;
 mod ingest;
 mod kill;
