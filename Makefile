@@ -43,9 +43,10 @@ bench: protoc
 
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON
 ## loader; failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`)
-## and the model-based test of tests/it/model.rs with 200 cases instead of 6
+## the model-based test of tests/it/model.rs with 200 cases instead of 6, the power-loss test of
+## tests/it/power.rs at every step and the chaos test of tests/it/chaos.rs with 400 operations
 fuzz:
-	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} INGOT_MODEL_CASES=$${INGOT_MODEL_CASES:-200} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: model:: --test-threads 2
+	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} INGOT_MODEL_CASES=$${INGOT_MODEL_CASES:-200} INGOT_POWER_CASES=all INGOT_CHAOS_OPS=$${INGOT_CHAOS_OPS:-400} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: model:: power:: chaos:: --test-threads 2
 
 ## lint: formatting and clippy
 lint: protoc

@@ -37,8 +37,9 @@ def main() -> None:
     ap.add_argument("--meta", action="append", default=[])
     a = ap.parse_args()
     m = {k: load(a.measure, k) for k in
-         ("ingot_first", "ingot_again", "ingot_redelivery", "duckdb_hash", "duckdb_copy", "ingot_first_sf10")}
-    fa, fb, fc, dh, dc, f10 = (m[k] for k in m)
+         ("ingot_first", "ingot_again", "ingot_redelivery", "duckdb_hash", "duckdb_copy", "ingot_first_sf10",
+         "ingot_first_nosync")}
+    fa, fb, fc, dh, dc, f10, fn = (m[k] for k in m)
     silver_keys = ("silver_bronze_first", "silver_ingot_full", "silver_duckdb", "silver_ingest_1pct",
                    "silver_ingot_incremental", "silver_ingot_incremental_retry")
     if a.silver_changed is not None:
@@ -58,6 +59,9 @@ def main() -> None:
     ratio_a = fa["wall_s"] / dh["wall_s"]
     rows.append([f"first ingest SF{a.sf} ({a.rows} rows)", s(fa), s(dh), f"{ratio_a:.2f}x",
                  mb(fa), mb(dh), "<=0.5x duckdb", verdict(ratio_a <= 0.5)])
+    if fn:
+        rows.append(["  the same, INGOT_SYNC=0 (no fsync: the cost of syncing)", s(fn), "",
+                     f"{fn['wall_s'] / dh['wall_s']:.2f}x", mb(fn), "", "(reference)", ""])
     rows.append(["same file again (skip)", s(fb), "", "", mb(fb), "", "<2 s", verdict(fb["wall_s"] < 2.0)])
     ratio_c = fc["wall_s"] / fa["wall_s"]
     rows.append(["re-delivery, 3 rows changed", s(fc), "", f"{ratio_c:.2f}x first", mb(fc), "",

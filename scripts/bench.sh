@@ -175,6 +175,12 @@ GOT=$(sql "$LAKE" "SELECT rows_updated, rows_inserted, rows_unchanged, rows_fail
 [ "$GOT" = "3,0,$((ROWS - 3)),0" ] ||
   die "re-delivery: run log says '$GOT', expected 3,0,$((ROWS - 3)),0 (updated,inserted,unchanged,failed)"
 
+step "(a') ingot: the first ingest again into a fresh lake with INGOT_SYNC=0 (the cost of syncing)"
+rm -rf "$LAKE.nosync"
+INGOT_SYNC=0 measure ingot_first_nosync "$INGOT" "${INGOT_ARGS[@]}" --lake "$LAKE.nosync" ingest lineitem "$CSV" ||
+  die "ingot's first ingest without syncing failed"
+rm -rf "$LAKE.nosync"
+
 step "(d) DuckDB: the same job (typed read, row_hash + fingerprint, zstd Parquet)"
 measure duckdb_hash "$PY" bench/duckdb_job.py hash "$CSV" "$DDB/lineitem_hashed.parquet" ||
   die "DuckDB's job failed"

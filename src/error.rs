@@ -126,6 +126,9 @@ pub enum ExitStatus {
     /// 3: ingot itself failed (a bug or a broken environment); nothing of the interrupted work
     /// was published and no failed run was recorded: re-run, and report it if it repeats.
     Internal = 3,
+    /// 4: nothing failed, but a run is held for review (a hold gate stopped it, or the nightly
+    /// job found one waiting): `ingot publish` or `ingot discard` it.
+    Held = 4,
 }
 
 impl ExitStatus {

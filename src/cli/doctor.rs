@@ -9,6 +9,17 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
     for v in &report.violations {
         crate::say!("{v}");
     }
+    for r in &report.held {
+        crate::say!(
+            "held: run {} of {} ({}): {}; waits for `ingot publish {}` or `ingot discard {}` (not a violation)",
+            r.run_id,
+            r.source,
+            r.file_path,
+            r.held_reason.as_deref().unwrap_or("a hold gate"),
+            r.run_id,
+            r.run_id
+        );
+    }
     for o in &report.orphans {
         crate::say!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
     }

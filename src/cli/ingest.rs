@@ -19,6 +19,10 @@ pub struct IngestArgs {
     /// Print each run record as one JSON object per line instead of a sentence.
     #[arg(long)]
     pub json: bool,
+    /// Publish each run even when a hold gate of the contract (hold.max_delete_fraction,
+    /// hold.row_count, an unreadable natural key in a full delivery) would hold it for review.
+    #[arg(long)]
+    pub no_hold: bool,
 }
 
 pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
@@ -27,6 +31,7 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
     let inputs = expand_inputs(&args.inputs).await?;
     let opts = IngestOptions {
         progress: std::io::stdout().is_terminal() && !args.json,
+        no_hold: args.no_hold,
         ..Default::default()
     };
     let mut code = ExitStatus::Success;
@@ -34,6 +39,8 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
         let record = ingest_input(&ws, contract.clone(), input, &opts).await?;
         if record.status == RunStatus::Failed {
             code = ExitStatus::Failure;
+        } else if record.status == RunStatus::Held && code == ExitStatus::Success {
+            code = ExitStatus::Held;
         }
         if args.json {
             crate::say!("{}", record_json(&record));
@@ -60,6 +67,23 @@ pub fn describe(r: &RunRecord) -> String {
             r.source,
             r.file_path,
             r.error.as_deref().unwrap_or("unknown error"),
+            r.run_id
+        ),
+        RunStatus::Held => format!(
+            "{} {}: HELD for review, nothing published: {} rows seen: {} inserted, {} updated, {} unchanged, {} \
+             failed; {} deleted; held because {}; `ingot publish {}` publishes it, `ingot discard {}` drops it \
+             [run {}]",
+            r.source,
+            r.file_path,
+            r.rows_seen,
+            r.rows_inserted,
+            r.rows_updated,
+            r.rows_unchanged,
+            r.rows_failed,
+            r.rows_deleted,
+            r.held_reason.as_deref().unwrap_or("a hold gate"),
+            r.run_id,
+            r.run_id,
             r.run_id
         ),
         _ => format!(
@@ -103,6 +127,7 @@ fn record_json(r: &RunRecord) -> String {
         "rows_deleted": r.rows_deleted,
         "rows_superseded": r.rows_superseded,
         "error": r.error,
+        "held_reason": r.held_reason,
         "ignored_columns": r.ignored_columns,
     })
     .to_string()

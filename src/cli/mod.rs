@@ -11,6 +11,7 @@ mod explain;
 mod failures;
 mod gc;
 pub(crate) mod ingest;
+mod publish;
 mod rekey;
 mod replay;
 mod run;
@@ -38,7 +39,8 @@ use crate::table::lake::Lake;
 ///
 /// Exit codes: 0 success (rejected rows are recorded, not an error); 1 a run failed and nothing
 /// of it was published; 2 invalid invocation, contract or rules; 3 internal error (nothing
-/// published, no failed run recorded: re-run).
+/// published, no failed run recorded: re-run); 4 a run is held for review (ingot publish or
+/// ingot discard it).
 #[derive(Debug, Parser)]
 #[command(name = "ingot", version, max_term_width = 100)]
 pub struct Cli {
@@ -84,7 +86,10 @@ pub enum Command {
     /// bronze.<source>_current (rows_deleted in the run log). A run becomes visible only when its
     /// run-log record commits, so a crash at any point is undone by simply running the same
     /// command again. Refused (exit 2) while bronze is keyed with another natural_key version:
-    /// run `ingot rekey <source>` first.
+    /// run `ingot rekey <source>` first. A run that a hold gate of the contract stops (a full
+    /// delivery deleting more than hold.max_delete_fraction of the records, hold.row_count, a
+    /// rejected record of a full delivery whose natural key cannot be read) is held: its files
+    /// are written, nothing is published, exit 4; `ingot publish` or `ingot discard` it.
     Ingest(ingest::IngestArgs),
     /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
     /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).
@@ -116,7 +121,9 @@ pub enum Command {
     /// A file counts as new unless a run of its source already took the same file name and hash
     /// (a file that failed for its content is retried after its contract version changes, one that
     /// failed for a passing cause by the next job). Running the job twice in a row changes nothing
-    /// the second time. Exit 1 when any run or build failed.
+    /// the second time. Exit 1 when any run or build failed. A source with a held run loads no
+    /// further files until the run is published or discarded (they wait, in order); the summary
+    /// lists every held run, and the job exits 4 when any is held and nothing failed.
     Run(run::RunArgs),
     /// Show the ingestion runs, oldest first.
     Runs(runs::RunsArgs),
@@ -130,6 +137,20 @@ pub enum Command {
     /// (only a table's latest build can be undone). The run or build is marked rolled_back in its
     /// audit log; its files stay until `ingot gc`. Undoing twice is a no-op that says so.
     Undo(undo::UndoArgs),
+    /// Publish a held run: it takes effect now, exactly as if it had succeeded now.
+    ///
+    /// Its bronze rows, tombstones and failure rows become visible with one commit of its run
+    /// record (status succeeded or succeeded_with_failures, held_reason kept, decided_at set).
+    /// Refused when another run of the source loaded data or an earlier run was undone since the
+    /// run was held: the state it was checked against is gone (discard it and ingest its file
+    /// again, or undo the later runs first).
+    Publish(publish::HeldArgs),
+    /// Discard a held run: nothing of it is ever published; `ingot gc` removes its files.
+    ///
+    /// Its run record is marked discarded (decided_at set). The nightly job does not pick its file
+    /// up again; `ingot ingest` it on purpose (with --no-hold to publish it whatever the gates
+    /// say).
+    Discard(publish::HeldArgs),
     /// Push a run's failed rows again, from their raw payload, through the current contract.
     ///
     /// The rows become a new run with replay_of set (e.g. after adding a missing allowed value
@@ -250,6 +271,8 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         Command::Runs(args) => runs::run(&cli, args).await,
         Command::Failures(args) => failures::run(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
+        Command::Publish(args) => publish::publish(&cli, args).await,
+        Command::Discard(args) => publish::discard(&cli, args).await,
         Command::Replay(args) => replay::run(&cli, args).await,
         Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Gc(args) => gc::run(&cli, args).await,

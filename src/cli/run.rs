@@ -33,7 +33,13 @@ pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<ExitStatus> {
         s.finish_and_clear();
     }
     let _ = std::io::Write::write_all(&mut crate::error::console::Stdout, summary(&report).as_bytes());
-    Ok(ExitStatus::failed_if(report.failed()))
+    Ok(if report.failed() {
+        ExitStatus::Failure
+    } else if report.held() {
+        ExitStatus::Held
+    } else {
+        ExitStatus::Success
+    })
 }
 
 /// The summary table: one line per source ingested and per table built.
@@ -52,6 +58,10 @@ pub fn summary(r: &NightlyReport) -> String {
     for run in &r.runs {
         let s = sources.entry(run.source.as_str()).or_default();
         s.runs += 1;
+        if run.status == RunStatus::Held {
+            // nothing of it is published: its rows are in the HELD lines below
+            continue;
+        }
         s.inserted += run.rows_inserted;
         s.updated += run.rows_updated;
         s.unchanged += run.rows_unchanged;
@@ -77,6 +87,14 @@ pub fn summary(r: &NightlyReport) -> String {
         r.already_loaded,
         if r.already_loaded == 1 { "" } else { "s" },
     );
+    if !r.held.is_empty() {
+        out.pop();
+        out.push_str(&format!(
+            "; {} run{} held for review\n",
+            r.held.len(),
+            if r.held.len() == 1 { "" } else { "s" }
+        ));
+    }
     if !sources.is_empty() {
         out.push_str(&format!(
             "\n{:<20} {:>5} {:>9} {:>8} {:>10} {:>12} {:>8} {:>12}\n",
@@ -129,6 +147,22 @@ pub fn summary(r: &NightlyReport) -> String {
             run.run_id,
             run.file_path,
             run.error.as_deref().unwrap_or("")
+        ));
+    }
+    for run in &r.held {
+        out.push_str(&format!(
+            "\nHELD run {} of {} ({}): {}; `ingot publish {}` publishes it, `ingot discard {}` drops it\n",
+            run.run_id,
+            run.source,
+            run.file_path,
+            run.held_reason.as_deref().unwrap_or("a hold gate"),
+            run.run_id,
+            run.run_id
+        ));
+    }
+    for (file, run_id) in &r.waiting {
+        out.push_str(&format!(
+            "\nwaiting: {file}: not loaded while run {run_id} of its source is held\n"
         ));
     }
     for b in r.builds.iter().filter(|b| b.record.status == BuildStatus::Failed) {

@@ -39,6 +39,7 @@ pub async fn run(cli: &Cli, args: &RunsArgs) -> Result<ExitStatus> {
             "replay_of",
             "rolled_back_at",
             "error",
+            "held_reason",
         ])?;
     write_dataframe(df, args.output.format, args.output.output.as_deref()).await?;
     Ok(ExitStatus::Success)

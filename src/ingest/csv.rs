@@ -270,6 +270,40 @@ impl CsvLoader {
     }
 }
 
+impl CsvLoader {
+    /// The natural key of a record with the wrong number of fields (`found`), if it can be read:
+    /// by position from the start of the line, and, when the line has too many fields (an
+    /// unquoted delimiter inside a value), also from its end. The key is read when the readings
+    /// that type and pass the key fields' checks agree ([`RowSink::malformed_key`]).
+    fn malformed_key(&mut self, found: usize) -> Option<Vec<Option<String>>> {
+        let expected = self.column_field.len();
+        let mut shifts = vec![0usize];
+        if found > expected {
+            shifts.push(found - expected);
+        }
+        let key_fields = self.sink.key_fields();
+        let mut readings = Vec::new();
+        for shift in shifts {
+            let reading: Option<Vec<Option<String>>> = key_fields
+                .iter()
+                .map(|&i| {
+                    let j = self.field_column[i]? + shift;
+                    if j >= found {
+                        return None;
+                    }
+                    let bytes = self.field(j);
+                    if self.null_values.iter().any(|n| n.as_slice() == bytes) {
+                        return Some(None);
+                    }
+                    std::str::from_utf8(bytes).ok().map(|t| Some(t.to_string()))
+                })
+                .collect();
+            readings.extend(reading);
+        }
+        self.sink.malformed_key(readings)
+    }
+}
+
 impl Loader for CsvLoader {
     fn next_batch(&mut self) -> Result<Option<ParsedBatch>> {
         while !self.done && !self.sink.is_full() {
@@ -286,7 +320,8 @@ impl Loader for CsvLoader {
                             self.column_field.len()
                         );
                         let raw = String::from_utf8_lossy(self.raw_record()).into_owned();
-                        self.sink.reject_row(row_number, "malformed_record", reason, raw);
+                        let key = self.malformed_key(nfields);
+                        self.sink.reject_malformed(row_number, reason, raw, key.as_deref());
                         continue;
                     }
                     // (`field`, spelled out: `self.sink` is borrowed mutably below)

@@ -209,6 +209,10 @@ pub trait Classifier: Send {
     fn take_deletion(&mut self, _key: Fp) -> bool {
         false
     }
+    /// The number of records current before the run (the base of `hold.max_delete_fraction`).
+    fn current_records(&self) -> u64 {
+        0
+    }
 }
 
 /// Slot flags, kept in the four low bits of the second key word (keys are compared without them:
@@ -442,6 +446,10 @@ impl Classifier for InMemory {
             _ => false,
         }
     }
+
+    fn current_records(&self) -> u64 {
+        self.table.slots.iter().filter(|s| s[1] & HAS_CURRENT != 0).count() as u64
+    }
 }
 
 /// A set of record numbers (1-based), one bit each.
@@ -489,6 +497,8 @@ pub struct Planned {
     pub deletions: Vec<Fp>,
     /// Which of `deletions` got their tombstone already (by position).
     pub deleted: RowSet,
+    /// Records current before the run (summed over the partitions).
+    pub current: u64,
 }
 
 impl Classifier for Planned {
@@ -516,5 +526,9 @@ impl Classifier for Planned {
             }
             _ => false,
         }
+    }
+
+    fn current_records(&self) -> u64 {
+        self.current
     }
 }

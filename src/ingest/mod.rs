@@ -9,6 +9,7 @@
 
 pub mod columns;
 pub mod csv;
+pub mod hold;
 pub mod key_version;
 pub mod keys;
 pub mod landing;
@@ -60,6 +61,8 @@ pub struct IngestOptions {
     /// The input's name for the run log and messages when the file read is a local copy (a
     /// landing file fetched from an object store: its URL). `None`: the path itself.
     pub input_name: Option<String>,
+    /// Publish the run even when a hold gate would hold it (`ingot ingest --no-hold`).
+    pub no_hold: bool,
 }
 
 impl Default for IngestOptions {
@@ -70,6 +73,7 @@ impl Default for IngestOptions {
             progress: false,
             replay: None,
             input_name: None,
+            no_hold: false,
         }
     }
 }
@@ -175,6 +179,8 @@ pub async fn ingest_file(
         rows_superseded: 0,
         contract_fields: Some(contract.fields_definition()),
         failure_class: None,
+        held_reason: None,
+        decided_at: None,
         seq: 0,
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
@@ -292,6 +298,8 @@ async fn run(
 /// of a natural-key conflict, count as delivered (a malformed row today is not a deletion). The
 /// tombstones' keys and fields come from reading the current state's files once more, newest
 /// first. They count in `rows_deleted` and are undone with the run. A replay never deletes.
+/// Last, the hold gates of the contract ([`hold`]) may mark the run `held`: its files are written
+/// as usual, and its record commits with that status, so nothing of it is published.
 ///
 /// Memory: the in-memory index ([`keys::InMemory`]) costs about 50-80 bytes per distinct key of
 /// the source and the file; everything else streams in batches. When the estimated keys exceed
@@ -404,6 +412,13 @@ async fn load(
     } else {
         RunStatus::Succeeded
     };
+    if opts.replay.is_none() && !opts.no_hold {
+        let reasons = hold::hold_reasons(contract, record, &stats, runs);
+        if !reasons.is_empty() {
+            record.status = RunStatus::Held;
+            record.held_reason = Some(reasons.join("; "));
+        }
+    }
     record.finished_at = ws.now_micros().max(record.started_at);
     if stats.seen != stats.inserted + stats.updated + stats.unchanged + stats.failed {
         return Err(Error::RunFailed(format!(

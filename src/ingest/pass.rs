@@ -397,6 +397,12 @@ pub struct Stats {
     pub deleted: u64,
     /// Replayed records a later run had delivered (counted in `failed` too).
     pub superseded: u64,
+    /// A full delivery: the records current before the run.
+    pub current: u64,
+    /// A full delivery: rejected records whose natural key could not be read (so the run cannot
+    /// tell which records they hold), and the first of them (`record N, rule: reason`).
+    pub unreadable_keys: u64,
+    pub first_unreadable: Option<String>,
     pub ignored: Vec<String>,
 }
 
@@ -472,21 +478,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         let hashed = hashed?;
         let batch = &hashed.batch;
         stats.seen += batch.num_rows() as u64;
-        for r in &batch.rejections {
-            stats.failed += 1;
-            if r.key_ok && delete_from.is_some() {
-                classifier.mark_present(hashed.key(r.index).0);
-            }
-            failures
-                .push(FailureRow {
-                    source_row_number: Some(r.row_number as i64),
-                    natural_key_fingerprint: r.key_ok.then(|| hashed.fp.value(r.index).to_string()),
-                    raw_payload: r.raw_payload.clone(),
-                    rule: r.rule.clone(),
-                    reason: r.reason.clone(),
-                })
-                .await?;
-        }
+        log_rejections(&hashed, &mut stats, classifier, &mut failures, delete_from.is_some()).await?;
         let mut keep: Vec<u32> = Vec::new();
         for i in (0..batch.num_rows()).filter(|&i| hashed.is_valid(i)) {
             // The index is far larger than the caches: ask for a later row's slot now.
@@ -575,6 +567,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     }
     log_conflicts(contract, held, &mut failures).await?;
     if let Some(stored) = delete_from {
+        stats.current = classifier.current_records();
         stats.deleted = write_tombstones(ctx, contract, stored, classifier, &mut data).await?;
     }
     data.finish().await?;
@@ -583,6 +576,41 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     failpoint::hit("ingest.after_failures")?;
     stats.ignored = producer.ignored.await.unwrap_or_default();
     Ok(PassOutcome::Done(stats))
+}
+
+/// Log the rejected records of a batch. In a full delivery (`full`) a rejected record whose key
+/// could be computed counts as delivered; one whose key could not is counted, as it may be a
+/// record the run deletes (a hold gate, [`crate::ingest::hold`]).
+async fn log_rejections(
+    hashed: &HashedBatch,
+    stats: &mut Stats,
+    classifier: &mut dyn Classifier,
+    failures: &mut FailureWriter,
+    full: bool,
+) -> Result<()> {
+    for r in &hashed.batch.rejections {
+        stats.failed += 1;
+        if full {
+            if r.key_ok {
+                classifier.mark_present(hashed.key(r.index).0);
+            } else {
+                stats.unreadable_keys += 1;
+                if stats.first_unreadable.is_none() {
+                    stats.first_unreadable = Some(format!("record {}, {}: {}", r.row_number, r.rule, r.reason));
+                }
+            }
+        }
+        failures
+            .push(FailureRow {
+                source_row_number: Some(r.row_number as i64),
+                natural_key_fingerprint: r.key_ok.then(|| hashed.fp.value(r.index).to_string()),
+                raw_payload: r.raw_payload.clone(),
+                rule: r.rule.clone(),
+                reason: r.reason.clone(),
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// Write a tombstone for every current record a full delivery did not have: read the current

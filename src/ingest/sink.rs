@@ -404,6 +404,88 @@ impl RowSink {
         self.push_outcome(row_number, first, key_ok, raw);
     }
 
+    /// Of the ways the natural key of a malformed record can be read (`readings`: per reading,
+    /// the text of each key field in key order, `None` for null), the one that holds: each part
+    /// types, passes its field's checks and can be part of a key, and every other reading that
+    /// holds gives the same parts. `None` when no reading holds or two disagree: the key cannot be
+    /// read, and a `delivery: full` run is held rather than guessing (docs/operations.md#deletions).
+    pub fn malformed_key(&mut self, readings: Vec<Vec<Option<String>>>) -> Option<Vec<Option<String>>> {
+        let mut found: Option<Vec<Option<String>>> = None;
+        for reading in readings {
+            if !self.key_reading_holds(&reading) {
+                continue;
+            }
+            match &found {
+                None => found = Some(reading),
+                Some(f) if *f == reading => {}
+                Some(_) => return None,
+            }
+        }
+        found
+    }
+
+    /// The natural-key fields, as indexes into the contract's fields, in key order.
+    pub fn key_fields(&self) -> Vec<usize> {
+        self.contract.natural_key.fields.clone()
+    }
+
+    fn key_reading_holds(&mut self, reading: &[Option<String>]) -> bool {
+        let contract = self.contract.clone();
+        for (k, &i) in contract.natural_key.fields.iter().enumerate() {
+            let f = &contract.fields[i];
+            let Some(Some(text)) = reading.get(k).map(Option::as_deref) else {
+                return false;
+            };
+            let Ok(value) = parse_value(f, text) else {
+                return false;
+            };
+            let part = if f.normalize.is_empty() {
+                text.to_string()
+            } else {
+                normalize_into(&f.normalize, text, &mut self.norm, &mut self.scratch);
+                self.norm.clone()
+            };
+            if check_normalized(f, &value, Some(&part)).is_some()
+                || normalized_key_part_problem(f, Some(text), Some(&part), self.composite).is_some()
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Reject a malformed record (`malformed_record`) whose natural key could be read
+    /// ([`RowSink::malformed_key`]; `key` in key order): the key fields are typed so that its
+    /// fingerprint is computed and logged, and a full delivery counts the record as delivered.
+    /// Without a key it is [`RowSink::reject_row`].
+    pub fn reject_malformed(&mut self, row_number: u64, reason: String, raw: String, key: Option<&[Option<String>]>) {
+        let Some(key) = key else {
+            return self.reject_row(row_number, "malformed_record", reason, raw);
+        };
+        if let Some(c) = &mut self.texts {
+            c.ok = false;
+        }
+        let contract = self.contract.clone();
+        for (i, b) in self.builders.iter_mut().enumerate() {
+            let text = contract
+                .natural_key
+                .fields
+                .iter()
+                .position(|&k| k == i)
+                .and_then(|k| key.get(k).and_then(Option::as_deref));
+            match text.map(|t| parse_value(&contract.fields[i], t)) {
+                Some(Ok(v)) => b.append(&v),
+                _ => b.append_null(),
+            }
+        }
+        self.push_outcome(
+            row_number,
+            Some(Rejection::new("malformed_record", reason)),
+            true,
+            || raw,
+        );
+    }
+
     /// Reject a whole record before its fields are read (wrong field count, invalid JSON).
     pub fn reject_row(&mut self, row_number: u64, rule: &str, reason: String, raw: String) {
         if let Some(c) = &mut self.texts {

@@ -183,6 +183,8 @@ pub async fn plan(
             fates = records.iter().map(|r| index.classify_row(r)).collect();
         }
         if full {
+            use crate::ingest::keys::Classifier;
+            planned.current += index.current_records();
             planned.deletions.extend(index.absent_keys());
         }
         for (r, fate) in records.iter().zip(fates) {

@@ -59,6 +59,8 @@ pub struct DoctorReport {
     pub orphans: Vec<String>,
     pub runs_checked: usize,
     pub builds_checked: usize,
+    /// Runs held for review (a notice each, not a violation).
+    pub held: Vec<RunRecord>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -142,6 +144,11 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let present = lake_files(lake).await?;
     let mut report = DoctorReport {
         orphans: orphans(&present, &all_runs, &all_builds),
+        held: all_runs
+            .iter()
+            .filter(|r| r.status == RunStatus::Held)
+            .cloned()
+            .collect(),
         runs_checked: all_runs.len(),
         builds_checked: all_builds.len(),
         ..Default::default()
@@ -196,7 +203,7 @@ fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[Bui
     let runs: BTreeMap<&str, _> = all_runs.iter().map(|r| (r.run_id.as_str(), r)).collect();
     let builds: BTreeMap<&str, _> = all_builds.iter().map(|b| (b.build_id.as_str(), b)).collect();
     let committed = |rel: &str| match owner_of(rel) {
-        Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.status.is_loaded()),
+        Some(Owner::Run(id)) => runs.get(id.as_str()).is_some_and(|r| r.keeps_files()),
         Some(Owner::Build { build_id, .. }) => builds
             .get(build_id.as_str())
             .is_some_and(|b| b.status == BuildStatus::Succeeded),
@@ -205,7 +212,9 @@ fn orphans(present: &BTreeSet<String>, all_runs: &[RunRecord], all_builds: &[Bui
     present.iter().filter(|rel| !committed(rel)).cloned().collect()
 }
 
-/// Every run that committed data has its bronze file, and its failure file when it rejected rows.
+/// Every run that committed data has its bronze file, and its failure file when it rejected rows;
+/// so does a held run (it could not be published without them). Held runs are notices of
+/// [`DoctorReport::held`], never violations.
 fn check_run_files(
     all_runs: &[RunRecord],
     present: &BTreeSet<String>,
@@ -223,6 +232,30 @@ fn check_run_files(
                     r.run_id,
                     r.source,
                     r.rows_written()
+                ),
+            ));
+        }
+        let held = r.status == RunStatus::Held;
+        if held && r.rows_written() > 0 && !present.contains(&layout::bronze_data(&r.source, &r.run_id)) {
+            out.push(v(
+                "files",
+                layout::bronze_data(&r.source, &r.run_id),
+                format!(
+                    "missing: held run {} of {} wrote {} rows; it cannot be published (`ingot discard {}`)",
+                    r.run_id,
+                    r.source,
+                    r.rows_written(),
+                    r.run_id
+                ),
+            ));
+        }
+        if held && r.rows_failed > 0 && !present.contains(&layout::failures(&r.run_id)) {
+            out.push(v(
+                "files",
+                layout::failures(&r.run_id),
+                format!(
+                    "missing: held run {} of {} wrote {} failure rows; it cannot be published (`ingot discard {}`)",
+                    r.run_id, r.source, r.rows_failed, r.run_id
                 ),
             ));
         }

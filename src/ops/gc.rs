@@ -5,7 +5,7 @@
 //!
 //! | file | kept | removed |
 //! |---|---|---|
-//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data, or a live lock holds `r` (an ingest or rekey in progress) | `r` has no committed record (a crashed ingest), published nothing (`failed`, `skipped_duplicate_file`) or was rolled back: after the grace period |
+//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data or is `held`, or a live lock holds `r` (an ingest or rekey in progress) | `r` has no committed record (a crashed ingest), published nothing (`failed`, `skipped_duplicate_file`), was rolled back or discarded: after the grace period |
 //! | `silver/<t>/build_id=<b>/…` | a file a kept build's manifest names (the latest succeeded build of `t`, and succeeded builds within the retention); while a build or undo holds `t`'s lock, every file of `t` | `b` has no committed record, failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
 //! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded, or a live lock holds `b` (a build in progress) | `b` has no committed record, failed or was rolled back (after the grace period) |
 //!
@@ -113,8 +113,10 @@ fn run_verdict(run: Option<&RunRecord>) -> Verdict {
     match run {
         None => Verdict::Remove("uncommitted run", None),
         Some(r) => match r.status {
-            RunStatus::Succeeded | RunStatus::SucceededWithFailures => Verdict::Keep,
+            // a held run's files wait for `ingot publish` or `ingot discard`
+            RunStatus::Succeeded | RunStatus::SucceededWithFailures | RunStatus::Held => Verdict::Keep,
             RunStatus::RolledBack => Verdict::Remove("rolled-back run", r.rolled_back_at),
+            RunStatus::Discarded => Verdict::Remove("discarded run", r.decided_at),
             RunStatus::Failed | RunStatus::SkippedDuplicateFile => Verdict::Remove("run that published nothing", None),
         },
     }

@@ -1,10 +1,11 @@
 //! Operations over a lake, built from the stages below: the nightly job ([`nightly`]), undo of a
-//! run or build ([`undo`]), replay of failed rows ([`replay`]), natural-key re-versioning
-//! ([`rekey`]), garbage collection ([`gc`]) and the consistency checks of `ingot doctor`
-//! ([`doctor`]).
+//! run or build ([`undo`]), publishing or discarding a held run ([`held`]), replay of failed rows
+//! ([`replay`]), natural-key re-versioning ([`rekey`]), garbage collection ([`gc`]) and the
+//! consistency checks of `ingot doctor` ([`doctor`]).
 
 pub mod doctor;
 pub mod gc;
+pub mod held;
 pub mod nightly;
 pub mod rekey;
 pub mod replay;

@@ -10,7 +10,9 @@
 //! it has no succeeded build with its latest rules version yet, or when its latest build no longer
 //! shows the committed state of its inputs, whatever changed them (a manual ingest, undo, replay or
 //! rekey, a build that was killed or failed): the job heals. Running the job twice in a row
-//! changes nothing the second time. The landing folder can be local or `s3://bucket/prefix`
+//! changes nothing the second time. A source with a held run (docs/operations.md#held-runs) loads
+//! no further files until the run is published or discarded: they wait, so that versions commit
+//! in file order. The landing folder can be local or `s3://bucket/prefix`
 //! ([`crate::ingest::landing`]).
 
 use std::collections::BTreeSet;
@@ -38,6 +40,10 @@ pub struct NightlyReport {
     pub reasons: Vec<(String, String)>,
     /// Landing files ingested again after a run of theirs failed for a passing cause, and why.
     pub retried: Vec<(String, String)>,
+    /// Every run held for review at the end of the job (earlier ones and this job's), oldest first.
+    pub held: Vec<RunRecord>,
+    /// New landing files not ingested because their source has a held run: (file, held run id).
+    pub waiting: Vec<(String, String)>,
 }
 
 impl NightlyReport {
@@ -45,6 +51,11 @@ impl NightlyReport {
     pub fn failed(&self) -> bool {
         self.runs.iter().any(|r| r.status == RunStatus::Failed)
             || self.builds.iter().any(|b| b.record.status == BuildStatus::Failed)
+    }
+
+    /// Is any run held for review (and waiting for `ingot publish` or `ingot discard`)?
+    pub fn held(&self) -> bool {
+        !self.held.is_empty()
     }
 }
 
@@ -84,10 +95,15 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
     let mut report = NightlyReport::default();
     let runs = read_run_log(&ws.lake).await?;
     let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
+    report.held = runs.iter().filter(|r| r.status == RunStatus::Held).cloned().collect();
     for (source, contract) in &contracts.contracts {
         for input in landing_files(&ws.landing_dir, source).await? {
             if already_loaded(&runs, source, contract.version as i32, &input).await? {
                 report.already_loaded += 1;
+                continue;
+            }
+            if let Some(held) = report.held.iter().find(|r| r.source == *source) {
+                report.waiting.push((input.display(), held.run_id.clone()));
                 continue;
             }
             if let Some(prev) = runs
@@ -108,6 +124,9 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
             let record = ingest_input(ws, contract.clone(), &input, opts).await?;
             if record.has_data() {
                 loaded_sources.insert(source.clone());
+            }
+            if record.status == RunStatus::Held {
+                report.held.push(record.clone());
             }
             report.runs.push(record);
         }

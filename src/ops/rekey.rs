@@ -225,6 +225,8 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         rows_superseded: 0,
         contract_fields: Some(contract.fields_definition()),
         failure_class: None,
+        held_reason: None,
+        decided_at: None,
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;

@@ -125,7 +125,14 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
                 run.run_id
             )));
         }
-        RunStatus::Failed | RunStatus::SkippedDuplicateFile => {
+        RunStatus::Held => {
+            return Err(Error::Invalid(format!(
+                "run {} is held: nothing of it is published yet; `ingot publish {}` publishes it (then its failed \
+                 rows can be replayed), `ingot discard {}` drops it",
+                run.run_id, run.run_id, run.run_id
+            )));
+        }
+        RunStatus::Failed | RunStatus::SkippedDuplicateFile | RunStatus::Discarded => {
             return Ok(Replayed::Nothing(format!(
                 "run {} is {}: it has no failed rows to replay (a failed run is retried by ingesting its file again)",
                 run.run_id,

@@ -80,14 +80,26 @@ fn nothing_for_run(run: &RunRecord) -> Option<Undone> {
             "run {} of {} is already rolled back: nothing to do",
             run.run_id, run.source
         ))),
-        RunStatus::Failed | RunStatus::SkippedDuplicateFile => Some(Undone::Nothing(format!(
+        RunStatus::Failed | RunStatus::SkippedDuplicateFile | RunStatus::Discarded => Some(Undone::Nothing(format!(
             "run {} of {} is {}: it loaded nothing, so there is nothing to undo",
             run.run_id,
             run.source,
             run.status.as_str()
         ))),
-        RunStatus::Succeeded | RunStatus::SucceededWithFailures => None,
+        RunStatus::Succeeded | RunStatus::SucceededWithFailures | RunStatus::Held => None,
     }
+}
+
+/// A held run published nothing, so there is nothing to undo: `ingot discard` drops it.
+fn refuse_held(run: &RunRecord) -> Result<()> {
+    if run.status != RunStatus::Held {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "run {} of {} is held: nothing of it was published, so there is nothing to undo; `ingot discard {}` drops \
+         it, `ingot publish {}` publishes it",
+        run.run_id, run.source, run.run_id, run.run_id
+    )))
 }
 
 /// Undoing run `R` of source `S` commits a copy of `R`'s run-log record with status
@@ -122,6 +134,7 @@ fn nothing_for_run(run: &RunRecord) -> Option<Undone> {
 /// run delivered again unchanged was not written by that later run (it was `unchanged`), so
 /// undoing the run that first wrote it removes it even though the later file also had it.
 async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
+    refuse_held(&run)?;
     if let Some(n) = nothing_for_run(&run) {
         return Ok(n);
     }
@@ -137,6 +150,7 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
                 run.run_id
             )));
         };
+        refuse_held(now)?;
         if let Some(n) = nothing_for_run(now) {
             return Ok(n);
         }

@@ -53,6 +53,8 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "rows_superseded",
     "contract_fields",
     "failure_class",
+    "held_reason",
+    "decided_at",
     "replay_of",
     "error",
     "ingot_version",

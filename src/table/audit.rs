@@ -6,7 +6,9 @@
 //! file that only becomes visible through the run's committed record. Columns added after the
 //! first release (`ignored_columns`, `rolled_back_at`, `rows_deleted`, `natural_key_version`,
 //! `previous_natural_key_version`, `natural_key_definition`, `rows_superseded`,
-//! `contract_fields`, `failure_class`) read as null (or 0) in older records; [`RunRecord`] says what each holds.
+//! `contract_fields`, `failure_class`, `held_reason`, `decided_at`) read as null (or 0) in older
+//! records; [`RunRecord`] says what each holds. A `held` run wrote its files but publishes nothing
+//! until `ingot publish` commits a loaded copy of its record (or `ingot discard` a `discarded` one).
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
 //! rows_failed` (records of the file; a deleted key is not a record of the file), and its bronze
@@ -42,6 +44,11 @@ pub enum RunStatus {
     Failed,
     SkippedDuplicateFile,
     RolledBack,
+    /// A hold gate stopped the run: its files are written, nothing is published until
+    /// `ingot publish` (docs/operations.md#held-runs).
+    Held,
+    /// A held run that `ingot discard` dropped: it published nothing, its files are gc's.
+    Discarded,
 }
 
 impl RunStatus {
@@ -52,6 +59,8 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::SkippedDuplicateFile => "skipped_duplicate_file",
             RunStatus::RolledBack => "rolled_back",
+            RunStatus::Held => "held",
+            RunStatus::Discarded => "discarded",
         }
     }
 
@@ -62,6 +71,8 @@ impl RunStatus {
             "failed" => RunStatus::Failed,
             "skipped_duplicate_file" => RunStatus::SkippedDuplicateFile,
             "rolled_back" => RunStatus::RolledBack,
+            "held" => RunStatus::Held,
+            "discarded" => RunStatus::Discarded,
             _ => return None,
         })
     }
@@ -128,6 +139,12 @@ pub struct RunRecord {
     /// contract changes) or `transient` (the file changed while read, a read failed: the nightly
     /// job retries it). Extension column; null on other runs and in older records (read as content).
     pub failure_class: Option<String>,
+    /// Why a hold gate held the run (`held`, and kept on the copy `ingot publish` or `ingot
+    /// discard` commits). Extension column; null on other runs and in older records.
+    pub held_reason: Option<String>,
+    /// When `ingot publish` or `ingot discard` decided a held run (microseconds, UTC). Extension
+    /// column.
+    pub decided_at: Option<i64>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -156,6 +173,12 @@ impl RunRecord {
 
     pub fn has_failures(&self) -> bool {
         self.status.is_loaded() && self.rows_failed > 0
+    }
+
+    /// Does the run keep files that a later command may still publish (a held run), or that
+    /// readers read (a loaded run)?
+    pub fn keeps_files(&self) -> bool {
+        self.status.is_loaded() || self.status == RunStatus::Held
     }
 }
 
@@ -188,6 +211,8 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("rows_superseded", DataType::Int64, true),
         Field::new("contract_fields", DataType::Utf8, true),
         Field::new("failure_class", DataType::Utf8, true),
+        Field::new("held_reason", DataType::Utf8, true),
+        Field::new("decided_at", timestamp_type(), true),
     ]))
 }
 
@@ -256,6 +281,8 @@ impl RunRecord {
             i64_array(self.rows_superseded),
             str_array(self.contract_fields.as_deref()),
             str_array(self.failure_class.as_deref()),
+            str_array(self.held_reason.as_deref()),
+            opt_ts_array(self.decided_at),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -306,6 +333,11 @@ impl RunRecord {
                     Some(_) => c.opt("failure_class", r)?,
                     None => None,
                 },
+                held_reason: match c.batch.column_by_name("held_reason") {
+                    Some(_) => c.opt("held_reason", r)?,
+                    None => None,
+                },
+                decided_at: c.opt_ts("decided_at", r)?,
                 seq: 0,
             });
         }
@@ -349,10 +381,8 @@ pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
 pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    if !lake
-        .put_create(&layout::run_record(&record.source, record.seq), bytes)
-        .await?
-    {
+    let slot = |seq| layout::run_record(&record.source, seq);
+    if !put_record(lake, slot, record.seq, bytes, "run log", RunRecord::from_columns).await? {
         return Err(Error::Locked(format!(
             "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
              over); nothing of run {} was published: run the same command again",
@@ -400,8 +430,13 @@ pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
                 continue;
             }
             let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-            if let Err(e) = ParquetRecordBatchReaderBuilder::try_new(bytes).and_then(|b| b.build()) {
-                out.push((path, format!("unreadable {log} record: {e}")));
+            let parsed = if rel == layout::RUN_LOG {
+                parse_record(bytes, log, &RunRecord::from_columns).map(|_| ())
+            } else {
+                parse_record(bytes, log, &BuildRecord::from_columns).map(|_| ())
+            };
+            if let Err(e) = parsed {
+                out.push((path, format!("{e}: skipped by every command; remove it")));
             }
         }
     }
@@ -536,18 +571,56 @@ async fn read_log<T>(
             continue;
         };
         let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| Error::RunFailed(format!("{log} record {}: {e}", meta.location)))?;
-            for mut record in parse(&LogColumns { batch: &batch, log })? {
-                set_seq(&mut record, seq);
-                out.push(record);
-            }
+        // A record no reader can parse (a foreign file in a slot, a damaged copy) is not part of
+        // the log either: skipped, reported by `ingot doctor`; a commit passes its slot by.
+        let Ok(records) = parse_record(bytes, log, &parse) else {
+            continue;
+        };
+        for mut record in records {
+            set_seq(&mut record, seq);
+            out.push(record);
         }
     }
     Ok(out)
+}
+
+/// The records of one log file's bytes.
+fn parse_record<T>(
+    bytes: Bytes,
+    log: &'static str,
+    parse: &impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
+        out.extend(parse(&LogColumns { batch: &batch, log })?);
+    }
+    Ok(out)
+}
+
+/// Put a commit record into slot `seq` (`rel` names a slot's file), create-if-absent; `Ok(false)`
+/// when the slot holds another commit. A slot holding an object no reader can parse is not a
+/// commit (every reader skips it): the record goes into the next free slot instead.
+async fn put_record<T>(
+    lake: &Lake,
+    rel: impl Fn(u64) -> String,
+    mut seq: u64,
+    bytes: Bytes,
+    log: &'static str,
+    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
+) -> Result<bool> {
+    loop {
+        if lake.put_create(&rel(seq), bytes.clone()).await? {
+            return Ok(true);
+        }
+        match lake.get(&rel(seq)).await? {
+            Some(taken) if parse_record(taken.clone(), log, &parse).is_err() => seq += 1,
+            _ => return Ok(false),
+        }
+    }
 }
 
 /// A rejected record, bronze or silver.
@@ -801,10 +874,8 @@ pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
 pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    if !lake
-        .put_create(&layout::build_record(&record.table, record.seq), bytes)
-        .await?
-    {
+    let slot = |seq| layout::build_record(&record.table, seq);
+    if !put_record(lake, slot, record.seq, bytes, "build log", BuildRecord::from_columns).await? {
         return Err(Error::Locked(format!(
             "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
              was published: run the same command again",

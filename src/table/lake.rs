@@ -5,7 +5,7 @@
 //! like runs: every file of a build is build-scoped and visible only through its build-log record.
 //!
 //! Commit order (docs/formats.md#commit-protocol): data file, then failure file, then the run-log record with
-//! `PutMode::Create`. Readers only look at files named by committed run-log records, so a crash
+//! `PutMode::Create`; on a local lake each is on the disk before the next starts ([`crate::table::durable`]). Readers only look at files named by committed run-log records, so a crash
 //! before the record leaves orphans that nothing reads (a later `gc` removes them); a crash after
 //! it leaves a complete run. The record's name is the source's next sequence number, read when the
 //! run started: if another run of the source committed in between (possible only after a lock
@@ -17,12 +17,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use url::Url;
 
 use crate::error::{Error, Result};
+use crate::table::durable::{Disk, DurableLocal, Fsync};
 
 /// Outcome of [`Lake::replace_if`].
 #[derive(Debug)]
@@ -77,6 +77,12 @@ impl Lake {
     /// [`Lake::open`] with object-store options on top of the environment's (see
     /// [`crate::table::store::open_with`]); ignored for a local lake.
     pub fn open_with(location: &str, options: &[(String, String)]) -> Result<Lake> {
+        Lake::open_on(location, options, Arc::new(Fsync::from_env()))
+    }
+
+    /// [`Lake::open_with`] with the disk a local lake syncs through (tests put one in that
+    /// forgets unsynced writes, see [`crate::table::durable`]); ignored for a remote lake.
+    pub fn open_on(location: &str, options: &[(String, String)], disk: Arc<dyn Disk>) -> Result<Lake> {
         if crate::table::store::is_remote(location) {
             let opened = crate::table::store::open_with(location, options)?;
             return Ok(Lake {
@@ -95,7 +101,7 @@ impl Lake {
             Path::from_absolute_path(&abs).map_err(|e| Error::Invalid(format!("lake path {}: {e}", abs.display())))?;
         let store_url = Url::parse("file:///").map_err(|e| Error::Invalid(e.to_string()))?;
         Ok(Lake {
-            store: Arc::new(LocalFileSystem::new()),
+            store: Arc::new(DurableLocal::new(abs.clone(), disk)),
             root,
             store_url,
             display: location.to_string(),

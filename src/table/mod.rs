@@ -1,9 +1,11 @@
-//! The lake's on-disk formats and commit protocol: object stores ([`store`]) and the lake layout
+//! The lake's on-disk formats and commit protocol: object stores ([`store`], the local one syncing
+//! every write: [`durable`]) and the lake layout
 //! with its commit order ([`lake`]), the writer lock ([`lock`]), failpoints for crash tests
 //! ([`failpoint`]), bronze runs ([`bronze`]) read under later contracts ([`evolve`]) and the audit tables ([`audit`]).
 
 pub mod audit;
 pub mod bronze;
+pub mod durable;
 pub mod evolve;
 pub mod failpoint;
 pub mod lake;

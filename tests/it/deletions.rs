@@ -398,9 +398,16 @@ fn partitioned_change_detection_deletes_the_same_records() {
         t.ingest_ok("customers", &file(t, "tue.csv", TUESDAY));
         t.ingest_ok("customers", &file(t, "wed.csv", &["EU,c2,Bob,25", "US,c3,Dee,40"]));
     };
+    // Wednesday deletes 3 of the 4 current records: past the default hold.max_delete_fraction
+    let no_hold = contract("full", 1, "region, customer_id").replace(
+        "delivery: full\n",
+        "delivery: full\nhold:\n  max_delete_fraction: off\n",
+    );
     let memory = lake("full");
+    set_contract(&memory, &no_hold);
     steps(&memory);
     let partitioned = lake_with(partitioned(), "full");
+    set_contract(&partitioned, &no_hold);
     steps(&partitioned);
     partitioned
         .snapshot(&["customers"])

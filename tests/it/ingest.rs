@@ -368,7 +368,7 @@ fn runs_and_failures_views_for_people_and_scripts() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,rows_deleted,file_path,replay_of,rolled_back_at,error"
+        "started_at,run_id,source,status,rows_seen,rows_inserted,rows_updated,rows_unchanged,rows_failed,rows_deleted,file_path,replay_of,rolled_back_at,error,held_reason"
     );
     assert_eq!(lines.len(), 2, "{text}");
     assert!(

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod build_plan;
+mod chaos;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod contracts;
@@ -15,6 +16,7 @@ mod gc_writers;
 mod golden;
 mod hashing;
 mod hashing_python;
+mod held;
 mod identity;
 mod ingest;
 mod kill;
@@ -22,6 +24,7 @@ mod layering;
 mod model;
 mod nightly;
 mod ops;
+mod power;
 mod rekey;
 mod replay;
 mod rules;

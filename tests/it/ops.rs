@@ -381,6 +381,31 @@ fn a_stray_object_in_a_log_or_one_broken_table_never_stops_the_lake() {
         "{}",
         stdout(&out)
     );
+    // ... and every other command skips it: the next run of the source commits past its slot
+    for args in [vec!["runs"], vec!["sql", "SELECT 1"]] {
+        let out = t.run(&args);
+        assert!(
+            out.status.success(),
+            "{args:?} with an unreadable record: {}",
+            stderr(&out)
+        );
+    }
+    t.ingest_ok("hotels", &landing("hotels/2026-11-03_hotels.csv"));
+    let hotels =
+        t.query("SELECT status, file_path FROM audit.ingestion_run_log WHERE source = 'hotels' ORDER BY started_at");
+    assert_eq!(hotels.len(), 2, "{hotels:?}");
+    assert!(
+        hotels[1]["file_path"]
+            .as_str()
+            .unwrap()
+            .ends_with("2026-11-03_hotels.csv"),
+        "{hotels:?}"
+    );
+    assert!(
+        t.lake()
+            .join("audit/ingestion_run_log/hotels/0000000003.parquet")
+            .exists()
+    );
 }
 
 /// A write killed before its rename leaves a hidden `<name>#<n>` staging file on a local lake

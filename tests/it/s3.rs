@@ -434,6 +434,8 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         rows_superseded: 0,
         contract_fields: None,
         failure_class: None,
+        held_reason: None,
+        decided_at: None,
         replay_of: None,
         error: Some(format!("writer {run_id}")),
         ingot_version: "test".into(),

@@ -205,6 +205,7 @@ pub fn normalize_rows(
                     "ingested_at",
                     "failed_at",
                     "rolled_back_at",
+                    "decided_at",
                 ]
                 .contains(&k.as_str())
                 {

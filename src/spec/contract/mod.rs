@@ -9,6 +9,7 @@
 //! (one entry of `fields`).
 
 mod field;
+mod hold;
 mod read;
 
 use std::collections::BTreeMap;
@@ -198,6 +199,43 @@ impl Delivery {
     pub const NAMES: &[&str] = &["incremental", "full"];
 }
 
+/// The gates that hold a run for review instead of publishing it (contract key `hold`,
+/// docs/guide.md#hold-gates): its files are written, nothing of it is visible until
+/// `ingot publish`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    /// A full delivery that would delete more than this share of the current records is held
+    /// (default 0.5; `None`: never). Always `None` for incremental deliveries.
+    pub max_delete_fraction: Option<f64>,
+    /// Hold a run with far fewer rows than the recent runs of the source.
+    pub row_count: Option<RowCountGate>,
+}
+
+impl Hold {
+    /// Default delete fraction of a full delivery.
+    pub const DEFAULT_MAX_DELETE_FRACTION: f64 = 0.5;
+
+    /// The gates of a contract without a `hold` key.
+    pub fn default_for(delivery: Delivery) -> Hold {
+        Hold {
+            max_delete_fraction: (delivery == Delivery::Full).then_some(Hold::DEFAULT_MAX_DELETE_FRACTION),
+            row_count: None,
+        }
+    }
+}
+
+/// `hold.row_count`: a run whose `rows_seen` is below `min_ratio_of_median` times the median
+/// `rows_seen` of the source's last `window` committed runs is held.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowCountGate {
+    pub min_ratio_of_median: f64,
+    pub window: u32,
+}
+
+impl RowCountGate {
+    pub const DEFAULT_WINDOW: u32 = 7;
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnMissing {
     Reject,
@@ -233,6 +271,8 @@ pub struct Contract {
     pub csv: CsvOptions,
     pub unknown_fields: UnknownFields,
     pub delivery: Delivery,
+    /// Gates that hold a suspicious run for review (contract key `hold`).
+    pub hold: Hold,
     pub fields: Vec<Field>,
     pub natural_key: NaturalKey,
     pub resolve: Vec<Resolve>,

@@ -14,6 +14,7 @@ const CONTRACT_KEYS: &[&str] = &[
     "csv",
     "unknown_fields",
     "delivery",
+    "hold",
     "fields",
     "natural_key",
     "resolve",
@@ -82,6 +83,7 @@ impl ContractReader<'_> {
             None => Some(Delivery::Incremental),
             Some(n) => self.read_delivery(n),
         };
+        let hold = self.read_hold(map.get("hold"), delivery);
         let fields = match map.get("fields") {
             None => {
                 self.err(
@@ -126,6 +128,7 @@ impl ContractReader<'_> {
             csv: csv?,
             unknown_fields: unknown_fields?,
             delivery: delivery?,
+            hold: hold?,
             fields: fields?,
             natural_key: natural_key?,
             resolve: resolve?,
