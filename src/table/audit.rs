@@ -561,9 +561,6 @@ async fn read_log<T>(
 ) -> Result<Vec<T>> {
     let mut out = Vec::new();
     for meta in lake.list(rel).await? {
-        if meta.location.extension() != Some("parquet") {
-            continue;
-        }
         // Only `<digits>.parquet` is a record (a slot); anything else (`._0000000001.parquet` from
         // a macOS copy, an editor's backup) is not part of the log: skipped here, reported by
         // `ingot doctor` ([`stray_log_objects`]).
