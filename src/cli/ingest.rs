@@ -70,31 +70,20 @@ pub fn describe(r: &RunRecord) -> String {
             r.run_id
         ),
         RunStatus::Held => format!(
-            "{} {}: HELD for review, nothing published: {} rows seen: {} inserted, {} updated, {} unchanged, {} \
-             failed; {} deleted; held because {}; `ingot publish {}` publishes it, `ingot discard {}` drops it \
-             [run {}]",
+            "{} {}: HELD for review, nothing published: {}; {} deleted; held because {}; `ingot publish {id}` \
+             publishes it, `ingot discard {id}` drops it [run {id}]",
             r.source,
             r.file_path,
-            r.rows_seen,
-            r.rows_inserted,
-            r.rows_updated,
-            r.rows_unchanged,
-            r.rows_failed,
+            counts(r),
             r.rows_deleted,
             r.held_reason.as_deref().unwrap_or("a hold gate"),
-            r.run_id,
-            r.run_id,
-            r.run_id
+            id = r.run_id,
         ),
         _ => format!(
-            "{} {}: {} rows seen: {} inserted, {} updated, {} unchanged, {} failed{}{} ({ms:.0} ms) [run {}]",
+            "{} {}: {}{}{} ({ms:.0} ms) [run {}]",
             r.source,
             r.file_path,
-            r.rows_seen,
-            r.rows_inserted,
-            r.rows_updated,
-            r.rows_unchanged,
-            r.rows_failed,
+            counts(r),
             match (r.rows_deleted, r.rows_superseded) {
                 (0, 0) => String::new(),
                 (0, s) => format!(
@@ -110,6 +99,14 @@ pub fn describe(r: &RunRecord) -> String {
             r.run_id
         ),
     }
+}
+
+/// `N rows seen: N inserted, N updated, N unchanged, N failed`.
+fn counts(r: &RunRecord) -> String {
+    format!(
+        "{} rows seen: {} inserted, {} updated, {} unchanged, {} failed",
+        r.rows_seen, r.rows_inserted, r.rows_updated, r.rows_unchanged, r.rows_failed
+    )
 }
 
 fn record_json(r: &RunRecord) -> String {

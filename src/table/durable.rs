@@ -283,17 +283,17 @@ impl ObjectStore for DurableLocal {
             return self.inner.put_multipart_opts(location, opts).await;
         }
         let dest = self.inner.path_to_filesystem(location)?;
-        let this = self.clone();
+        let (this, at) = (self.clone(), dest.clone());
         let (file, staging) = blocking(move || {
-            this.disk.writable().map_err(|e| io_at(&dest, e))?;
-            new_staged(&dest)
+            this.disk.writable().map_err(|e| io_at(&at, e))?;
+            new_staged(&at)
         })
         .await?;
         Ok(Box::new(Upload {
             store: self.clone(),
             state: Arc::new(UploadState {
                 file: Mutex::new(file),
-                dest: self.inner.path_to_filesystem(location)?,
+                dest,
             }),
             staging: Some(staging),
             offset: 0,

@@ -5,7 +5,7 @@
 //! kill. `INGOT_CHAOS_OPS` sets the number of operations (default 30; `make fuzz` 400) and
 //! `INGOT_CHAOS_SEED` the seed; both are printed with every failure.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -41,16 +41,16 @@ fn logs(rt: &tokio::runtime::Runtime, t: &TestLake) -> Logs {
 /// The commits in `after` that are not in `before`, in commit order (by slot within each log;
 /// the two logs are independent: a run and a build never commit in the same process step).
 fn new_commits(before: &Logs, after: &Logs) -> Vec<Commit> {
-    let run_seen: HashMap<(&str, u64), ()> = before.runs.iter().map(|r| ((r.source.as_str(), r.seq), ())).collect();
-    let run_ids: HashMap<&str, ()> = before.runs.iter().map(|r| (r.run_id.as_str(), ())).collect();
-    let build_seen: HashMap<(&str, u64), ()> = before.builds.iter().map(|b| ((b.table.as_str(), b.seq), ())).collect();
-    let build_ids: HashMap<&str, ()> = before.builds.iter().map(|b| (b.build_id.as_str(), ())).collect();
+    let run_seen: HashSet<(&str, u64)> = before.runs.iter().map(|r| (r.source.as_str(), r.seq)).collect();
+    let run_ids: HashSet<&str> = before.runs.iter().map(|r| r.run_id.as_str()).collect();
+    let build_seen: HashSet<(&str, u64)> = before.builds.iter().map(|b| (b.table.as_str(), b.seq)).collect();
+    let build_ids: HashSet<&str> = before.builds.iter().map(|b| b.build_id.as_str()).collect();
     let mut out: Vec<(i64, Commit)> = Vec::new();
     for r in &after.runs {
-        if run_seen.contains_key(&(r.source.as_str(), r.seq)) {
+        if run_seen.contains(&(r.source.as_str(), r.seq)) {
             continue;
         }
-        let c = if run_ids.contains_key(r.run_id.as_str()) {
+        let c = if run_ids.contains(r.run_id.as_str()) {
             Commit::UndoRun { id: r.run_id.clone() }
         } else {
             Commit::Run {
@@ -62,10 +62,10 @@ fn new_commits(before: &Logs, after: &Logs) -> Vec<Commit> {
         out.push((r.rolled_back_at.unwrap_or(r.finished_at), c));
     }
     for b in &after.builds {
-        if build_seen.contains_key(&(b.table.as_str(), b.seq)) {
+        if build_seen.contains(&(b.table.as_str(), b.seq)) {
             continue;
         }
-        let c = if build_ids.contains_key(b.build_id.as_str()) {
+        let c = if build_ids.contains(b.build_id.as_str()) {
             Commit::UndoBuild { id: b.build_id.clone() }
         } else {
             Commit::Build {
