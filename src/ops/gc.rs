@@ -290,13 +290,11 @@ async fn abort_stale_uploads(
 
 /// The latest succeeded build of every table.
 fn latest_builds(builds: &[BuildRecord]) -> HashMap<String, String> {
-    let mut latest = HashMap::new();
-    for b in builds {
-        if let Some(l) = latest_build(builds, &b.table) {
-            latest.insert(b.table.clone(), l.build_id.clone());
-        }
-    }
-    latest
+    let tables: BTreeSet<&str> = builds.iter().map(|b| b.table.as_str()).collect();
+    tables
+        .into_iter()
+        .filter_map(|t| Some((t.to_string(), latest_build(builds, t)?.build_id.clone())))
+        .collect()
 }
 
 fn by_id(builds: &[BuildRecord]) -> BTreeMap<String, &BuildRecord> {
