@@ -6,7 +6,9 @@
 1. ingot's bronze files of the first run (LAKE/bronze/lineitem/run_id=RUN_FIRST/*.parquet) and
    DuckDB's output joined on (l_orderkey, l_linenumber): both have ROWS rows, every key once,
    and 0 differences of row_hash and natural_key_fingerprint (full outer join: a key missing on
-   one side counts as a difference).
+   one side counts as a difference); the file_hash ingot stamped on every row is the SHA-256
+   DuckDB's job computed of the same file (DUCKDB_OUT.parquet is the output of
+   `duckdb_job.py bronze`).
 2. The re-delivery run wrote exactly the 3 changed keys, with the row_hash DuckDB computes from
    the re-delivered CSV (and different from the first version's), the same fingerprint.
 Exits 1 on any difference.
@@ -65,6 +67,12 @@ def main() -> int:
     check("row_hash mismatches", bad_row, 0)
     check("natural_key_fingerprint mismatches", bad_fp, 0)
     check("rows with both hashes equal", both, rows)
+    check(
+        "distinct file_hash values (ingot, duckdb) and whether they are equal",
+        q("""SELECT (SELECT count(DISTINCT file_hash) FROM ingot), (SELECT count(DISTINCT file_hash) FROM ddb),
+                    (SELECT min(file_hash) FROM ingot) = (SELECT min(file_hash) FROM ddb)"""),
+        (1, 1, True),
+    )
 
     # The re-delivery: exactly the changed keys, with the hash of the new text.
     keys = ", ".join(f"({c['l_orderkey']}, {c['l_linenumber']})" for c in changes)
