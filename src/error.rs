@@ -193,22 +193,112 @@ pub mod console {
         STDOUT_GONE.load(Ordering::Relaxed)
     }
 
+    /// Exact output for scripts on stdout (JSON lines): written as it is.
     pub fn say(args: std::fmt::Arguments<'_>) {
         let _ = writeln!(Stdout, "{args}");
     }
 
+    /// Text for people on stdout: like [`say`], with what a terminal would act on escaped
+    /// ([`terminal_safe`]): file names and errors quoted from hostile input cannot drive it.
+    pub fn show(args: std::fmt::Arguments<'_>) {
+        let text = args.to_string();
+        let _ = writeln!(Stdout, "{}", terminal_safe(&text));
+    }
+
+    /// Messages for people on stderr: a value quoted in a message (a file name from a drop
+    /// folder, a line of a hostile file) cannot drive the terminal ([`terminal_safe`]).
     pub fn tell(args: std::fmt::Arguments<'_>) {
-        if !STDERR_GONE.load(Ordering::Relaxed) && writeln!(std::io::stderr().lock(), "{args}").is_err() {
+        let text = args.to_string();
+        if !STDERR_GONE.load(Ordering::Relaxed)
+            && writeln!(std::io::stderr().lock(), "{}", terminal_safe(&text)).is_err()
+        {
             STDERR_GONE.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Would the terminal act on `c` instead of showing it? C0 controls (ESC starts escape
+    /// sequences, CR and backspace overwrite what was shown, BEL rings), DEL, C1 controls (U+009B
+    /// is a one-character CSI on many terminals) and the Unicode bidirectional overrides and
+    /// isolates (text shown in another order than it is stored).
+    fn acts(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+    }
+
+    fn escape_into(out: &mut String, c: char) {
+        use std::fmt::Write as _;
+        let _ = match c {
+            '\n' => write!(out, "\\n"),
+            '\r' => write!(out, "\\r"),
+            '\t' => write!(out, "\\t"),
+            c if (c as u32) < 0x80 => write!(out, "\\x{:02x}", c as u32),
+            c => write!(out, "\\u{{{:04x}}}", c as u32),
+        };
+    }
+
+    /// `text` with every character a terminal would act on written as an escape (`\x1b`,
+    /// `\r`, `\u{9b}`, `\u{202e}`), except line breaks and tabs, which messages use; text
+    /// without such characters is returned as it is. Backslashes are left alone, so the
+    /// escapes are for reading, not for parsing back: scripts read csv or json output, which
+    /// is exact.
+    pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+        escaped_where(text, |c| acts(c) && c != '\n' && c != '\t')
+    }
+
+    /// `value` as one table cell: like [`terminal_safe`], and line breaks and tabs escaped too
+    /// (they would break the table's rows and columns).
+    pub fn cell(value: &str) -> std::borrow::Cow<'_, str> {
+        escaped_where(value, acts)
+    }
+
+    fn escaped_where(text: &str, escape: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+        if !text.chars().any(&escape) {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        let mut out = String::with_capacity(text.len() + 8);
+        for c in text.chars() {
+            if escape(c) {
+                escape_into(&mut out, c);
+            } else {
+                out.push(c);
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn terminal_controls_are_escaped_and_plain_text_is_kept() {
+            assert_eq!(terminal_safe("plain, ünïcode 日本"), "plain, ünïcode 日本");
+            assert!(matches!(terminal_safe("plain"), std::borrow::Cow::Borrowed(_)));
+            assert_eq!(
+                terminal_safe("a\x1b[2J\x07b\rc\u{9b}31md\u{202e}e\x7f"),
+                "a\\x1b[2J\\x07b\\rc\\u{009b}31md\\u{202e}e\\x7f"
+            );
+            assert_eq!(terminal_safe("line 1\nline 2\tx"), "line 1\nline 2\tx");
+            assert_eq!(cell("line 1\nline 2\tx"), "line 1\\nline 2\\tx");
+            assert_eq!(cell("back\\slash"), "back\\slash");
         }
     }
 }
 
-/// `println!` that a closed stdout cannot turn into a panic ([`console`]).
+/// `println!` that a closed stdout cannot turn into a panic ([`console`]), for exact output.
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {
         $crate::error::console::say(format_args!($($arg)*))
+    };
+}
+
+/// `println!` for text people read: a closed stdout cannot turn it into a panic and terminal
+/// controls in it are shown escaped ([`console::show`]). Machine output (JSON lines) uses
+/// [`say!`](crate::say), which writes it exactly.
+#[macro_export]
+macro_rules! show {
+    ($($arg:tt)*) => {
+        $crate::error::console::show(format_args!($($arg)*))
     };
 }
 

@@ -43,8 +43,8 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
             let json = serde_json::to_string(&plan).map_err(|e| Error::Internal(format!("plan as JSON: {e}")))?;
             crate::say!("{json}");
         } else {
-            crate::say!("{plan}");
-            crate::say!("dry run: nothing was written");
+            crate::show!("{plan}");
+            crate::show!("dry run: nothing was written");
         }
         return Ok(ExitStatus::Success);
     }
@@ -63,7 +63,7 @@ pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
     if args.json {
         crate::say!("{}", record_json(&built.record));
     } else {
-        crate::say!("{}", describe(&built));
+        crate::show!("{}", describe(&built));
     }
     Ok(ExitStatus::failed_if(built.record.status == BuildStatus::Failed))
 }

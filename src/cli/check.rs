@@ -17,14 +17,14 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
     let rules = RulesSet::load(&cli.rules, &set, &mut problems);
     lake_problems(cli, &set, &mut problems).await?;
     if problems.is_empty() {
-        crate::say!(
+        crate::show!(
             "ok: {} contract{} in {} ({})",
             set.contracts.len(),
             if set.contracts.len() == 1 { "" } else { "s" },
             cli.contracts.display(),
             set.names().join(", ")
         );
-        crate::say!("{}", rules_summary(&rules));
+        crate::show!("{}", rules_summary(&rules));
         return Ok(ExitStatus::Success);
     }
     for p in &problems.items {

@@ -7,10 +7,10 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let report = crate::ops::doctor::doctor(&ws).await?;
     for v in &report.violations {
-        crate::say!("{v}");
+        crate::show!("{v}");
     }
     for r in &report.held {
-        crate::say!(
+        crate::show!(
             "held: run {} of {} ({}): {}; waits for `ingot publish {}` or `ingot discard {}` (not a violation)",
             r.run_id,
             r.source,
@@ -21,9 +21,9 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
         );
     }
     for o in &report.orphans {
-        crate::say!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
+        crate::show!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
     }
-    crate::say!(
+    crate::show!(
         "doctor: {} run{} and {} build{} checked, {} violation{}, {} orphan file{}",
         report.runs_checked,
         if report.runs_checked == 1 { "" } else { "s" },

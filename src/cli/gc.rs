@@ -29,17 +29,17 @@ pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
     let report = crate::ops::gc::gc(&ws.lake, &opts).await?;
     let verb = if report.dry_run { "would remove" } else { "removed" };
     for r in &report.removed {
-        crate::say!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
+        crate::show!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);
     }
     for why in &report.skipped {
-        crate::say!("{why}");
+        crate::show!("{why}");
     }
     let bytes: u64 = report.removed.iter().map(|r| r.bytes).sum();
     let in_use = match report.in_use {
         0 => String::new(),
         n => format!("; {n} in use by running writers"),
     };
-    crate::say!(
+    crate::show!(
         "gc: {verb} {} file{} ({bytes} bytes); {} more within the grace period{in_use}",
         report.removed.len(),
         if report.removed.len() == 1 { "" } else { "s" },

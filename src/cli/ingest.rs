@@ -28,7 +28,11 @@ pub struct IngestArgs {
 pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
-    let inputs = expand_inputs(&args.inputs).await?;
+    let found = expand_inputs(&args.inputs).await?;
+    for s in &found.skipped {
+        crate::tell!("ingot ingest: skipped {}: {}", s.path, s.reason);
+    }
+    let inputs = found.inputs;
     let opts = IngestOptions {
         progress: std::io::stdout().is_terminal() && !args.json,
         no_hold: args.no_hold,
@@ -45,7 +49,7 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
         if args.json {
             crate::say!("{}", record_json(&record));
         } else {
-            crate::say!("{}", describe(&record));
+            crate::show!("{}", describe(&record));
         }
     }
     Ok(code)

@@ -177,9 +177,12 @@ pub enum Command {
     Gc(gc::GcArgs),
     /// Serve the catalog over Arrow Flight SQL (read-only), for Python, BI tools and notebooks.
     ///
-    /// Clients connect with ADBC or JDBC Flight SQL drivers to grpc://ADDR. Every call sees the
-    /// lake as it is then; DDL, DML, COPY and SET are refused. With --token (or INGOT_TOKEN) each
-    /// call must send "authorization: Bearer <token>". Binds to loopback by default.
+    /// Clients connect with ADBC or JDBC Flight SQL drivers to grpc://ADDR (grpc+tls:// with
+    /// --tls-cert). Every call sees the lake as it is then; DDL, DML, COPY, SET and Substrait
+    /// plans are refused. With a token (INGOT_TOKEN or --token-file) each call must send
+    /// "authorization: Bearer <token>". Binds to loopback by default; another address needs TLS
+    /// and a token, or --insecure. At most --max-queries run at once (others wait), each within
+    /// --query-memory and --query-timeout.
     #[cfg(feature = "flight")]
     Serve(serve::ServeArgs),
     /// Check the lake's invariants; print every violation with its location, exit 1 if any.

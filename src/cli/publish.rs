@@ -12,13 +12,13 @@ pub struct HeldArgs {
 pub async fn publish(cli: &Cli, args: &HeldArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let done = crate::ops::held::publish(&ws, &args.run_id).await?;
-    crate::say!("{}", done.describe());
+    crate::show!("{}", done.describe());
     Ok(ExitStatus::Success)
 }
 
 pub async fn discard(cli: &Cli, args: &HeldArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let done = crate::ops::held::discard(&ws, &args.run_id).await?;
-    crate::say!("{}", done.describe());
+    crate::show!("{}", done.describe());
     Ok(ExitStatus::Success)
 }

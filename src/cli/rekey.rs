@@ -13,6 +13,6 @@ pub async fn run(cli: &Cli, args: &RekeyArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let contract = crate::spec::contract::ContractSet::load_one(&ws.contracts_dir, &args.source)?;
     let done = crate::ops::rekey::rekey(&ws, contract).await?;
-    crate::say!("{}", done.describe());
+    crate::show!("{}", done.describe());
     Ok(ExitStatus::Success)
 }

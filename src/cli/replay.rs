@@ -15,13 +15,13 @@ pub async fn run(cli: &Cli, args: &ReplayArgs) -> Result<ExitStatus> {
     let opts = crate::ingest::IngestOptions::default();
     match crate::ops::replay::replay(&ws, &args.run_id, &opts).await? {
         crate::ops::replay::Replayed::Run(r) => {
-            crate::say!("{}", crate::cli::ingest::describe(&r));
+            crate::show!("{}", crate::cli::ingest::describe(&r));
             Ok(ExitStatus::failed_if(
                 r.status == crate::table::audit::RunStatus::Failed,
             ))
         }
         crate::ops::replay::Replayed::Nothing(why) => {
-            crate::say!("{why}");
+            crate::show!("{why}");
             Ok(ExitStatus::Success)
         }
     }

@@ -25,14 +25,18 @@ pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<ExitStatus> {
         s
     });
     let report = nightly(&ws, &opts, |step| match &spinner {
-        Some(s) => s.set_message(step.to_string()),
-        None => crate::say!("{step}"),
+        Some(s) => s.set_message(crate::error::console::terminal_safe(step).into_owned()),
+        None => crate::show!("{step}"),
     })
     .await?;
     if let Some(s) = spinner {
         s.finish_and_clear();
     }
-    let _ = std::io::Write::write_all(&mut crate::error::console::Stdout, summary(&report).as_bytes());
+    let text = summary(&report);
+    let _ = std::io::Write::write_all(
+        &mut crate::error::console::Stdout,
+        crate::error::console::terminal_safe(&text).as_bytes(),
+    );
     Ok(if report.failed() {
         ExitStatus::Failure
     } else if report.held() {
@@ -159,6 +163,9 @@ pub fn summary(r: &NightlyReport) -> String {
             run.run_id,
             run.run_id
         ));
+    }
+    for s in &r.skipped {
+        out.push_str(&format!("\nskipped {}: {}\n", s.path, s.reason));
     }
     for (file, run_id) in &r.waiting {
         out.push_str(&format!(

@@ -1,19 +1,138 @@
 //! `ingot serve`: the catalog over Arrow Flight SQL; see [`crate::query::serve`].
 
-use crate::cli::Cli;
-use crate::error::{ExitStatus, Result};
+use std::path::PathBuf;
+use std::time::Duration;
 
+use crate::cli::Cli;
+use crate::engine::session::parse_size;
+use crate::error::{Error, ExitStatus, Result};
+use crate::query::serve::ServeOptions;
+
+/// The flags of `ingot serve`. The token comes from `INGOT_TOKEN` or `--token-file`, never from
+/// the command line (every local user can read a process's arguments).
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
-    /// Require this bearer token on every call.
-    #[arg(long, env = "INGOT_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// Read the bearer token every call must carry from this file (its first line; keep the
+    /// file readable by the server's user only). Or set INGOT_TOKEN.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve TLS with this PEM certificate (chain); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow a non-loopback address without TLS and a token (the token and the data then travel
+    /// in clear text, or anyone who reaches the port reads the lake).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Queries that run at once; more wait for a free slot (in arrival order).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_queries: u32,
+    /// Memory each query may use before its operators spill to disk (e.g. 512M, 2G).
+    #[arg(long, default_value = "1G")]
+    pub query_memory: String,
+    /// A query still running after this long is cancelled (e.g. 30s, 5m, 1h; 0 = no limit).
+    #[arg(long, default_value = "5m")]
+    pub query_timeout: String,
 }
 
 pub async fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitStatus> {
-    crate::query::serve::serve(cli.workspace()?, &args.addr, args.token.clone()).await?;
+    let token = token(args.token_file.as_deref())?;
+    let query_memory = parse_size(&args.query_memory).map_err(|e| Error::Invalid(format!("--query-memory: {e}")))?;
+    if query_memory == 0 {
+        return Err(Error::Invalid("--query-memory: must be more than 0 (e.g. 512M)".into()));
+    }
+    let options = ServeOptions {
+        addr: args.addr.clone(),
+        token,
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        insecure: args.insecure,
+        max_queries: args.max_queries as usize,
+        query_memory,
+        query_timeout: parse_duration(&args.query_timeout)
+            .map_err(|e| Error::Invalid(format!("--query-timeout: {e}")))?,
+    };
+    crate::query::serve::serve(cli.workspace()?, options).await?;
     Ok(ExitStatus::Success)
+}
+
+/// The token from `--token-file` or `INGOT_TOKEN` (not both); an empty one is refused: it
+/// would make the empty string the secret.
+fn token(file: Option<&std::path::Path>) -> Result<Option<String>> {
+    let env = std::env::var_os("INGOT_TOKEN");
+    let token = match (file, env) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid(
+                "both --token-file and INGOT_TOKEN are set: give the token one way".into(),
+            ));
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path.display(), e))?;
+            let first = text.lines().next().unwrap_or("").trim().to_string();
+            if first.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "--token-file {}: the file holds no token (its first line is empty)",
+                    path.display()
+                )));
+            }
+            warn_if_readable_by_others(path);
+            first
+        }
+        (None, Some(v)) => {
+            let v = v
+                .into_string()
+                .map_err(|_| Error::Invalid("INGOT_TOKEN is not valid UTF-8".into()))?;
+            if v.trim().is_empty() {
+                return Err(Error::Invalid(
+                    "INGOT_TOKEN is set but empty: an empty token would let every client in; set a \
+                     secret or unset INGOT_TOKEN"
+                        .into(),
+                ));
+            }
+            v.trim().to_string()
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(token))
+}
+
+#[cfg(unix)]
+fn warn_if_readable_by_others(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        crate::tell!(
+            "ingot serve: warning: {} can be read by other users (mode {:o}); `chmod 600` it",
+            path.display(),
+            m.permissions().mode() & 0o777
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_readable_by_others(_: &std::path::Path) {}
+
+/// `30s`, `5m`, `1h`, `250ms` or plain seconds; `0` is no limit (`Duration::ZERO`).
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration \"{s}\": use a number with ms, s, m or h (e.g. 30s, 5m)"))?;
+    let secs = |k: u64| Duration::from_secs(n.saturating_mul(k));
+    match unit.trim() {
+        "" | "s" => Ok(secs(1)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => Ok(secs(60)),
+        "h" => Ok(secs(3600)),
+        other => Err(format!(
+            "invalid duration \"{s}\": unknown unit \"{other}\" (use ms, s, m or h, e.g. 30s, 5m)"
+        )),
+    }
 }

@@ -13,6 +13,6 @@ pub struct UndoArgs {
 pub async fn run(cli: &Cli, args: &UndoArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     let done = crate::ops::undo::undo(&ws, &args.id).await?;
-    crate::say!("{}", done.describe());
+    crate::show!("{}", done.describe());
     Ok(ExitStatus::Success)
 }

@@ -1,13 +1,15 @@
 //! Inputs of an ingest: local files, and landing files on an object store given as URLs
 //! (`s3://bucket/landing/bookings/2026-11-01.csv`, quoted globs such as
 //! `'s3://bucket/landing/bookings/*.csv'`, or a `--landing s3://bucket/landing` folder that the
-//! nightly job scans).
+//! nightly job scans). A remote file is streamed into a scratch file under `TMPDIR` (which needs
+//! room for the largest landing file), removed when the run ends; the run records its URL and
+//! the hash and size of the bytes actually read.
 //!
-//! A remote file is streamed into a scratch file under the system temp directory (`TMPDIR`) before
-//! the loaders read it, and the scratch copy is removed when the run ends. The run records the URL
-//! as its `file_path`, and the hash and size of the bytes actually read, so a file that changes on
-//! the store between listing and download is ingested as the version that was downloaded.
-//! Hazard: the temp directory needs room for the largest landing file.
+//! Symbolic links (drop zones let their users make them) are never followed blindly: a scan of
+//! `<landing>/<source>/` takes a link only when it resolves to a regular file inside the landing
+//! folder (ingested as that file), a glob only within its own folder; other links are skipped
+//! and reported. A link named on the command line is followed. Inputs are opened with
+//! `O_NOFOLLOW` ([`open_input`]): a file swapped for a link after listing fails its run.
 
 use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
@@ -21,6 +23,87 @@ use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
 use crate::table::store;
+
+/// A landing file or glob match that was not taken, and why (for the run summary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The inputs a scan or a command line found, and what it passed over.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub inputs: Vec<Input>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Open an input file for reading without following a symbolic link in its last component
+/// (`O_NOFOLLOW`): a landing file swapped for a link after it was listed is refused, not read
+/// through the link.
+pub fn open_input(path: &FsPath, display: &str) -> Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            return Error::RunFailed(format!(
+                "{display}: is a symbolic link (was the file replaced after it was listed?); ingot \
+                 reads inputs without following links: name the file the link points to"
+            ));
+        }
+        Error::io(display, e)
+    })
+}
+
+/// What to do with a local path found by a scan or a glob: `Ok(path to read)` for a regular file
+/// (a link's target when it resolves to one inside `root`), `Err(reason)` for a link it skips,
+/// and `None` for anything else (folders, sockets, links to folders inside `root`).
+fn local_candidate(path: &FsPath, root: &FsPath) -> Option<std::result::Result<PathBuf, String>> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if meta.is_file() {
+        return Some(Ok(path.to_path_buf()));
+    }
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    let target = match std::fs::canonicalize(path) {
+        Ok(t) => t,
+        Err(e) => return Some(Err(format!("a symbolic link that does not resolve ({e})"))),
+    };
+    if !target.starts_with(root) {
+        return Some(Err(format!(
+            "a symbolic link to {}, outside {}: links are followed only within it",
+            target.display(),
+            root.display()
+        )));
+    }
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if m.is_file() => Some(Ok(target)),
+        _ => None,
+    }
+}
+
+/// `dir` resolved (links and `..` taken out), or `dir` itself when it cannot be.
+fn resolved(dir: &FsPath) -> PathBuf {
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// The folder a local glob starts in: its text up to the last `/` before the first glob
+/// character (`.` for a glob without one).
+fn glob_root(glob: &str) -> PathBuf {
+    let first = glob.find(['*', '?', '[']).unwrap_or(glob.len());
+    match glob[..first].rfind('/') {
+        Some(0) => PathBuf::from("/"),
+        Some(i) => PathBuf::from(&glob[..i]),
+        None => PathBuf::from("."),
+    }
+}
 
 /// One input file of an ingest.
 #[derive(Debug, Clone)]
@@ -78,7 +161,9 @@ impl Input {
     /// Size in bytes.
     pub fn size(&self) -> Result<u64> {
         match self {
-            Input::Local(p) => Ok(std::fs::metadata(p).map_err(|e| Error::io(p.display(), e))?.len()),
+            Input::Local(p) => Ok(std::fs::symlink_metadata(p)
+                .map_err(|e| Error::io(p.display(), e))?
+                .len()),
             Input::Remote(r) => Ok(r.size),
         }
     }
@@ -166,9 +251,11 @@ fn remote(store: &Arc<dyn ObjectStore>, base: &str, location: Path, size: u64) -
 }
 
 /// Expand the command line's paths, globs and URLs into existing files, sorted by path or URL,
-/// deduplicated.
-pub async fn expand_inputs(inputs: &[String]) -> Result<Vec<Input>> {
+/// deduplicated. Symbolic links matched by a glob are taken only within the glob's folder (see
+/// the module docs); the others are returned as skipped.
+pub async fn expand_inputs(inputs: &[String]) -> Result<Found> {
     let mut out: BTreeMap<String, Input> = BTreeMap::new();
+    let mut skipped = Vec::new();
     let mut stores = Stores::default();
     for input in inputs {
         if store::is_remote(input) {
@@ -178,28 +265,60 @@ pub async fn expand_inputs(inputs: &[String]) -> Result<Vec<Input>> {
             continue;
         }
         let input = input.strip_prefix("file://").unwrap_or(input);
-        if input.contains(['*', '?', '[']) && !FsPath::new(input).is_file() {
+        if input.contains(['*', '?', '[']) && std::fs::symlink_metadata(input).is_err() {
             let matches = glob::glob(input).map_err(|e| Error::Invalid(format!("invalid glob \"{input}\": {e}")))?;
+            let root = resolved(&glob_root(input));
             let mut any = false;
+            let before = skipped.len();
             for m in matches {
                 let p = m.map_err(|e| Error::Invalid(format!("{input}: {e}")))?;
-                if p.is_file() {
-                    out.insert(p.display().to_string(), Input::Local(p));
-                    any = true;
+                match local_candidate(&p, &root) {
+                    Some(Ok(file)) => {
+                        out.insert(file.display().to_string(), Input::Local(file));
+                        any = true;
+                    }
+                    Some(Err(reason)) => skipped.push(Skipped {
+                        path: p.display().to_string(),
+                        reason,
+                    }),
+                    None => {}
                 }
             }
             if !any {
-                return Err(Error::Invalid(format!("no file matches \"{input}\"")));
+                let links = skipped.len() - before;
+                return Err(Error::Invalid(if links == 0 {
+                    format!("no file matches \"{input}\"")
+                } else {
+                    format!(
+                        "no file matches \"{input}\" ({links} symbolic link{} skipped: {}); name a link itself \
+                         to ingest what it points to",
+                        if links == 1 { "" } else { "s" },
+                        skipped[before..]
+                            .iter()
+                            .map(|s| format!("{}: {}", s.path, s.reason))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                }));
             }
         } else {
             let p = PathBuf::from(input);
             if !p.is_file() {
                 return Err(Error::Invalid(format!("no such file: {input}")));
             }
+            // a link named on the command line is followed: the file it points to is read
+            let p = if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                std::fs::canonicalize(&p).map_err(|e| Error::io(input, e))?
+            } else {
+                p
+            };
             out.insert(p.display().to_string(), Input::Local(p));
         }
     }
-    Ok(out.into_values().collect())
+    Ok(Found {
+        inputs: out.into_values().collect(),
+        skipped,
+    })
 }
 
 /// The objects an `s3://` input names: one object, or every object a glob in its key matches
@@ -255,8 +374,9 @@ async fn expand_remote(stores: &mut Stores, input: &str) -> Result<Vec<RemoteFil
 }
 
 /// The landing files of one source under a landing folder: `<landing>/<source>/*` (regular,
-/// non-hidden files, sorted by name). A missing folder has no files.
-pub async fn landing_files(landing: &FsPath, source: &str) -> Result<Vec<Input>> {
+/// non-hidden files, sorted by name; links only within the landing folder, see the module docs).
+/// A missing folder has no files.
+pub async fn landing_files(landing: &FsPath, source: &str) -> Result<Found> {
     let text = landing.to_string_lossy();
     if store::is_remote(&text) {
         let location = format!("{}/{source}", text.trim_end_matches('/'));
@@ -273,25 +393,67 @@ pub async fn landing_files(landing: &FsPath, source: &str) -> Result<Vec<Input>>
             .map(|m| remote(&store, &base, m.location, m.size))
             .collect();
         files.sort_by(|a, b| a.location.cmp(&b.location));
-        return Ok(files.into_iter().map(Input::Remote).collect());
+        return Ok(Found {
+            inputs: files.into_iter().map(Input::Remote).collect(),
+            skipped: Vec::new(),
+        });
     }
+    let root = resolved(landing);
     let dir = landing.join(source);
+    let mut found = Found::default();
+    // the source's folder itself may be a link: only into the landing folder
+    match std::fs::symlink_metadata(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(Error::io(dir.display(), e)),
+        Ok(m) if m.file_type().is_symlink() => {
+            let target = resolved(&dir);
+            if !target.starts_with(&root) || target == root {
+                found.skipped.push(Skipped {
+                    path: dir.display().to_string(),
+                    reason: format!(
+                        "a symbolic link to {}, outside {}: links are followed only within it",
+                        target.display(),
+                        root.display()
+                    ),
+                });
+                return Ok(found);
+            }
+        }
+        Ok(_) => {}
+    }
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
         Err(e) => return Err(Error::io(dir.display(), e)),
     };
-    let mut files = Vec::new();
+    let mut files = BTreeMap::new();
     for entry in entries {
         let path = entry.map_err(|e| Error::io(dir.display(), e))?.path();
         let hidden = path
             .file_name()
             .and_then(|n| n.to_str())
             .is_none_or(|n| n.starts_with('.'));
-        if path.is_file() && !hidden {
-            files.push(path);
+        if hidden {
+            continue;
+        }
+        match local_candidate(&path, &root) {
+            Some(Ok(file)) => {
+                files.insert(path, file);
+            }
+            Some(Err(reason)) => found.skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason,
+            }),
+            None => {}
         }
     }
-    files.sort();
-    Ok(files.into_iter().map(Input::Local).collect())
+    // sorted by the names in the folder; a file reached twice (itself and a link to it) once
+    let mut seen = std::collections::BTreeSet::new();
+    found.inputs = files
+        .into_values()
+        .filter(|f| seen.insert(f.clone()))
+        .map(Input::Local)
+        .collect();
+    found.skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
 }

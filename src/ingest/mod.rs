@@ -451,7 +451,8 @@ struct FileStamp(u64, Option<std::time::SystemTime>);
 
 impl FileStamp {
     fn of(path: &Path) -> Result<FileStamp> {
-        let m = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?;
+        // the entry itself: a file swapped for a link changes its stamp
+        let m = std::fs::symlink_metadata(path).map_err(|e| Error::io(path.display(), e))?;
         Ok(FileStamp(m.len(), m.modified().ok()))
     }
 
@@ -476,7 +477,7 @@ pub async fn file_digest(path: &Path) -> Result<(String, u64)> {
 }
 
 fn digest_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path.display(), e))?;
+    let mut f = landing::open_input(path, &path.display().to_string())?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut lines = 0u64;
@@ -551,7 +552,7 @@ const LINE_SAMPLE: usize = 4 << 20;
 
 /// The `\n` count of a file: exact when it fits the sample, else extrapolated from its start.
 fn sample_lines(path: &Path, bytes: u64) -> Result<u64> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path.display(), e))?;
+    let f = landing::open_input(path, &path.display().to_string())?;
     let mut buf = Vec::with_capacity(LINE_SAMPLE);
     f.take(LINE_SAMPLE as u64)
         .read_to_end(&mut buf)
@@ -581,11 +582,11 @@ pub fn open_loader(
     keep_raw: bool,
 ) -> Result<Box<dyn Loader>> {
     let display = name.map_or_else(|| path.display().to_string(), str::to_string);
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(&display, e))?;
+    let mut file = landing::open_input(path, &display)?;
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic).map_err(|e| Error::io(&display, e))?;
     drop(file);
-    let file = std::fs::File::open(path).map_err(|e| Error::io(&display, e))?;
+    let file = landing::open_input(path, &display)?;
     let gz = n == 2 && magic == [0x1f, 0x8b];
     if contract.format == Format::Parquet {
         if gz {

@@ -160,10 +160,10 @@ pub async fn keep_run_files(
 /// The first record of a CSV file (decompressed, without a byte-order mark or line end).
 fn csv_header(path: &Path, quote: u8) -> Result<Vec<u8>> {
     let display = path.display().to_string();
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(&display, e))?;
+    let mut file = crate::ingest::landing::open_input(path, &display)?;
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic).map_err(|e| Error::io(&display, e))?;
-    let file = std::fs::File::open(path).map_err(|e| Error::io(&display, e))?;
+    let file = crate::ingest::landing::open_input(path, &display)?;
     let input: Box<dyn Read> = if n == 2 && magic == [0x1f, 0x8b] {
         Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file)))
     } else {

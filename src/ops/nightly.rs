@@ -21,7 +21,7 @@ use std::path::Path;
 use crate::engine::catalog::Catalog;
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::ingest::landing::{Input, landing_files};
+use crate::ingest::landing::{Input, Skipped, landing_files};
 use crate::ingest::{IngestOptions, ingest_input};
 use crate::silver::build::{BuildOptions, Built, build};
 use crate::spec::contract::ContractSet;
@@ -44,6 +44,9 @@ pub struct NightlyReport {
     pub held: Vec<RunRecord>,
     /// New landing files not ingested because their source has a held run: (file, held run id).
     pub waiting: Vec<(String, String)>,
+    /// Entries of the landing folders passed over: symbolic links leading out of the landing
+    /// folder (or nowhere), with where they point.
+    pub skipped: Vec<Skipped>,
 }
 
 impl NightlyReport {
@@ -97,7 +100,9 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
     let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
     report.held = runs.iter().filter(|r| r.status == RunStatus::Held).cloned().collect();
     for (source, contract) in &contracts.contracts {
-        for input in landing_files(&ws.landing_dir, source).await? {
+        let found = landing_files(&ws.landing_dir, source).await?;
+        report.skipped.extend(found.skipped);
+        for input in found.inputs {
             if already_loaded(&runs, source, contract.version as i32, &input).await? {
                 report.already_loaded += 1;
                 continue;

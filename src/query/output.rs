@@ -3,12 +3,21 @@
 //!
 //! `csv`, `json`, `parquet` and `arrow` stream batch by batch; `table` has to see every row to size its
 //! columns, so it is meant for the bounded results people read.
+//!
+//! `table` shows text as a terminal cannot act on it: control characters (ESC, CR, backspace,
+//! C1 controls, line breaks and tabs) and bidirectional overrides in values and column names are
+//! shown escaped (`\x1b`, `\n`, `\u{202e}`; see [`crate::error::console::cell`]), so a raw payload
+//! from a hostile file cannot clear the screen, rewrite earlier lines or forge a table row. The
+//! other formats are exact: the bytes as stored.
 
 use std::io::Write;
 use std::path::Path;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ArrowWriter;
@@ -71,7 +80,8 @@ pub async fn write_stream(
                 rows += b.num_rows() as u64;
                 batches.push(b);
             }
-            let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?;
+            let shown = batches.iter().map(terminal_safe_batch).collect::<Result<Vec<_>>>()?;
+            let text = datafusion::arrow::util::pretty::pretty_format_batches(&shown)?;
             writeln!(sink, "{text}").map_err(io)?;
             writeln!(sink, "({rows} row{})", if rows == 1 { "" } else { "s" }).map_err(io)?;
         }
@@ -133,4 +143,89 @@ pub async fn write_stream(
     }
     sink.flush().map_err(io)?;
     Ok(rows)
+}
+
+/// `batch` for the `table` format: every column that can hold text (strings, and lists, structs
+/// and maps, which show their strings) as the strings `table` would show, with what a terminal
+/// would act on escaped; numbers, dates and binary columns (shown as hex) as they are. Nulls
+/// stay null (shown empty).
+fn terminal_safe_batch(batch: &RecordBatch) -> Result<RecordBatch> {
+    use crate::error::console::cell;
+    let schema = batch.schema();
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let options = FormatOptions::default();
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let name = cell(field.name()).into_owned();
+        let texty = matches!(
+            field.data_type(),
+            DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Utf8View
+                | DataType::List(_)
+                | DataType::LargeList(_)
+                | DataType::ListView(_)
+                | DataType::LargeListView(_)
+                | DataType::FixedSizeList(_, _)
+                | DataType::Struct(_)
+                | DataType::Map(_, _)
+                | DataType::Union(_, _)
+                | DataType::Dictionary(_, _)
+                | DataType::RunEndEncoded(_, _)
+        );
+        if !texty {
+            fields.push(Arc::new(field.as_ref().clone().with_name(name)));
+            columns.push(column.clone());
+            continue;
+        }
+        let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
+        let mut shown = Vec::with_capacity(column.len());
+        for row in 0..column.len() {
+            shown.push(if column.is_null(row) {
+                None
+            } else {
+                Some(cell(&formatter.value(row).to_string()).into_owned())
+            });
+        }
+        fields.push(Arc::new(Field::new(name, DataType::Utf8, true)));
+        columns.push(Arc::new(StringArray::from(shown)));
+    }
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_cells_escape_what_a_terminal_would_act_on_and_keep_the_rest() {
+        let batch = RecordBatch::try_from_iter(vec![
+            (
+                "raw_payload",
+                Arc::new(StringArray::from(vec![Some("ok"), Some("\x1b]0;pwned\x07x\ny"), None])) as ArrayRef,
+            ),
+            (
+                "n",
+                Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2, 3])) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let shown = terminal_safe_batch(&batch).unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&[shown])
+            .unwrap()
+            .to_string();
+        let plain = datafusion::arrow::util::pretty::pretty_format_batches(&[batch])
+            .unwrap()
+            .to_string();
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+        assert!(text.contains("\\x1b]0;pwned\\x07x\\ny"), "{text}");
+        // the row without controls, the null and the number look as they did
+        let lines = |t: &str| t.lines().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(lines(&text)[3].replace(' ', ""), lines(&plain)[3].replace(' ', ""));
+        assert_eq!(lines(&text).len(), 7, "one line per row: {text}");
+    }
 }

@@ -149,7 +149,7 @@ impl<'a> Shell<'a> {
         let arg = words.next();
         match (name, arg) {
             ("\\q" | "\\quit", _) => return Ok(false),
-            ("\\?" | "\\help" | "\\h", _) => crate::say!("{HELP}"),
+            ("\\?" | "\\help" | "\\h", _) => crate::show!("{HELP}"),
             ("\\d", None) => self.tables().await?,
             ("\\d", Some(table)) => match self.columns(table).await {
                 Ok(()) => {}
@@ -253,7 +253,7 @@ pub async fn run_interactive(catalog: &Catalog, format: OutputFormat) -> Result<
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    crate::say!("ingot sql shell: read-only SQL over bronze.*, silver.*, audit.*; \\? for help, \\q to quit");
+    crate::show!("ingot sql shell: read-only SQL over bronze.*, silver.*, audit.*; \\? for help, \\q to quit");
     let mut shell = Shell::new(catalog, format, true);
     let mut reader = StatementReader::default();
     loop {

@@ -162,7 +162,7 @@ fn same_queries(t: &TestLake, cluster: &str) {
 /// A runtime whose worker threads serve an in-process loopback cluster while the test thread
 /// runs `ingot` processes against it.
 fn loopback(
-    t: &TestLake,
+    t: &mut TestLake,
     executor_udfs: Vec<datafusion::logical_expr::ScalarUDF>,
 ) -> (tokio::runtime::Runtime, String) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -171,8 +171,19 @@ fn loopback(
         .build()
         .unwrap();
     let lake = t.lake().display().to_string();
+    t.envs.push(("INGOT_CLUSTER_TOKEN".into(), CLUSTER_TOKEN.into()));
+    let security = ingot::engine::cluster::guard::ClusterSecurity {
+        token: Some(CLUSTER_TOKEN.to_string()),
+        ca: None,
+    };
     let cluster = rt
-        .block_on(ingot::engine::cluster::loopback::start(&lake, 1, 2, executor_udfs))
+        .block_on(ingot::engine::cluster::loopback::start_with(
+            &lake,
+            1,
+            2,
+            executor_udfs,
+            &security,
+        ))
         .unwrap();
     (rt, cluster.url)
 }
@@ -180,8 +191,8 @@ fn loopback(
 #[test]
 fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
     let local = TestLake::new();
-    let remote = TestLake::new();
-    let (_rt, url) = loopback(&remote, ingot::engine::cluster::udfs());
+    let mut remote = TestLake::new();
+    let (_rt, url) = loopback(&mut remote, ingot::engine::cluster::udfs());
     for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
         // day one: one run per source, so the first builds send their whole transform
         for f in ["hotels/2026-11-01_hotels.csv", "bookings/2026-11-01_bookings.csv"] {
@@ -274,7 +285,27 @@ fn spawn(args: &[&str], envs: &[(String, String)]) -> (Killed, String) {
 /// (path or URL), started with `envs`: one scheduler and two executors of one task each. Returns
 /// the guards (dropping them stops every process) and the client's `df://` URL.
 pub(crate) fn process_cluster(lake: &str, envs: &[(String, String)]) -> (Vec<Killed>, String) {
-    let (scheduler, line) = spawn(&["--lake", lake, "cluster", "scheduler", "--bind", "127.0.0.1:0"], envs);
+    let c = process_cluster_with_ports(lake, envs);
+    (c.guards, c.url)
+}
+
+/// A running [`process_cluster`], with its executors' Flight ports.
+pub(crate) struct ProcessCluster {
+    pub guards: Vec<Killed>,
+    pub url: String,
+    pub executor_ports: Vec<u16>,
+}
+
+pub(crate) fn process_cluster_with_ports(lake: &str, envs: &[(String, String)]) -> ProcessCluster {
+    process_cluster_with_args(lake, envs, &[])
+}
+
+/// [`process_cluster_with_ports`] with `extra` arguments for every process (e.g. TLS files).
+pub(crate) fn process_cluster_with_args(lake: &str, envs: &[(String, String)], extra: &[String]) -> ProcessCluster {
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut args = vec!["--lake", lake, "cluster", "scheduler", "--bind", "127.0.0.1:0"];
+    args.extend(&extra);
+    let (scheduler, line) = spawn(&args, envs);
     let addr = line
         .split_whitespace()
         .nth(5)
@@ -282,6 +313,7 @@ pub(crate) fn process_cluster(lake: &str, envs: &[(String, String)]) -> (Vec<Kil
         .to_string();
     assert!(addr.starts_with("127.0.0.1:"), "{line}");
     let mut guards = vec![scheduler];
+    let mut executor_ports = Vec::new();
     for _ in 0..2 {
         let (e, line) = spawn(
             &[
@@ -299,20 +331,39 @@ pub(crate) fn process_cluster(lake: &str, envs: &[(String, String)]) -> (Vec<Kil
                 "127.0.0.1:0",
                 "--concurrent-tasks",
                 "1",
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
             envs,
         );
         assert!(line.contains("ingot cluster executor"), "{line}");
+        let port = line
+            .split("results on 127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no results port in {line:?}"));
+        executor_ports.push(port);
         guards.push(e);
     }
-    (guards, format!("df://{addr}"))
+    ProcessCluster {
+        guards,
+        url: format!("df://{addr}"),
+        executor_ports,
+    }
 }
+
+/// The token the clusters of these tests run with (the clients get it through `TestLake::envs`).
+pub(crate) const CLUSTER_TOKEN: &str = "3b1f6a0c9d8e4f2a7b5c1d0e9f8a7b6c";
 
 #[test]
 fn a_cluster_of_ingot_processes_runs_the_nightly_job_like_one_process() {
     let local = TestLake::new();
-    let remote = TestLake::new();
-    let (_cluster, url) = process_cluster(&remote.lake().display().to_string(), &[]);
+    let mut remote = TestLake::new();
+    let token = vec![("INGOT_CLUSTER_TOKEN".to_string(), CLUSTER_TOKEN.to_string())];
+    remote.envs.extend(token.clone());
+    let (_cluster, url) = process_cluster(&remote.lake().display().to_string(), &token);
     for (t, cluster) in [(&local, None), (&remote, Some(url.as_str()))] {
         copy_dir(&repo().join("data/landing"), &t.dir.path().join("landing"));
         let out = ok(t, cluster, &["run"]);
@@ -330,7 +381,7 @@ fn a_cluster_of_ingot_processes_runs_the_nightly_job_like_one_process() {
 
 #[test]
 fn an_executor_without_a_udf_fails_the_query_naming_it() {
-    let t = TestLake::new();
+    let mut t = TestLake::new();
     ok(
         &t,
         None,
@@ -344,7 +395,7 @@ fn an_executor_without_a_udf_fails_the_query_naming_it() {
         .into_iter()
         .filter(|u| u.name() != "canonical_text")
         .collect();
-    let (_rt, url) = loopback(&t, udfs);
+    let (_rt, url) = loopback(&mut t, udfs);
     let out = ingot(
         &t,
         Some(&url),

@@ -14,10 +14,16 @@ use crate::util::{TestLake, assert_ok, python_venv, repo};
 
 const ADBC: &str = "adbc-driver-flightsql==1.13.0";
 const PYARROW: &str = "pyarrow==26.0.1";
+/// makes the TLS certificate of tests/it/flight_security.rs
+const CRYPTOGRAPHY: &str = "cryptography==46.0.3";
 
 /// The test venv's python, created (and its packages installed) on first use.
-fn venv_python() -> PathBuf {
-    python_venv(".venv-test", "import adbc_driver_flightsql, pyarrow", &[ADBC, PYARROW])
+pub fn venv_python() -> PathBuf {
+    python_venv(
+        ".venv-test",
+        "import adbc_driver_flightsql, pyarrow, cryptography",
+        &[ADBC, PYARROW, CRYPTOGRAPHY],
+    )
 }
 
 /// Kills the server when the test ends, pass or fail.
@@ -40,7 +46,8 @@ fn a_real_flight_sql_client_queries_browses_and_is_refused_what_it_may_not_do() 
         .command()
         .arg("--rules")
         .arg(repo().join("rules"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--token", "s3cret"])
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .env("INGOT_TOKEN", "s3cret")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

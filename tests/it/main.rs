@@ -5,12 +5,16 @@ mod build_plan;
 mod chaos;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_security;
 mod contracts;
 mod crash;
 mod deletions;
 mod evolution;
 #[cfg(feature = "flight")]
 mod flight;
+#[cfg(feature = "flight")]
+mod flight_security;
 mod fuzz;
 mod gc_writers;
 mod golden;
@@ -30,6 +34,7 @@ mod replay;
 mod rules;
 #[cfg(feature = "s3")]
 mod s3;
+mod security;
 mod shell;
 mod silver_anomaly;
 mod silver_build;

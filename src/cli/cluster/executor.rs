@@ -18,7 +18,8 @@ pub struct ExecutorArgs {
     /// port).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50051")]
     pub bind: String,
-    /// gRPC address the scheduler sends tasks to; same host as --bind (port 0 picks a free port).
+    /// The executor's advertised task port (executors ask the scheduler for tasks, so nothing
+    /// listens there); same host as --bind (port 0 picks a free port).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50052")]
     pub grpc_bind: String,
     /// Host name the scheduler and clients reach this executor by (default: the --bind host;
@@ -31,6 +32,8 @@ pub struct ExecutorArgs {
     /// Directory for shuffle files and spills (default: a temporary directory).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub security: super::SecurityArgs,
 }
 
 /// `HOST:PORT` with port 0 replaced by a free port of that host (Ballista advertises the port it
@@ -53,18 +56,17 @@ pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<ExitStatus> {
         parse_size(&cli.memory_limit).map_err(|e| Error::Invalid(format!("--memory-limit: {e}")))? as u64;
     let scheduler = Endpoint::parse(&args.scheduler, "--scheduler")?;
     let bind = concrete(&args.bind, "--bind")?;
+    let (security, tls) = args.security.load(&bind.host, "--bind")?;
     let grpc_bind = concrete(&args.grpc_bind, "--grpc-bind")?;
     let concurrent_tasks = match args.concurrent_tasks {
         Some(0) => return Err(Error::Invalid("--concurrent-tasks must be at least 1".into())),
         Some(n) => n,
         None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
-    crate::say!(
-        "ingot cluster executor: results on {}:{}, tasks on {}:{}, scheduler {}:{}, {concurrent_tasks} concurrent tasks; lake {}",
+    crate::show!(
+        "ingot cluster executor: results on {}:{}, scheduler {}:{} (tasks pulled from it), {concurrent_tasks} concurrent tasks; lake {}",
         bind.host,
         bind.port,
-        grpc_bind.host,
-        grpc_bind.port,
         scheduler.host,
         scheduler.port,
         cli.lake
@@ -80,6 +82,8 @@ pub async fn run(cli: &Cli, args: &ExecutorArgs) -> Result<ExitStatus> {
             work_dir: args.work_dir.clone(),
             memory_limit,
             lake: cli.lake.clone(),
+            security,
+            tls,
         },
         crate::engine::cluster::udfs(),
     )

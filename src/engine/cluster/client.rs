@@ -10,21 +10,42 @@
 use std::time::Duration;
 
 use ballista::prelude::SessionContextExt;
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::protobuf::GetJobStatusParams;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use datafusion::error::DataFusionError;
 use datafusion::execution::FunctionRegistry;
-use datafusion::execution::session_state::SessionState;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::prelude::SessionContext;
 
 use super::Endpoint;
+use super::guard::ClusterSecurity;
 use crate::error::{Error, Result};
 
 /// A Ballista session for the scheduler at `url` (`df://HOST:PORT`) made from `local`: the same
 /// configuration, runtime (memory pool, object stores) and catalog, ingot's UDFs registered after
-/// the upgrade.
+/// the upgrade, and the cluster's token and TLS settings from the environment
+/// ([`ClusterSecurity::from_env`]) on every connection it opens.
 pub async fn remote_state(local: &SessionState, url: &str) -> Result<SessionState> {
+    remote_state_with(local, url, &ClusterSecurity::from_env()?).await
+}
+
+/// [`remote_state`] with `security` given.
+pub async fn remote_state_with(local: &SessionState, url: &str, security: &ClusterSecurity) -> Result<SessionState> {
     let endpoint = Endpoint::parse(url, "--cluster")?;
-    let ctx = SessionContext::remote_with_state(&endpoint.df_url(), local.clone())
+    let local = match super::guard::endpoint_override(security) {
+        Some(f) => {
+            let config = local
+                .config()
+                .clone()
+                .with_ballista_override_create_grpc_client_endpoint(f);
+            SessionStateBuilder::new_from_existing(local.clone())
+                .with_config(config)
+                .build()
+        }
+        None => local.clone(),
+    };
+    let ctx = SessionContext::remote_with_state(&endpoint.df_url(), local)
         .await
         .map_err(|e| Error::Invalid(format!("--cluster {url}: {e}")))?;
     let mut state = ctx.state();
@@ -34,14 +55,49 @@ pub async fn remote_state(local: &SessionState, url: &str) -> Result<SessionStat
     Ok(state)
 }
 
-/// Connect to the scheduler at `url` once (within 10 s): an error names the URL and says how
-/// to start one.
+/// Ask the scheduler at `url` once (within 10 s), with the cluster's token: an error names the
+/// URL and says how to start one, or that the token is missing or wrong.
 pub async fn check_reachable(url: &str) -> Result<()> {
     let endpoint = Endpoint::parse(url, "--cluster")?;
-    let connect = SchedulerGrpcClient::connect(endpoint.grpc_url());
-    match tokio::time::timeout(Duration::from_secs(10), connect).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(unreachable(url, &e.to_string())),
+    let security = ClusterSecurity::from_env()?;
+    let ask = async {
+        let mut grpc = tonic::transport::Endpoint::from_shared(endpoint.grpc_url())
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(10));
+        if let Some(f) = super::guard::endpoint_override(&security) {
+            grpc = f(grpc).map_err(|e| e.to_string())?;
+        }
+        let channel = grpc
+            .connect()
+            .await
+            .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
+        let mut client = SchedulerGrpcClient::new(channel);
+        // any answer but "unauthenticated" means the scheduler is there and takes the token
+        match client
+            .get_job_status(GetJobStatusParams {
+                job_id: "ingot-reachability-check".into(),
+            })
+            .await
+        {
+            Err(status) if status.code() == tonic::Code::Unauthenticated => Err(format!(
+                "the scheduler refused the token: {} (INGOT_CLUSTER_TOKEN {})",
+                status.message(),
+                if security.token.is_some() {
+                    "is set but wrong"
+                } else {
+                    "is not set"
+                }
+            )),
+            Err(status) if status.code() == tonic::Code::Unavailable => Err(status.message().to_string()),
+            _ => Ok(()),
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(10), ask).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(cause)) if cause.starts_with("the scheduler refused the token") => Err(Error::RunFailed(format!(
+            "the ingot cluster at {url} (--cluster / INGOT_CLUSTER): {cause}"
+        ))),
+        Ok(Err(cause)) => Err(unreachable(url, &cause)),
         Err(_) => Err(unreachable(url, "no answer within 10 s")),
     }
 }

@@ -1,7 +1,9 @@
 //! An in-process cluster on loopback, for tests and experiments: one scheduler and any number
-//! of executors on free ports of `localhost`, built with Ballista's standalone constructors
-//! (pull-based scheduling: executors poll the scheduler for tasks) around the same sessions,
-//! function registries and object stores as `ingot cluster scheduler` / `executor`.
+//! of executors on free ports of `localhost`. The scheduler is `ingot cluster scheduler`'s
+//! ([`super::scheduler::serve`]: the token check and the plan guard); the executors are built
+//! with Ballista's standalone constructors (pull-based scheduling: they poll the scheduler for
+//! tasks, with the token) around the same function registries and object stores as
+//! `ingot cluster executor`. Their Flight services, on loopback only, take no token.
 //!
 //! The servers are tasks of the calling Tokio runtime and stop with it.
 
@@ -16,6 +18,7 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionConfig;
 
+use super::guard::ClusterSecurity;
 use crate::error::{Error, Result};
 
 /// A running loopback cluster; [`Loopback::url`] is what `--cluster` takes.
@@ -28,20 +31,35 @@ pub struct Loopback {
 /// `vcores` tasks at once with `executor_udfs` in its registry (normally [`super::udfs`]; tests
 /// leave one out) for the lake at `lake`.
 pub async fn start(lake: &str, executors: usize, vcores: usize, executor_udfs: Vec<ScalarUDF>) -> Result<Loopback> {
+    start_with(lake, executors, vcores, executor_udfs, &ClusterSecurity::default()).await
+}
+
+/// [`start`] with a cluster token (clients then need it too).
+pub async fn start_with(
+    lake: &str,
+    executors: usize,
+    vcores: usize,
+    executor_udfs: Vec<ScalarUDF>,
+    security: &ClusterSecurity,
+) -> Result<Loopback> {
     let stores = super::object_store_registry(lake)?;
-    let udfs = super::udfs();
-    let scheduler_stores = stores.clone();
-    let addr = ballista_scheduler::standalone::new_standalone_scheduler_with_builder(
-        Arc::new(move |cfg| super::session_state(cfg, scheduler_stores.clone(), &udfs)),
-        Arc::new(default_config_producer),
-        BallistaCodec::default(),
-    )
-    .await
-    .map_err(|e| Error::RunFailed(format!("loopback scheduler: {e}")))?;
-    let url = format!("http://localhost:{}", addr.port());
+    let listener = super::scheduler::bind("127.0.0.1:0").await?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::RunFailed(format!("loopback scheduler: {e}")))?;
+    let scheduler_security = security.clone();
+    let scheduler_lake = lake.to_string();
+    tokio::spawn(async move {
+        if let Err(e) =
+            super::scheduler::serve(listener, &scheduler_lake, super::udfs(), &scheduler_security, None).await
+        {
+            crate::tell!("loopback scheduler: {e}");
+        }
+    });
+    let url = format!("http://127.0.0.1:{}", addr.port());
     let registry = super::executor::function_registry(&executor_udfs)?;
     for _ in 0..executors {
-        let client = connect(&url).await?;
+        let client = connect(&url, security).await?;
         let stores = stores.clone();
         let registry = clone_registry(&registry);
         ballista_executor::new_standalone_executor_from_builder(
@@ -60,15 +78,20 @@ pub async fn start(lake: &str, executors: usize, vcores: usize, executor_udfs: V
         .map_err(|e| Error::RunFailed(format!("loopback executor: {e}")))?;
     }
     Ok(Loopback {
-        url: format!("df://localhost:{}", addr.port()),
+        url: format!("df://127.0.0.1:{}", addr.port()),
     })
 }
 
-async fn connect(url: &str) -> Result<SchedulerGrpcClient<tonic::transport::Channel>> {
+async fn connect(url: &str, security: &ClusterSecurity) -> Result<SchedulerGrpcClient<tonic::transport::Channel>> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| Error::RunFailed(format!("loopback scheduler at {url}: {e}")))?;
+    if let Some(f) = super::guard::endpoint_override(security) {
+        endpoint = f(endpoint).map_err(|e| Error::RunFailed(format!("loopback scheduler at {url}: {e}")))?;
+    }
     let mut last = String::new();
     for _ in 0..50 {
-        match SchedulerGrpcClient::connect(url.to_string()).await {
-            Ok(c) => return Ok(c),
+        match endpoint.connect().await {
+            Ok(c) => return Ok(SchedulerGrpcClient::new(c)),
             Err(e) => last = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod executor;
+pub mod guard;
 pub mod loopback;
 pub mod scheduler;
 
