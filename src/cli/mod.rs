@@ -209,6 +209,30 @@ pub struct OutputArgs {
     pub output: Option<PathBuf>,
 }
 
+/// `--tls-cert` / `--tls-key`, for the commands that serve TLS (`ingot serve`, `ingot cluster`).
+#[cfg(any(feature = "flight", feature = "cluster"))]
+#[derive(Debug, clap::Args)]
+pub struct TlsArgs {
+    /// Serve TLS with this PEM certificate (chain); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+#[cfg(any(feature = "flight", feature = "cluster"))]
+impl TlsArgs {
+    /// The certificate's and the key's PEM text, when given.
+    pub fn read(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some((read(cert)?, read(key)?))),
+            _ => Ok(None),
+        }
+    }
+}
+
 impl Cli {
     pub fn workspace(&self) -> Result<Workspace> {
         let memory_limit =

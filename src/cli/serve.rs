@@ -19,12 +19,8 @@ pub struct ServeArgs {
     /// file readable by the server's user only). Or set INGOT_TOKEN.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Serve TLS with this PEM certificate (chain); needs --tls-key.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::cli::TlsArgs,
     /// Allow a non-loopback address without TLS and a token (the token and the data then travel
     /// in clear text, or anyone who reaches the port reads the lake).
     #[arg(long)]
@@ -49,7 +45,7 @@ pub async fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitStatus> {
     let options = ServeOptions {
         addr: args.addr.clone(),
         token,
-        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        tls: args.tls.read()?,
         insecure: args.insecure,
         max_queries: args.max_queries as usize,
         query_memory,

@@ -87,6 +87,20 @@ pub fn hex_u64(s: &[u8]) -> Option<u64> {
     (bad & 0x10 == 0).then_some(v)
 }
 
+/// A secret as the services keep it: its SHA-256, so a comparison never touches the secret.
+pub fn secret_digest(secret: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(secret).into()
+}
+
+/// Does `given` hash to `want` (a [`secret_digest`])? The digests are compared in full, so the
+/// time taken does not depend on how much of a guess was right, nor on its length.
+pub fn same_secret(given: &[u8], want: &[u8; 32]) -> bool {
+    let got = secret_digest(given);
+    let diff = got.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
 /// Write the 64 lowercase hex characters of `digest` into `out`.
 pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
     for (byte, pair) in digest.iter().zip(out.chunks_exact_mut(2)) {

@@ -14,7 +14,6 @@
 //! `get_objects` sends) list nothing in datafusion-flight-sql-server 0.4; [`IngotFlight`] fills in
 //! ingot's one catalog, as the Flight SQL specification says.
 
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,7 +32,6 @@ use datafusion_flight_sql_server::service::FlightSqlService;
 use datafusion_flight_sql_server::session::SessionStateProvider;
 use futures::Stream;
 use prost::Message;
-use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
@@ -48,7 +46,7 @@ pub struct ServeOptions {
     pub addr: String,
     pub token: Option<String>,
     /// PEM certificate (chain) and private key.
-    pub tls: Option<(PathBuf, PathBuf)>,
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
     /// Allow a non-loopback address without TLS and a token.
     pub insecure: bool,
     pub max_queries: usize,
@@ -65,14 +63,6 @@ struct LakeSessions {
     query_memory: usize,
     /// The catalog's session and the lake version it was opened at.
     cached: Mutex<Option<(LakeVersion, SessionState)>>,
-}
-
-/// Does `given` hash to `want`? Both digests are compared in full, so the time taken does not
-/// depend on how much of the token a caller guessed right (nor on its length).
-fn same_secret(given: &[u8], want: &[u8; 32]) -> bool {
-    let got: [u8; 32] = Sha256::digest(given).into();
-    let diff = got.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b));
-    std::hint::black_box(diff) == 0
 }
 
 /// What the catalog depends on: the objects of the run and build logs (a commit adds one) and
@@ -149,7 +139,7 @@ impl SessionStateProvider for LakeSessions {
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
-            if !given.is_some_and(|g| same_secret(g.as_bytes(), token)) {
+            if !given.is_some_and(|g| crate::hash::same_secret(g.as_bytes(), token)) {
                 return Err(Status::unauthenticated(
                     "ingot serve: a bearer token is required (authorization: Bearer <token>)",
                 ));
@@ -200,22 +190,21 @@ pub async fn serve(ws: Workspace, options: ServeOptions) -> Result<()> {
     }
     let mut server = tonic::transport::Server::builder();
     if let Some((cert, key)) = &options.tls {
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
-        let identity = Identity::from_pem(read(cert)?, read(key)?);
         server = server
-            .tls_config(ServerTlsConfig::new().identity(identity))
+            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
             .map_err(|e| {
                 Error::Invalid(format!(
-                    "--tls-cert {} / --tls-key {}: not a usable PEM certificate and private key: {e}",
-                    cert.display(),
-                    key.display()
+                    "--tls-cert / --tls-key: not a usable PEM certificate and private key: {e}"
                 ))
             })?;
     }
     // open the catalog once now, so a broken lake fails at start and not on the first call
     let sessions = LakeSessions {
         ws: Arc::new(ws),
-        token: options.token.as_deref().map(|t| Sha256::digest(t.as_bytes()).into()),
+        token: options
+            .token
+            .as_deref()
+            .map(|t| crate::hash::secret_digest(t.as_bytes())),
         query_memory: options.query_memory,
         cached: Mutex::new(None),
     };

@@ -65,23 +65,10 @@ fn external(name: &str, file: &Path, format: &str) -> Vec<String> {
 
 /// A bronze Parquet file of the lake.
 fn bronze_file(t: &TestLake) -> std::path::PathBuf {
-    walk(&t.lake().join("bronze/hotels"))
+    crate::util::files_under(&t.lake().join("bronze/hotels"))
         .into_iter()
         .find(|p| p.extension().is_some_and(|e| e == "parquet"))
         .expect("a bronze file")
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]
@@ -190,17 +177,7 @@ print(call([(b"authorization", b"Bearer " + sys.argv[2].encode())]))
 fn a_cluster_over_tls_with_a_token_answers_what_one_process_answers() {
     let t = TestLake::new();
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
-    let cert = t.dir.path().join("cert.pem");
-    let key = t.dir.path().join("key.pem");
-    let ca = t.dir.path().join("ca.pem");
-    let made = std::process::Command::new(crate::flight::venv_python())
-        .arg(crate::util::repo().join("tests/py/make_cert.py"))
-        .arg(&cert)
-        .arg(&key)
-        .arg(&ca)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (cert, key, ca) = crate::flight::make_cert(t.dir.path());
     let mut envs = token_env();
     envs.push(("INGOT_CLUSTER_CA".into(), ca.display().to_string()));
     let tls = [

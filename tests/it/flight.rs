@@ -26,6 +26,19 @@ pub fn venv_python() -> PathBuf {
     )
 }
 
+/// A test certificate authority and a server certificate it signs for 127.0.0.1 and localhost,
+/// made in `dir` by tests/py/make_cert.py: (certificate, key, authority), PEM files.
+pub fn make_cert(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (cert, key, ca) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("ca.pem"));
+    let made = Command::new(venv_python())
+        .arg(repo().join("tests/py/make_cert.py"))
+        .args([&cert, &key, &ca])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    (cert, key, ca)
+}
+
 /// Kills the server when the test ends, pass or fail.
 struct Server(Child);
 

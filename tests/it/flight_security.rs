@@ -102,17 +102,7 @@ fn count_bookings(t: &TestLake) -> Value {
 #[test]
 fn tls_with_a_token_from_a_file_serves_and_refuses_wrong_missing_and_untrusted() {
     let t = lake_with_bookings();
-    let cert = t.dir.path().join("cert.pem");
-    let key = t.dir.path().join("key.pem");
-    let ca = t.dir.path().join("ca.pem");
-    let made = Command::new(venv_python())
-        .arg(repo().join("tests/py/make_cert.py"))
-        .arg(&cert)
-        .arg(&key)
-        .arg(&ca)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (cert, key, ca) = crate::flight::make_cert(t.dir.path());
     let token_file = t.dir.path().join("token");
     std::fs::write(&token_file, "correct horse battery staple\n").unwrap();
     set_mode(&token_file, 0o600);

@@ -545,25 +545,12 @@ fn raw_line(model: &Model, run: usize, n: usize) -> String {
 }
 
 fn copy_dir(from: &Path, to: &Path) {
-    for entry in walk(from) {
+    for entry in crate::util::files_under(from) {
         let rel = entry.strip_prefix(from).unwrap();
         let dest = to.join(rel);
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         std::fs::copy(&entry, &dest).unwrap();
     }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]

@@ -346,3 +346,17 @@ pub fn python_venv(name: &str, check: &str, packages: &[&str]) -> PathBuf {
     }
     python
 }
+
+/// Every file under `dir`, recursively (in no particular order).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -5,8 +5,6 @@
 mod executor;
 mod scheduler;
 
-use std::path::PathBuf;
-
 use clap::Subcommand;
 
 use crate::cli::Cli;
@@ -18,13 +16,9 @@ use crate::error::{Error, ExitStatus, Result};
 /// (`INGOT_CLUSTER_TOKEN` or `INGOT_CLUSTER_TOKEN_FILE`), never the command line.
 #[derive(Debug, clap::Args)]
 pub struct SecurityArgs {
-    /// Serve TLS with this PEM certificate (chain); needs --tls-key. Processes and clients then
-    /// connect with TLS when INGOT_CLUSTER_CA names the authority to trust.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
+    // processes and clients connect with TLS when INGOT_CLUSTER_CA names the authority to trust
+    #[command(flatten)]
+    pub tls: crate::cli::TlsArgs,
     /// Allow a non-loopback address without a cluster token (anyone who reaches the port could
     /// then run plans on the cluster).
     #[arg(long)]
@@ -53,13 +47,7 @@ impl SecurityArgs {
         if !loopback && self.insecure && security.token.is_none() {
             crate::tell!("ingot cluster: warning: --insecure: {host} takes plans from anyone who reaches it");
         }
-        let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsIdentity {
-                cert: std::fs::read(cert).map_err(|e| Error::io(cert.display(), e))?,
-                key: std::fs::read(key).map_err(|e| Error::io(key.display(), e))?,
-            }),
-            _ => None,
-        };
+        let tls = self.tls.read()?.map(|(cert, key)| TlsIdentity { cert, key });
         Ok((security, tls))
     }
 }

@@ -27,7 +27,6 @@ use datafusion_proto::logical_plan::{AsLogicalPlan, LogicalExtensionCodec};
 use datafusion_proto::physical_plan::{AsExecutionPlan, PhysicalExtensionCodec};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use prost::bytes::BufMut;
-use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
 use crate::error::{Error, Result};
@@ -102,13 +101,6 @@ fn check_token(token: &str, what: &str) -> Result<String> {
     Ok(token.to_string())
 }
 
-/// Does `given` hash to `want`? Digests compared in full (the time does not depend on the guess).
-fn same_secret(given: &str, want: &[u8; 32]) -> bool {
-    let got: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    let diff = got.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b));
-    std::hint::black_box(diff) == 0
-}
-
 /// The `user-agent` word that carries the token.
 const TOKEN_AGENT: &str = "ingot-token/";
 
@@ -120,7 +112,7 @@ pub struct RequireToken(Option<Arc<[u8; 32]>>);
 
 impl RequireToken {
     pub fn new(token: Option<&str>) -> RequireToken {
-        RequireToken(token.map(|t| Arc::new(Sha256::digest(t.as_bytes()).into())))
+        RequireToken(token.map(|t| Arc::new(crate::hash::secret_digest(t.as_bytes()))))
     }
 }
 
@@ -137,7 +129,7 @@ impl tonic::service::Interceptor for RequireToken {
         let ok = [from_agent, from_bearer]
             .into_iter()
             .flatten()
-            .any(|given| same_secret(given, want));
+            .any(|given| crate::hash::same_secret(given.as_bytes(), want));
         if ok {
             Ok(request)
         } else {
