@@ -18,14 +18,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    ArrayRef, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
     TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
-use datafusion::arrow::datatypes::{
-    DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
-};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use object_store::ObjectStoreExt;
 
@@ -33,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::spec::contract::timestamp_type;
 use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
+use crate::table::log::{LogColumns, latest_per_id, parse_record, put_record, read_log, slot_of};
 
 pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -402,15 +400,6 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
         + 1
 }
 
-/// The slot a log file name stands for: `<digits>.parquet`.
-fn slot_of(name: Option<&str>) -> Option<u64> {
-    let digits = name?.strip_suffix(".parquet")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
 /// Objects under the run and build logs that are not records (their names are not
 /// `<digits>.parquet`), or that are records no reader can parse: `(path, why)`, for `ingot doctor`.
 pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
@@ -453,171 +442,6 @@ pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
     // Commit order within each source (its slots), never a clock.
     out.sort_by(|a, b| (&a.source, a.seq).cmp(&(&b.source, b.seq)));
     Ok(out)
-}
-
-/// One record per id: the one in the highest slot. A log is append-only; `ingot undo` marks a run
-/// or build `rolled_back` by committing a copy of its record, with the new status, into the next
-/// slot, and that copy supersedes the original everywhere (catalog, audit tables, next slot).
-fn latest_per_id<T, K: Ord>(records: Vec<T>, id: impl Fn(&T) -> K, seq: impl Fn(&T) -> u64) -> Vec<T> {
-    let mut best: std::collections::BTreeMap<K, T> = std::collections::BTreeMap::new();
-    for r in records {
-        let k = id(&r);
-        match best.get(&k) {
-            Some(have) if seq(have) >= seq(&r) => {}
-            _ => {
-                best.insert(k, r);
-            }
-        }
-    }
-    best.into_values().collect()
-}
-
-/// Typed access to the columns of a log record batch, with errors naming the log and column.
-struct LogColumns<'a> {
-    batch: &'a RecordBatch,
-    log: &'static str,
-}
-
-impl<'a> LogColumns<'a> {
-    fn col(&self, name: &str) -> Result<&'a ArrayRef> {
-        self.batch
-            .column_by_name(name)
-            .ok_or_else(|| Error::RunFailed(format!("{} record lacks column {name}", self.log)))
-    }
-
-    fn bad(&self, name: &str, what: &str) -> Error {
-        Error::RunFailed(format!("{} column {name} is not {what}", self.log))
-    }
-
-    fn str(&self, name: &str) -> Result<&'a StringArray> {
-        self.col(name)?
-            .as_string_opt::<i32>()
-            .ok_or_else(|| self.bad(name, "utf8"))
-    }
-
-    fn i64(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int64Type>> {
-        self.col(name)?
-            .as_primitive_opt::<Int64Type>()
-            .ok_or_else(|| self.bad(name, "int64"))
-    }
-
-    fn i32(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<Int32Type>> {
-        self.col(name)?
-            .as_primitive_opt::<Int32Type>()
-            .ok_or_else(|| self.bad(name, "int32"))
-    }
-
-    fn ts(&self, name: &str) -> Result<&'a datafusion::arrow::array::PrimitiveArray<TimestampMicrosecondType>> {
-        self.col(name)?
-            .as_primitive_opt::<TimestampMicrosecondType>()
-            .ok_or_else(|| self.bad(name, "a timestamp"))
-    }
-
-    /// A nullable timestamp of a column that older records may lack (`None` then).
-    fn opt_ts(&self, name: &str, row: usize) -> Result<Option<i64>> {
-        if self.batch.column_by_name(name).is_none() {
-            return Ok(None);
-        }
-        let a = self.ts(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row)))
-    }
-
-    /// A nullable int64 of a column that older records may lack (`None` then).
-    fn opt_i64(&self, name: &str, row: usize) -> Result<Option<i64>> {
-        if self.batch.column_by_name(name).is_none() {
-            return Ok(None);
-        }
-        let a = self.i64(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row)))
-    }
-
-    /// A nullable int32 of a column that older records may lack (`None` then).
-    fn opt_i32(&self, name: &str, row: usize) -> Result<Option<i32>> {
-        if self.batch.column_by_name(name).is_none() {
-            return Ok(None);
-        }
-        let a = self.i32(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row)))
-    }
-
-    /// A nullable text value.
-    fn opt(&self, name: &str, row: usize) -> Result<Option<String>> {
-        let a = self.str(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row).to_string()))
-    }
-
-    fn text(&self, name: &str, row: usize) -> Result<String> {
-        Ok(self.str(name)?.value(row).to_string())
-    }
-}
-
-/// Every record of one log (`rel`), each with the sequence number its file name carries.
-async fn read_log<T>(
-    lake: &Lake,
-    rel: &str,
-    log: &'static str,
-    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
-    mut set_seq: impl FnMut(&mut T, u64),
-) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    for meta in lake.list(rel).await? {
-        // Only `<digits>.parquet` is a record (a slot); anything else (`._0000000001.parquet` from
-        // a macOS copy, an editor's backup) is not part of the log: skipped here, reported by
-        // `ingot doctor` ([`stray_log_objects`]).
-        let Some(seq) = slot_of(meta.location.filename()) else {
-            continue;
-        };
-        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        // A record no reader can parse (a foreign file in a slot, a damaged copy) is not part of
-        // the log either: skipped, reported by `ingot doctor`; a commit passes its slot by.
-        let Ok(records) = parse_record(bytes, log, &parse) else {
-            continue;
-        };
-        for mut record in records {
-            set_seq(&mut record, seq);
-            out.push(record);
-        }
-    }
-    Ok(out)
-}
-
-/// The records of one log file's bytes.
-fn parse_record<T>(
-    bytes: Bytes,
-    log: &'static str,
-    parse: &impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
-) -> Result<Vec<T>> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .and_then(|b| b.build())
-        .map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
-    let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
-        out.extend(parse(&LogColumns { batch: &batch, log })?);
-    }
-    Ok(out)
-}
-
-/// Put a commit record into slot `seq` (`rel` names a slot's file), create-if-absent; `Ok(false)`
-/// when the slot holds another commit. A slot holding an object no reader can parse is not a
-/// commit (every reader skips it): the record goes into the next free slot instead.
-async fn put_record<T>(
-    lake: &Lake,
-    rel: impl Fn(u64) -> String,
-    mut seq: u64,
-    bytes: Bytes,
-    log: &'static str,
-    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
-) -> Result<bool> {
-    loop {
-        if lake.put_create(&rel(seq), bytes.clone()).await? {
-            return Ok(true);
-        }
-        match lake.get(&rel(seq)).await? {
-            Some(taken) if parse_record(taken.clone(), log, &parse).is_err() => seq += 1,
-            _ => return Ok(false),
-        }
-    }
 }
 
 /// A rejected record, bronze or silver.

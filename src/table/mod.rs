@@ -1,7 +1,8 @@
 //! The lake's on-disk formats and commit protocol: object stores ([`store`], the local one syncing
 //! every write: [`durable`]) and the lake layout
 //! with its commit order ([`lake`]), the writer lock ([`lock`]), failpoints for crash tests
-//! ([`failpoint`]), bronze runs ([`bronze`]) read under later contracts ([`evolve`]) and the audit tables ([`audit`]).
+//! ([`failpoint`]), bronze runs ([`bronze`]) read under later contracts ([`evolve`]) and the audit tables ([`audit`])
+//! with the commit logs they are kept in ([`log`]).
 
 pub mod audit;
 pub mod bronze;
@@ -10,6 +11,7 @@ pub mod evolve;
 pub mod failpoint;
 pub mod lake;
 pub mod lock;
+pub mod log;
 pub mod parquet;
 pub mod silver;
 pub mod store;
