@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
 use crate::spec::contract::{Contract, Delivery, Format};
-use crate::table::audit::{RunRecord, RunStatus, commit_run, read_run_log};
+use crate::table::audit::{RunRecord, RunStatus, commit_run};
 use crate::table::failpoint;
 use keys::{InMemory, scan_stored};
 use pass::{Hashers, PassOutcome, RunInput, write_pass};
@@ -184,7 +184,8 @@ pub async fn ingest_file(
         seq: 0,
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
-    let outcome = match read_run_log(&ws.lake).await {
+    // this source's log only: an ingest never pays for the other sources' history
+    let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
         Ok(runs) => {
             record.seq = crate::table::audit::next_seq(&runs, &contract.source);
             record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);

@@ -434,10 +434,20 @@ pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
 
 /// Every committed run record of the lake, in commit order within each source (sources by name).
 pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
-    let out = read_log(lake, layout::RUN_LOG, "run log", RunRecord::from_columns, |r, seq| {
-        r.seq = seq
-    })
-    .await?;
+    read_runs_under(lake, layout::RUN_LOG).await
+}
+
+/// The committed run records of one source, in commit order: what an ingest of that source
+/// needs, without reading any other source's log.
+pub async fn read_source_runs(lake: &Lake, source: &str) -> Result<Vec<RunRecord>> {
+    let mut runs = read_runs_under(lake, &format!("{}/{source}", layout::RUN_LOG)).await?;
+    // a folder whose name starts like the source's is not its log (the prefix is not a path)
+    runs.retain(|r| r.source == source);
+    Ok(runs)
+}
+
+async fn read_runs_under(lake: &Lake, rel: &str) -> Result<Vec<RunRecord>> {
+    let out = read_log(lake, rel, "run log", RunRecord::from_columns, |r, seq| r.seq = seq).await?;
     let mut out = latest_per_id(out, |r| (r.source.clone(), r.run_id.clone()), |r| r.seq);
     // Commit order within each source (its slots), never a clock.
     out.sort_by(|a, b| (&a.source, a.seq).cmp(&(&b.source, b.seq)));
