@@ -39,6 +39,23 @@ pub fn make_cert(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
     (cert, key, ca)
 }
 
+/// Run the repository's Python script `script` with `args`; insist on exit 0 and return the
+/// one JSON value it prints.
+pub fn py_json(python: &std::path::Path, script: &str, args: &[&str]) -> Value {
+    let out = Command::new(python)
+        .arg(repo().join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Kills the server when the test ends, pass or fail.
 struct Server(Child);
 
@@ -76,19 +93,11 @@ fn a_real_flight_sql_client_queries_browses_and_is_refused_what_it_may_not_do() 
         .to_string();
     assert!(addr.starts_with("127.0.0.1:"), "loopback: {addr}");
 
-    let out = Command::new(&python)
-        .arg(repo().join("tests/py/flight_client.py"))
-        .arg(format!("grpc://{addr}"))
-        .arg("s3cret")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let got = py_json(
+        &python,
+        "tests/py/flight_client.py",
+        &[&format!("grpc://{addr}"), "s3cret"],
     );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
     // rows of `ingot sql` as arrays; the JSON objects' keys come back sorted, so the queries
     // name their columns a, b, ... in select order
     let rows = |sql: &str| -> Value {

@@ -6,13 +6,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
 use crate::flight::venv_python;
-use crate::util::{TestLake, assert_ok, landing, repo, stderr};
+use crate::util::{TestLake, assert_ok, landing, stderr};
 
 /// A running `ingot serve`: its address, and its stderr lines as they come.
 struct Server {
@@ -67,18 +67,7 @@ impl Server {
 }
 
 fn client(args: &[&str]) -> Value {
-    let out = Command::new(venv_python())
-        .arg(repo().join("tests/py/flight_secure.py"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::flight::py_json(&venv_python(), "tests/py/flight_secure.py", args)
 }
 
 fn error_of<'a>(got: &'a Value, step: &str) -> &'a str {
@@ -245,15 +234,7 @@ fn the_catalog_is_opened_once_while_the_lake_stands_still_and_again_after_a_comm
     let server = Server::start(&t, &["--addr", "127.0.0.1:0"], &[("INGOT_TOKEN", token)]);
     let uri = format!("grpc://{}", server.addr);
     let opened = |s: &Server| s.log().iter().filter(|l| l.contains("catalog opened")).count();
-    let ask = || {
-        let out = Command::new(venv_python())
-            .arg(repo().join("tests/py/flight_secure.py"))
-            .args(["count", &uri, token])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()["count"].clone()
-    };
+    let ask = || client(&["count", &uri, token])["count"].clone();
     let before = ask();
     assert_eq!(before, count_bookings(&t));
     ask();
