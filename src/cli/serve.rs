@@ -37,7 +37,7 @@ pub struct ServeArgs {
 }
 
 pub async fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitStatus> {
-    let token = token(args.token_file.as_deref())?;
+    let token = crate::hash::read_secret("INGOT_TOKEN", args.token_file.as_deref().map(|p| (p, "--token-file")))?;
     let query_memory = parse_size(&args.query_memory).map_err(|e| Error::Invalid(format!("--query-memory: {e}")))?;
     if query_memory == 0 {
         return Err(Error::Invalid("--query-memory: must be more than 0 (e.g. 512M)".into()));
@@ -55,63 +55,6 @@ pub async fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitStatus> {
     crate::query::serve::serve(cli.workspace()?, options).await?;
     Ok(ExitStatus::Success)
 }
-
-/// The token from `--token-file` or `INGOT_TOKEN` (not both); an empty one is refused: it
-/// would make the empty string the secret.
-fn token(file: Option<&std::path::Path>) -> Result<Option<String>> {
-    let env = std::env::var_os("INGOT_TOKEN");
-    let token = match (file, env) {
-        (Some(_), Some(_)) => {
-            return Err(Error::Invalid(
-                "both --token-file and INGOT_TOKEN are set: give the token one way".into(),
-            ));
-        }
-        (Some(path), None) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path.display(), e))?;
-            let first = text.lines().next().unwrap_or("").trim().to_string();
-            if first.is_empty() {
-                return Err(Error::Invalid(format!(
-                    "--token-file {}: the file holds no token (its first line is empty)",
-                    path.display()
-                )));
-            }
-            warn_if_readable_by_others(path);
-            first
-        }
-        (None, Some(v)) => {
-            let v = v
-                .into_string()
-                .map_err(|_| Error::Invalid("INGOT_TOKEN is not valid UTF-8".into()))?;
-            if v.trim().is_empty() {
-                return Err(Error::Invalid(
-                    "INGOT_TOKEN is set but empty: an empty token would let every client in; set a \
-                     secret or unset INGOT_TOKEN"
-                        .into(),
-                ));
-            }
-            v.trim().to_string()
-        }
-        (None, None) => return Ok(None),
-    };
-    Ok(Some(token))
-}
-
-#[cfg(unix)]
-fn warn_if_readable_by_others(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(m) = std::fs::metadata(path)
-        && m.permissions().mode() & 0o077 != 0
-    {
-        crate::tell!(
-            "ingot serve: warning: {} can be read by other users (mode {:o}); `chmod 600` it",
-            path.display(),
-            m.permissions().mode() & 0o777
-        );
-    }
-}
-
-#[cfg(not(unix))]
-fn warn_if_readable_by_others(_: &std::path::Path) {}
 
 /// `30s`, `5m`, `1h`, `250ms` or plain seconds; `0` is no limit (`Duration::ZERO`).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {

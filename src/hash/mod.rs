@@ -87,6 +87,60 @@ pub fn hex_u64(s: &[u8]) -> Option<u64> {
     (bad & 0x10 == 0).then_some(v)
 }
 
+/// A shared secret (a service's token) from the environment variable `env` or from a file
+/// (`file`: its path and the option or variable that named it), not both; the file's first line,
+/// trimmed. `None` when neither is set. An empty secret is refused (it would let everyone in),
+/// and a file other users can read is warned about.
+pub fn read_secret(env: &str, file: Option<(&std::path::Path, &str)>) -> crate::error::Result<Option<String>> {
+    use crate::error::Error;
+    match (file, std::env::var_os(env)) {
+        (Some((_, what)), Some(_)) => Err(Error::Invalid(format!(
+            "both {what} and {env} are set: give the token one way"
+        ))),
+        (Some((path, what)), None) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path.display(), e))?;
+            let first = text.lines().next().unwrap_or("").trim().to_string();
+            if first.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "{what} {}: the file holds no token (its first line is empty)",
+                    path.display()
+                )));
+            }
+            warn_if_readable_by_others(path);
+            Ok(Some(first))
+        }
+        (None, Some(v)) => {
+            let v = v
+                .into_string()
+                .map_err(|_| Error::Invalid(format!("{env} is not valid UTF-8")))?;
+            if v.trim().is_empty() {
+                return Err(Error::Invalid(format!(
+                    "{env} is set but empty: an empty token would let every client in; set a secret or unset {env}"
+                )));
+            }
+            Ok(Some(v.trim().to_string()))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+#[cfg(unix)]
+fn warn_if_readable_by_others(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        crate::tell!(
+            "ingot: warning: {} can be read by other users (mode {:o}); `chmod 600` it",
+            path.display(),
+            m.permissions().mode() & 0o777
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_readable_by_others(_: &std::path::Path) {}
+
 /// A secret as the services keep it: its SHA-256, so a comparison never touches the secret.
 pub fn secret_digest(secret: &[u8]) -> [u8; 32] {
     use sha2::Digest;

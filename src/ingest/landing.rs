@@ -77,16 +77,21 @@ fn local_candidate(path: &FsPath, root: &FsPath) -> Option<std::result::Result<P
         Err(e) => return Some(Err(format!("a symbolic link that does not resolve ({e})"))),
     };
     if !target.starts_with(root) {
-        return Some(Err(format!(
-            "a symbolic link to {}, outside {}: links are followed only within it",
-            target.display(),
-            root.display()
-        )));
+        return Some(Err(link_outside(&target, root)));
     }
     match std::fs::symlink_metadata(&target) {
         Ok(m) if m.is_file() => Some(Ok(target)),
         _ => None,
     }
+}
+
+/// Why a link is skipped: it leads to `target`, outside `root`.
+fn link_outside(target: &FsPath, root: &FsPath) -> String {
+    format!(
+        "a symbolic link to {}, outside {}: links are followed only within it",
+        target.display(),
+        root.display()
+    )
 }
 
 /// `dir` resolved (links and `..` taken out), or `dir` itself when it cannot be.
@@ -410,11 +415,7 @@ pub async fn landing_files(landing: &FsPath, source: &str) -> Result<Found> {
             if !target.starts_with(&root) || target == root {
                 found.skipped.push(Skipped {
                     path: dir.display().to_string(),
-                    reason: format!(
-                        "a symbolic link to {}, outside {}: links are followed only within it",
-                        target.display(),
-                        root.display()
-                    ),
+                    reason: link_outside(&target, &root),
                 });
                 return Ok(found);
             }

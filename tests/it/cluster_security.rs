@@ -178,8 +178,14 @@ fn a_cluster_over_tls_with_a_token_answers_what_one_process_answers() {
     let t = TestLake::new();
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
     let (cert, key, ca) = crate::flight::make_cert(t.dir.path());
-    let mut envs = token_env();
-    envs.push(("INGOT_CLUSTER_CA".into(), ca.display().to_string()));
+    // the token from a file this time (mode 600, so no warning)
+    let token_file = t.dir.path().join("cluster-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let envs = vec![
+        ("INGOT_CLUSTER_TOKEN_FILE".to_string(), token_file.display().to_string()),
+        ("INGOT_CLUSTER_CA".to_string(), ca.display().to_string()),
+    ];
     let tls = [
         "--tls-cert".to_string(),
         cert.display().to_string(),

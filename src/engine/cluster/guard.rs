@@ -52,32 +52,13 @@ impl std::fmt::Debug for ClusterSecurity {
 impl ClusterSecurity {
     /// From `INGOT_CLUSTER_TOKEN` / `INGOT_CLUSTER_TOKEN_FILE` and `INGOT_CLUSTER_CA`.
     pub fn from_env() -> Result<ClusterSecurity> {
-        let token = match (
-            std::env::var_os("INGOT_CLUSTER_TOKEN"),
-            std::env::var_os("INGOT_CLUSTER_TOKEN_FILE"),
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(Error::Invalid(
-                    "both INGOT_CLUSTER_TOKEN and INGOT_CLUSTER_TOKEN_FILE are set: give the cluster token one way"
-                        .into(),
-                ));
-            }
-            (Some(v), None) => Some(check_token(
-                v.to_str()
-                    .ok_or_else(|| Error::Invalid("INGOT_CLUSTER_TOKEN is not valid UTF-8".into()))?
-                    .trim(),
-                "INGOT_CLUSTER_TOKEN",
-            )?),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(path.to_string_lossy(), e))?;
-                let first = text.lines().next().unwrap_or("").trim().to_string();
-                Some(check_token(
-                    &first,
-                    &format!("INGOT_CLUSTER_TOKEN_FILE {}", path.to_string_lossy()),
-                )?)
-            }
-            (None, None) => None,
-        };
+        let file = std::env::var_os("INGOT_CLUSTER_TOKEN_FILE").map(std::path::PathBuf::from);
+        let token = crate::hash::read_secret(
+            "INGOT_CLUSTER_TOKEN",
+            file.as_deref().map(|p| (p, "INGOT_CLUSTER_TOKEN_FILE")),
+        )?
+        .map(|t| check_token(&t, "INGOT_CLUSTER_TOKEN"))
+        .transpose()?;
         let ca = match std::env::var_os("INGOT_CLUSTER_CA") {
             Some(path) => Some(std::fs::read(&path).map_err(|e| Error::io(path.to_string_lossy(), e))?),
             None => None,
