@@ -14,7 +14,7 @@ FEATURES ?= flight cluster s3
 # the `flight` feature's build needs protoc: PyPI's grpcio-tools in .venv-build, see scripts/protoc
 export PROTOC := $(CURDIR)/scripts/protoc
 
-.PHONY: build demo test bench lint data clean-lake fuzz protoc
+.PHONY: build demo test bench bench-history lint data clean-lake fuzz protoc
 
 .venv-build/bin/python:
 	$(PYTHON) -m venv .venv-build
@@ -40,6 +40,12 @@ test: protoc
 ## Writes bench/results-sf$(SF).md.
 bench: protoc
 	bash scripts/bench.sh
+
+## bench-history: one-row ingests and small queries on a source with 100, 1,000 and 10,000
+## runs, filling that history, and a lake of 50 sources x 1,000 runs (release build, beside
+## DuckDB reading the runs' files); writes bench/results-history.md. RUNS=100,1000 for a quick run.
+bench-history: protoc
+	bash scripts/bench-history.sh
 
 ## fuzz: the fuzz targets of tests/it/fuzz.rs at length (contract and rules parsers, CSV/NDJSON
 ## loader; failing cases land in tests/fuzz/regressions/ and are replayed by every `make test`)

@@ -6,6 +6,7 @@ mod build;
 mod check;
 #[cfg(feature = "cluster")]
 mod cluster;
+mod compact;
 mod doctor;
 mod explain;
 mod failures;
@@ -169,6 +170,13 @@ pub enum Command {
     /// `ingot undo <run_id>` of the rekey run restores the old keys. Running it again after it
     /// committed does nothing.
     Rekey(rekey::RekeyArgs),
+    /// Merge the small runs of each source into larger files (segments) for faster queries.
+    ///
+    /// Runs of at most 65,536 rows are merged 16 at a time into a segment, and 8 segments into
+    /// one of the next level, only ever runs of the same recorded fields. An ingest does the same
+    /// after it commits (INGOT_COMPACT=0 turns that off). The runs' own files stay: undo, replay
+    /// and rekey work as before, and a row keeps its ingestion_run_id. --all also merges fewer runs.
+    Compact(compact::CompactArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
     /// Removes the files of runs and builds that never committed, failed or were rolled back
@@ -262,13 +270,17 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitStatus::Internal.into();
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let status = match runtime.block_on(dispatch(cli)) {
         Ok(status) => status.into(),
         Err(e) => {
             report(&e);
             e.exit_status().into()
         }
+    };
+    if let Some(line) = crate::table::counted::summary() {
+        crate::tell!("{line}");
     }
+    status
 }
 
 /// Print an error with its cause chain.
@@ -302,6 +314,7 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         Command::Discard(args) => publish::discard(&cli, args).await,
         Command::Replay(args) => replay::run(&cli, args).await,
         Command::Rekey(args) => rekey::run(&cli, args).await,
+        Command::Compact(args) => compact::run(&cli, args).await,
         Command::Gc(args) => gc::run(&cli, args).await,
         Command::Doctor => doctor::run(&cli).await,
         #[cfg(feature = "cluster")]

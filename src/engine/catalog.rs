@@ -25,10 +25,10 @@ use crate::error::{Error, Result};
 use crate::spec::contract::{Contract, ContractSet};
 use crate::spec::yaml::Problems;
 use crate::table::audit::{
-    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log, read_run_log,
-    run_log_schema,
+    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log_state,
+    read_run_log_state, run_log_schema,
 };
-use crate::table::evolve::{read_stored, stored_runs};
+use crate::table::evolve::{read_stored, stored_files};
 use crate::table::lake::{Lake, layout};
 pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 
@@ -60,8 +60,9 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     let ctx = ws.session()?;
     let mut problems = Problems::default();
     let mut contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
-    let runs = read_run_log(&ws.lake).await?;
-    let builds = read_build_log(&ws.lake).await?;
+    let run_log = read_run_log_state(&ws.lake).await?;
+    let build_log = read_build_log_state(&ws.lake).await?;
+    let (runs, builds) = (run_log.records, build_log.records);
     let cutoff = as_of.map(|a| as_of_micros(a, &builds)).transpose()?;
     let catalog = ctx
         .catalog("ingot")
@@ -84,11 +85,19 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     for source in unreadable {
         contracts.contracts.remove(&source);
     }
-    let run_files: Vec<String> = runs
-        .iter()
-        .map(|r| ws.lake.url(&layout::run_record(&r.source, r.seq)))
-        .collect();
-    ctx.register_table("audit.ingestion_run_log", table_over(run_files, run_log_schema())?)?;
+    let run_table = log_table(
+        &ctx,
+        &ws.lake,
+        LogTable {
+            dir: layout::RUN_LOG,
+            schema: run_log_schema(),
+            id: "run_id",
+            checkpoints: &run_log.checkpoints,
+            slot: layout::run_record,
+        },
+        runs.iter().map(|r| (r.source.as_str(), r.seq, r.run_id.as_str())),
+    )?;
+    ctx.register_table("audit.ingestion_run_log", run_table)?;
     let mut failure_files: Vec<String> = runs
         .iter()
         .filter(|r| r.has_failures())
@@ -100,11 +109,19 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
             .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
             .map(|b| ws.lake.url(&layout::silver_failures(&b.build_id))),
     );
-    let build_files: Vec<String> = builds
-        .iter()
-        .map(|b| ws.lake.url(&layout::build_record(&b.table, b.seq)))
-        .collect();
-    ctx.register_table("audit.silver_build_log", table_over(build_files, build_log_schema())?)?;
+    let build_table = log_table(
+        &ctx,
+        &ws.lake,
+        LogTable {
+            dir: layout::BUILD_LOG,
+            schema: build_log_schema(),
+            id: "build_id",
+            checkpoints: &build_log.checkpoints,
+            slot: layout::build_record,
+        },
+        builds.iter().map(|b| (b.table.as_str(), b.seq, b.build_id.as_str())),
+    )?;
+    ctx.register_table("audit.silver_build_log", build_table)?;
     let unreadable = register_silver(&ctx, ws, &builds, cutoff, &mut problems).await?;
     ctx.register_table(
         "audit.row_failure_log",
@@ -122,12 +139,69 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     })
 }
 
+/// Where an audit log's table reads from: see [`log_table`].
+struct LogTable<'a> {
+    dir: &'a str,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    /// The id column a later record supersedes.
+    id: &'a str,
+    /// `(folder, through)` of the folders read from a checkpoint.
+    checkpoints: &'a [(String, u64)],
+    /// The record file of a folder's slot.
+    slot: fn(&str, u64) -> String,
+}
+
+/// An audit log as a table, over `records` (`(folder, slot, id)`, one per id): the rows of each
+/// folder's checkpoint file, less the ids a record after it supersedes, and the files of the
+/// records after the checkpoints. So a query on the log reads one file per folder and the few
+/// records after it, however long the history.
+fn log_table<'a>(
+    ctx: &SessionContext,
+    lake: &Lake,
+    log: LogTable<'_>,
+    records: impl Iterator<Item = (&'a str, u64, &'a str)>,
+) -> Result<Arc<dyn TableProvider>> {
+    let through: std::collections::HashMap<&str, u64> = log.checkpoints.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    let mut tail_files = Vec::new();
+    let mut superseded = Vec::new();
+    for (folder, slot, id) in records {
+        match through.get(folder) {
+            Some(t) if slot <= *t => {}
+            Some(_) => {
+                tail_files.push(lake.url(&(log.slot)(folder, slot)));
+                superseded.push(lit(id.to_string()));
+            }
+            None => tail_files.push(lake.url(&(log.slot)(folder, slot))),
+        }
+    }
+    if log.checkpoints.is_empty() {
+        return table_over(tail_files, log.schema);
+    }
+    let files = log
+        .checkpoints
+        .iter()
+        .map(|(n, t)| lake.url(&layout::log_checkpoint(log.dir, n, *t)))
+        .collect();
+    let mut rows = ctx.read_table(table_over(files, log.schema.clone())?)?;
+    if !superseded.is_empty() {
+        rows = rows.filter(col(log.id).in_list(superseded, true))?;
+    }
+    Ok(rows
+        .union(ctx.read_table(table_over(tail_files, log.schema)?)?)?
+        .into_view())
+}
+
 async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
-    let all = stored_runs(lake, contract, &bronze_runs(runs, &contract.source))?;
+    let manifest = crate::table::segments::read(lake, &contract.source).await?;
+    let (all, excluded) = stored_files(lake, contract, &bronze_runs(runs, &contract.source), &manifest)?;
     let name = format!("bronze.{}", contract.source);
-    let everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
+    let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
+    if !excluded.is_empty() {
+        let ids = excluded.into_iter().map(lit).collect();
+        everything = everything.filter(col("ingestion_run_id").in_list(ids, true))?;
+    }
     ctx.register_table(name.as_str(), everything.into_view())?;
-    let current = current_frame(ctx, lake, contract, &current_runs(runs, &contract.source))?;
+    let current = current_frame_in(ctx, lake, contract, &current_runs(runs, &contract.source), &manifest)?;
     ctx.register_table(
         format!("bronze.{}_current", contract.source).as_str(),
         current.into_view(),
@@ -146,7 +220,25 @@ pub fn current_frame(
     contract: &Contract,
     current: &[&RunRecord],
 ) -> Result<DataFrame> {
-    let stored = stored_runs(lake, contract, current)?;
+    current_frame_in(
+        ctx,
+        lake,
+        contract,
+        current,
+        &crate::table::segments::Manifest::default(),
+    )
+}
+
+/// [`current_frame`] reading the runs that `manifest`'s segments hold from those segments (the
+/// join on the runs' slots leaves out a segment's rows of other runs).
+pub fn current_frame_in(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+    current: &[&RunRecord],
+    manifest: &crate::table::segments::Manifest,
+) -> Result<DataFrame> {
+    let (stored, _) = stored_files(lake, contract, current, manifest)?;
     let versions = read_stored(ctx, contract, &stored.iter().collect::<Vec<_>>())?;
     if current.is_empty() {
         return Ok(versions);

@@ -5,5 +5,6 @@
 pub mod catalog;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod compact;
 pub mod exec;
 pub mod session;

@@ -155,6 +155,13 @@ pub fn same_secret(given: &[u8], want: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// The SHA-256 of `bytes` as 64 lowercase hex characters.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let mut out = [0u8; 64];
+    hex_lower(&secret_digest(bytes), &mut out);
+    out.iter().map(|&b| b as char).collect()
+}
+
 /// Write the 64 lowercase hex characters of `digest` into `out`.
 pub fn hex_lower(digest: &[u8; 32], out: &mut [u8; 64]) {
     for (byte, pair) in digest.iter().zip(out.chunks_exact_mut(2)) {

@@ -380,6 +380,16 @@ impl InMemory {
         }
     }
 
+    /// The live current versions folded in so far (key without flag bits, row-hash prefix): what a
+    /// key state keeps ([`crate::ingest::keystate`]).
+    pub fn current_versions(&self) -> impl Iterator<Item = (Fp, u64)> + '_ {
+        self.table
+            .slots
+            .iter()
+            .filter(|s| s[1] & HAS_CURRENT != 0)
+            .map(|s| (Fp(s[0], s[1] & !FLAGS), s[2]))
+    }
+
     /// Prepare a second pass that knows the conflicting keys found by the first.
     pub fn rerun_with_found(&mut self) {
         self.known.extend(self.found.drain());

@@ -12,6 +12,7 @@ pub mod csv;
 pub mod hold;
 pub mod key_version;
 pub mod keys;
+pub mod keystate;
 pub mod landing;
 pub mod ndjson;
 pub mod parquet;
@@ -185,8 +186,10 @@ pub async fn ingest_file(
     };
     let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
     // this source's log only: an ingest never pays for the other sources' history
+    let mut runs = Vec::new();
     let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
-        Ok(runs) => {
+        Ok(read) => {
+            runs = read;
             record.seq = crate::table::audit::next_seq(&runs, &contract.source);
             record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
             record.finished_at = record.started_at;
@@ -221,8 +224,21 @@ pub async fn ingest_file(
         }
         Err(e) => Err(e),
     };
-    if result.is_ok() {
+    if let Ok(committed) = &result {
         failpoint::hit("ingest.after_commit")?;
+        if committed.has_data() && crate::engine::compact::automatic() {
+            runs.push(committed.clone());
+            // the run stands whatever happens here: a compaction that fails is only slower reads
+            if let Err(e) = crate::engine::compact::compact_source(ws, &contract, &runs, false).await {
+                if matches!(e, Error::Failpoint(_)) {
+                    return Err(e);
+                }
+                crate::tell!(
+                    "{}: compaction skipped ({e}); `ingot compact` retries it",
+                    contract.source
+                );
+            }
+        }
     }
     lock.release().await?;
     result
@@ -349,8 +365,9 @@ async fn load(
         superseding: superseding.as_ref(),
     };
     let stats = if bits == 0 {
-        let mut index = InMemory::new(keys.min(1 << 26) as usize);
-        for stored in &committed {
+        let capacity = keys.min(1 << 26) as usize;
+        let (mut index, covered) = from_key_state(ws, &ctx, contract, &current, capacity).await?;
+        for stored in &committed[covered..] {
             scan_stored(
                 &ctx,
                 ws.cluster.as_deref(),
@@ -364,6 +381,16 @@ async fn load(
                 },
             )
             .await?;
+        }
+        if (committed.len() - covered) as u64 >= ws.lake.cadence.key_state_every {
+            let hash_layout = crate::table::evolve::hash_layout(contract);
+            if let Err(e) = keystate::write(&ws.lake, &contract.source, &hash_layout, &current, &index).await {
+                crate::tell!(
+                    "{}: key state not written ({e}); the next ingest reads every run",
+                    contract.source
+                );
+            }
+            failpoint::hit("ingest.after_key_state")?;
         }
         match write_pass(&input, &mut index, opts.replay.is_some()).await? {
             PassOutcome::Done(stats) => stats,
@@ -428,6 +455,29 @@ async fn load(
         )));
     }
     Ok(())
+}
+
+/// The index with the source's latest usable key state folded in, and how many of `current` (its
+/// current runs) that state covers; an empty index covering none when there is no usable state.
+async fn from_key_state(
+    ws: &Workspace,
+    ctx: &datafusion::prelude::SessionContext,
+    contract: &Contract,
+    current: &[&RunRecord],
+    capacity: usize,
+) -> Result<(InMemory, usize)> {
+    let hash_layout = crate::table::evolve::hash_layout(contract);
+    let Some(found) = keystate::find(&ws.lake, &contract.source, &hash_layout, current).await? else {
+        return Ok((InMemory::new(capacity), 0));
+    };
+    let mut index = InMemory::new(capacity);
+    match keystate::load(ctx, &ws.lake, &found, |key, rh| index.add_current(key, Some(rh))).await {
+        Ok(()) => Ok((index, found.covered)),
+        Err(e) => {
+            crate::tell!("{}: {e}; the key state is passed over, every run is read", found.rel);
+            Ok((InMemory::new(capacity), 0))
+        }
+    }
 }
 
 /// Memory for the change-detection index: `INGOT_INDEX_MEMORY` (e.g. `64M`), else half of

@@ -3,9 +3,8 @@
 //!
 //! 1. **files**: each committed run that loaded data has its bronze file (and its failure file
 //!    when it rejected rows); each table's current build has its snapshot, each succeeded build
-//!    that rejected rows its failure file. Files no committed run or build owns are listed as
-//!    orphans (not a violation: `ingot gc` removes them after its grace period). Log objects that
-//!    are no record or unreadable are `logs` violations.
+//!    that rejected rows its failure file. Files no committed run or build owns are orphans (for
+//!    `ingot gc`, not violations). Log objects that are no record or unreadable are `logs` ones.
 //! 2. **counts**: run records reconcile (`rows_seen = inserted + updated + unchanged + failed`), a
 //!    run's bronze file has `inserted + updated + deleted` rows and its failure file `rows_failed`;
 //!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
@@ -14,6 +13,7 @@
 //!    per fingerprint.
 //! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
 //! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
+//! 6. **caches**: log checkpoints and the key state an ingest would use equal the fold they cache.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,7 +39,7 @@ use crate::table::silver::{FP, RUN_ID};
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// `files`, `counts`, `keys`, `silver` or `rules`.
+    /// `logs`, `caches`, `files`, `counts`, `keys`, `silver` or `rules`.
     pub check: &'static str,
     /// Where: a lake path, `run <id>`, `build <id>`, a table or a rules file.
     pub location: String,
@@ -141,6 +141,11 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         }
         Err(e) => return Err(e),
     };
+    // 0b. caches: log checkpoints and key states that readers pass over or that differ from
+    // what they summarize
+    for (path, why) in crate::table::audit::checkpoint_problems(lake).await? {
+        out.push(v("caches", path, why));
+    }
     let present = lake_files(lake).await?;
     let mut report = DoctorReport {
         orphans: orphans(&present, &all_runs, &all_builds),
@@ -167,6 +172,14 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         return Ok(report);
     }
     let catalog = crate::engine::catalog::open(ws).await?;
+    for contract in catalog.contracts.contracts.values() {
+        if damaged.has(&contract.source) {
+            continue;
+        }
+        if let Some((path, why)) = crate::ingest::keystate::check(ws, contract).await? {
+            out.push(v("caches", path, why));
+        }
+    }
 
     // 2. counts
     check_run_balances(&catalog.runs, &mut out);

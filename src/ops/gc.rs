@@ -1,13 +1,11 @@
 //! `ingot gc [--dry-run]`: remove files nothing reads any more, never a committed, current one.
 //!
 //! Every data file of the lake is scoped by the run or build that wrote it (see
-//! [`crate::table::lake`]), so whether a file may go follows from the audit logs alone:
-//!
-//! | file | kept | removed |
-//! |---|---|---|
-//! | `bronze/<s>/run_id=<r>/…`, `audit/row_failure_log/run_id=<r>/…`, `_cache/row_hash/<s>/<layout>/run_id=<r>.parquet` | `r` is a committed run that loaded data or is `held`, or a live lock holds `r` (an ingest or rekey in progress) | `r` has no committed record (a crashed ingest), published nothing (`failed`, `skipped_duplicate_file`), was rolled back or discarded: after the grace period |
-//! | `silver/<t>/build_id=<b>/…` | a file a kept build's manifest names (the latest succeeded build of `t`, and succeeded builds within the retention); while a build or undo holds `t`'s lock, every file of `t` | `b` has no committed record, failed or was rolled back (after the grace period), or is an older succeeded build past the retention, and no kept manifest names the file |
-//! | `audit/row_failure_log/build_id=<b>/…` | `b` succeeded, or a live lock holds `b` (a build in progress) | `b` has no committed record, failed or was rolled back (after the grace period) |
+//! [`crate::table::lake`]), so whether a file may go follows from the audit logs alone; the
+//! table of what is kept and removed is in docs/operations.md#gc. In short: files of runs and
+//! builds that never committed, failed or were undone go after the grace period, older snapshots
+//! after the retention, superseded caches (`_cache/log`, `_cache/keys`, segment manifests) at once
+//! and segments no kept manifest names after the grace period.
 //!
 //! The logs and anything gc does not recognise are never touched. gc lists files, then
 //! reads the live locks ([`crate::table::lock::live_holds`]), then the logs; it decides and deletes
@@ -242,6 +240,8 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         lock.release().await?;
         done?;
     }
+    superseded_caches(lake, opts, &mut report).await?;
+    unused_segments(lake, now, opts, &mut report).await?;
     if let Some(root) = lake.root_dir() {
         remove_staging_leftovers(root, now, opts.grace.as_micros() as i64, &mut report)?;
     }
@@ -249,6 +249,101 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         abort_stale_uploads(lake, uploads, now, opts, &mut report).await?;
     }
     Ok(report)
+}
+
+/// How many of the newest log checkpoints and key states of each folder gc keeps.
+const CACHES_KEPT: usize = 2;
+
+/// Remove the log checkpoints (`_cache/log/<log>/<name>/`) and key states
+/// (`_cache/keys/<source>/<layout>/`) of each folder but the [`CACHES_KEPT`] newest (their names
+/// sort by the slot they were taken after). They are caches: a reader that meets a removed one
+/// folds more records instead, so no grace period applies.
+async fn superseded_caches(lake: &Lake, opts: &GcOptions, report: &mut GcReport) -> Result<()> {
+    for (prefix, what) in [
+        ("_cache/log", "superseded log checkpoint"),
+        ("_cache/keys", "superseded key state"),
+    ] {
+        let mut folders: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+        for meta in lake.list(prefix).await? {
+            let Some(rel) = lake.relative(&meta.location) else {
+                continue;
+            };
+            let Some((folder, name)) = rel.rsplit_once('/') else {
+                continue;
+            };
+            if name.ends_with(".parquet") && name.starts_with(|c: char| c.is_ascii_digit()) {
+                folders.entry(folder.to_string()).or_default().push((rel, meta.size));
+            }
+        }
+        for (_, mut files) in folders {
+            files.sort();
+            let old = files.len().saturating_sub(CACHES_KEPT);
+            for (rel, bytes) in files.into_iter().take(old) {
+                if !opts.dry_run {
+                    lake.delete(&rel).await?;
+                }
+                report.removed.push(Removal {
+                    path: rel,
+                    bytes,
+                    reason: what.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Remove each source's segment manifests but the [`CACHES_KEPT`] newest, and the segment files
+/// none of those names once older than the grace period (a compaction writes its segments
+/// before the manifest that names them). A reader that meets a removed one reads the runs' own
+/// files instead.
+async fn unused_segments(lake: &Lake, now: i64, opts: &GcOptions, report: &mut GcReport) -> Result<()> {
+    use crate::table::segments::{Manifest, manifest_number};
+    let mut folders: BTreeMap<String, Vec<(String, ObjectMeta)>> = BTreeMap::new();
+    for meta in lake.list("_cache/segments").await? {
+        let Some(rel) = lake.relative(&meta.location) else {
+            continue;
+        };
+        if let Some((folder, _)) = rel.rsplit_once('/') {
+            folders.entry(folder.to_string()).or_default().push((rel.clone(), meta));
+        }
+    }
+    for (_, files) in folders {
+        let mut manifests: Vec<(u64, &String, &ObjectMeta)> = files
+            .iter()
+            .filter_map(|(rel, m)| Some((manifest_number(rel.rsplit('/').next()?)?, rel, m)))
+            .collect();
+        manifests.sort_by_key(|(n, _, _)| *n);
+        let old = manifests.len().saturating_sub(CACHES_KEPT);
+        let mut named = BTreeSet::new();
+        for (_, rel, _) in &manifests[old..] {
+            match lake.get(rel).await?.map(|b| serde_json::from_slice::<Manifest>(&b)) {
+                Some(Ok(m)) => named.extend(m.segments.into_iter().map(|s| s.file)),
+                // a manifest gc cannot read names nothing it could keep: keep everything
+                _ => return Ok(()),
+            }
+        }
+        let doomed = manifests[..old]
+            .iter()
+            .map(|(_, rel, m)| ((*rel).clone(), m.size, "superseded segment manifest"))
+            .chain(files.iter().filter_map(|(rel, m)| {
+                let unnamed = rel.ends_with(".parquet") && !named.contains(rel);
+                let aged = now - m.last_modified.timestamp_micros() >= opts.grace.as_micros() as i64;
+                (unnamed && aged).then(|| (rel.clone(), m.size, "segment no manifest names"))
+            }))
+            .collect::<Vec<_>>();
+        for (rel, bytes, reason) in doomed {
+            if !opts.dry_run {
+                lake.delete(&rel).await?;
+            }
+            report.removed.push(Removal {
+                path: rel,
+                bytes,
+                reason: reason.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Abort the incomplete multipart uploads under the lake's prefix (writes killed on S3, which

@@ -3,6 +3,7 @@
 //! ([`replay`]), natural-key re-versioning ([`rekey`]), garbage collection ([`gc`]) and the
 //! consistency checks of `ingot doctor` ([`doctor`]).
 
+pub mod compact;
 pub mod doctor;
 pub mod gc;
 pub mod held;

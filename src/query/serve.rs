@@ -65,30 +65,42 @@ struct LakeSessions {
     cached: Mutex<Option<(LakeVersion, SessionState)>>,
 }
 
-/// What the catalog depends on: the objects of the run and build logs (a commit adds one) and
-/// the contract and rules files, each with its size and modification time.
-#[derive(Debug, PartialEq, Eq)]
-struct LakeVersion(Vec<String>);
+/// What the catalog depends on: the last object of each run-log and build-log folder (a commit
+/// adds one after it) and the contract and rules files, each with its size and modification time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LakeVersion {
+    last: std::collections::BTreeMap<String, String>,
+    stamps: Vec<String>,
+}
 
-async fn lake_version(ws: &Workspace) -> Result<LakeVersion> {
+/// The lake's version now. With the version a catalog was opened at, each log folder is listed
+/// only after its last object then (a `start-after` listing), so a check costs the same however
+/// long the history.
+async fn lake_version(ws: &Workspace, since: Option<&LakeVersion>) -> Result<LakeVersion> {
     use crate::table::lake::layout;
-    let mut parts = Vec::new();
+    let mut last = std::collections::BTreeMap::new();
     for log in [layout::RUN_LOG, layout::BUILD_LOG] {
-        for meta in ws.lake.list(log).await? {
-            parts.push(format!(
-                "{} {} {} {}",
-                meta.location,
-                meta.size,
-                meta.last_modified.timestamp_micros(),
-                meta.e_tag.unwrap_or_default()
-            ));
+        for name in ws.lake.list_dirs(log).await? {
+            let folder = format!("{log}/{name}");
+            let before = since.and_then(|v| v.last.get(&folder));
+            let listed = match before {
+                Some(after) => ws.lake.list_after(&folder, after).await?,
+                None => ws.lake.list(&folder).await?,
+            };
+            let newest = listed
+                .last()
+                .and_then(|m| ws.lake.relative(&m.location))
+                .or_else(|| before.cloned())
+                .unwrap_or_default();
+            last.insert(folder, newest);
         }
     }
+    let mut stamps = Vec::new();
     for dir in [&ws.contracts_dir, &ws.rules_dir] {
-        stamp_files(dir, &mut parts);
+        stamp_files(dir, &mut stamps);
     }
-    parts.sort();
-    Ok(LakeVersion(parts))
+    stamps.sort();
+    Ok(LakeVersion { last, stamps })
 }
 
 /// `path size mtime` of every file under `dir` (what a missing folder has: nothing).
@@ -107,10 +119,10 @@ fn stamp_files(dir: &std::path::Path, out: &mut Vec<String>) {
 impl LakeSessions {
     /// The catalog's session, opened again if the lake changed since it was last opened.
     async fn catalog_state(&self) -> std::result::Result<SessionState, Status> {
-        let version = lake_version(&self.ws)
+        let mut cached = self.cached.lock().await;
+        let version = lake_version(&self.ws, cached.as_ref().map(|(v, _)| v))
             .await
             .map_err(|e| Status::internal(format!("cannot read the lake: {e}")))?;
-        let mut cached = self.cached.lock().await;
         if let Some((v, state)) = cached.as_ref()
             && *v == version
         {

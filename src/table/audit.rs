@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::spec::contract::timestamp_type;
 use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
-use crate::table::log::{LogColumns, latest_per_id, parse_record, put_record, read_log, slot_of};
+use crate::table::log::{LogColumns, Record, checkpoint_after, parse_record, put_record, read_checkpointed, slot_of};
 
 pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -387,7 +387,36 @@ pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str)
             record.source, record.run_id, record.run_id
         )));
     }
-    Ok(())
+    checkpoint_after::<RunRecord>(lake, &record.source, record.seq).await
+}
+
+impl Record for RunRecord {
+    const DIR: &'static str = layout::RUN_LOG;
+    const LOG: &'static str = "run log";
+
+    fn schema() -> SchemaRef {
+        run_log_schema()
+    }
+
+    fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>> {
+        RunRecord::from_columns(c)
+    }
+
+    fn to_batch(&self) -> Result<RecordBatch> {
+        RunRecord::to_batch(self)
+    }
+
+    fn id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
+    }
 }
 
 /// The next commit slot of `source`, given the run log.
@@ -432,26 +461,67 @@ pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// Every committed run record of the lake, in commit order within each source (sources by name).
+/// Checkpoints of the run and build logs that readers pass over or that differ from the records
+/// they summarize: `(path, why)`, for `ingot doctor`.
+pub async fn checkpoint_problems(lake: &Lake) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for source in lake.list_dirs(layout::RUN_LOG).await? {
+        out.extend(crate::table::log::check_checkpoints::<RunRecord>(lake, &source).await?);
+    }
+    for table in lake.list_dirs(layout::BUILD_LOG).await? {
+        out.extend(crate::table::log::check_checkpoints::<BuildRecord>(lake, &table).await?);
+    }
+    Ok(out)
+}
+
+/// Every committed run record of the lake, in commit order within each source (sources by name):
+/// each source's log read through its checkpoint ([`read_source_runs`]).
 pub async fn read_run_log(lake: &Lake) -> Result<Vec<RunRecord>> {
-    read_runs_under(lake, layout::RUN_LOG).await
+    Ok(read_run_log_state(lake).await?.records)
+}
+
+/// The records of every folder of a log, and the checkpoint each folder was read from.
+#[derive(Debug, Clone)]
+pub struct LogState<T> {
+    /// One per id, by folder (source or table) then slot.
+    pub records: Vec<T>,
+    /// `(folder, through)` of each folder read from a checkpoint: its records in slots up to
+    /// `through` are rows of that checkpoint's file ([`layout::log_checkpoint`]).
+    pub checkpoints: Vec<(String, u64)>,
+}
+
+impl<T> Default for LogState<T> {
+    fn default() -> Self {
+        LogState {
+            records: Vec::new(),
+            checkpoints: Vec::new(),
+        }
+    }
+}
+
+/// [`read_run_log`] with the checkpoints it was read from (the catalog's `audit.ingestion_run_log`
+/// reads those files instead of each record's).
+pub async fn read_run_log_state(lake: &Lake) -> Result<LogState<RunRecord>> {
+    let mut out = LogState::default();
+    for source in lake.list_dirs(layout::RUN_LOG).await? {
+        let folded = read_checkpointed::<RunRecord>(lake, &source).await?;
+        out.records
+            .extend(folded.records.into_iter().filter(|r| r.source == source));
+        if let Some(through) = folded.checkpoint {
+            out.checkpoints.push((source, through));
+        }
+    }
+    Ok(out)
 }
 
 /// The committed run records of one source, in commit order: what an ingest of that source
-/// needs, without reading any other source's log.
+/// needs, without reading any other source's log; through the source's latest checkpoint, so the
+/// cost does not grow with the source's history ([`crate::table::log`]).
 pub async fn read_source_runs(lake: &Lake, source: &str) -> Result<Vec<RunRecord>> {
-    let mut runs = read_runs_under(lake, &format!("{}/{source}", layout::RUN_LOG)).await?;
-    // a folder whose name starts like the source's is not its log (the prefix is not a path)
+    let mut runs = read_checkpointed::<RunRecord>(lake, source).await?.records;
+    // a record filed under another source's folder is not this source's
     runs.retain(|r| r.source == source);
     Ok(runs)
-}
-
-async fn read_runs_under(lake: &Lake, rel: &str) -> Result<Vec<RunRecord>> {
-    let out = read_log(lake, rel, "run log", RunRecord::from_columns, |r, seq| r.seq = seq).await?;
-    let mut out = latest_per_id(out, |r| (r.source.clone(), r.run_id.clone()), |r| r.seq);
-    // Commit order within each source (its slots), never a clock.
-    out.sort_by(|a, b| (&a.source, a.seq).cmp(&(&b.source, b.seq)));
-    Ok(out)
 }
 
 /// A rejected record, bronze or silver.
@@ -713,20 +783,60 @@ pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &
             record.table, record.build_id, record.build_id
         )));
     }
-    Ok(())
+    checkpoint_after::<BuildRecord>(lake, &record.table, record.seq).await
+}
+
+impl Record for BuildRecord {
+    const DIR: &'static str = layout::BUILD_LOG;
+    const LOG: &'static str = "build log";
+
+    fn schema() -> SchemaRef {
+        build_log_schema()
+    }
+
+    fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>> {
+        BuildRecord::from_columns(c)
+    }
+
+    fn to_batch(&self) -> Result<RecordBatch> {
+        BuildRecord::to_batch(self)
+    }
+
+    fn id(&self) -> &str {
+        &self.build_id
+    }
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
+    }
+}
+
+/// The committed build records of one table, in commit order, through its latest checkpoint.
+pub async fn read_table_builds(lake: &Lake, table: &str) -> Result<Vec<BuildRecord>> {
+    let mut builds = read_checkpointed::<BuildRecord>(lake, table).await?.records;
+    builds.retain(|b| b.table == table);
+    Ok(builds)
 }
 
 /// Every committed build record of the lake, by table then sequence number.
 pub async fn read_build_log(lake: &Lake) -> Result<Vec<BuildRecord>> {
-    let out = read_log(
-        lake,
-        layout::BUILD_LOG,
-        "build log",
-        BuildRecord::from_columns,
-        |r, seq| r.seq = seq,
-    )
-    .await?;
-    let mut out = latest_per_id(out, |r| (r.table.clone(), r.build_id.clone()), |r| r.seq);
-    out.sort_by(|a, b| (&a.table, a.seq).cmp(&(&b.table, b.seq)));
+    Ok(read_build_log_state(lake).await?.records)
+}
+
+/// [`read_build_log`] with the checkpoints it was read from.
+pub async fn read_build_log_state(lake: &Lake) -> Result<LogState<BuildRecord>> {
+    let mut out = LogState::default();
+    for table in lake.list_dirs(layout::BUILD_LOG).await? {
+        let folded = read_checkpointed::<BuildRecord>(lake, &table).await?;
+        out.records
+            .extend(folded.records.into_iter().filter(|b| b.table == table));
+        if let Some(through) = folded.checkpoint {
+            out.checkpoints.push((table, through));
+        }
+    }
     Ok(out)
 }

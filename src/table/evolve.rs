@@ -111,6 +111,17 @@ impl StoredRun {
         }
     }
 
+    /// A segment of runs ([`crate::table::segments`]): read like one run of its recorded fields.
+    pub fn segment(lake: &Lake, source: &str, segment: &crate::table::segments::Segment) -> StoredRun {
+        StoredRun {
+            run_id: segment.id.clone(),
+            source: source.to_string(),
+            url: lake.url(&segment.file),
+            definition: segment.definition.clone(),
+            past: segment.definition.as_deref().and_then(parse_fields),
+        }
+    }
+
     /// The stored field each current field reads from (`None`: added since, or unknown).
     fn sources<'a>(&'a self, contract: &Contract) -> Vec<Option<&'a PastField>> {
         let Some(past) = &self.past else {
@@ -181,6 +192,40 @@ pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Res
     } else {
         Err(Error::Invalid(problems.join("; ")))
     }
+}
+
+/// The files holding the rows of `runs` (of `contract`'s source, checked as by [`stored_runs`]):
+/// the segments of `manifest` that hold any of them, and the own files of the others; and the
+/// runs those segments also hold that are not among `runs` (undone since: a reader of the files
+/// leaves their rows out).
+pub fn stored_files(
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[&RunRecord],
+    manifest: &crate::table::segments::Manifest,
+) -> Result<(Vec<StoredRun>, Vec<String>)> {
+    let mut stored = stored_runs(lake, contract, runs)?;
+    if manifest.segments.is_empty() {
+        return Ok((stored, Vec::new()));
+    }
+    let wanted: std::collections::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+    let mut covered = std::collections::HashSet::new();
+    let mut segments = Vec::new();
+    for seg in &manifest.segments {
+        if seg.runs.iter().any(|r| wanted.contains(r.as_str())) {
+            covered.extend(seg.runs.iter().cloned());
+            segments.push(StoredRun::segment(lake, &contract.source, seg));
+        }
+    }
+    let mut excluded: Vec<String> = covered
+        .iter()
+        .filter(|r| !wanted.contains(r.as_str()))
+        .cloned()
+        .collect();
+    excluded.sort();
+    stored.retain(|s| !covered.contains(&s.run_id));
+    segments.extend(stored);
+    Ok((segments, excluded))
 }
 
 /// One message per field whose stored values some runs cannot be read as, naming the runs:

@@ -38,8 +38,19 @@ pub const REKEY: &[&str] = &[
 /// Every failpoint of `ingot gc`.
 pub const GC: &[&str] = &["gc.after_first_delete"];
 
+/// Every failpoint of writing a log checkpoint (after the commit it follows, under its lock),
+/// and of writing a source's key state (before the run's pass; [`crate::ingest::keystate`]).
+pub const CACHE: &[&str] = &[
+    "log.before_checkpoint",
+    "log.after_checkpoint",
+    "ingest.after_key_state",
+];
+
+/// Every failpoint of a compaction (after its segment files, before and after their manifest).
+pub const COMPACT: &[&str] = &["compact.before_manifest", "compact.after_manifest"];
+
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

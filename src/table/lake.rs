@@ -65,6 +65,34 @@ pub struct Lake {
     root_dir: Option<std::path::PathBuf>,
     /// The store's incomplete multipart uploads, which gc aborts (S3 only).
     pub uploads: Option<Arc<crate::table::store::Uploads>>,
+    /// How often the caches of the history are written ([`Cadence`]).
+    pub cadence: Cadence,
+}
+
+/// How often a lake's history caches are written: a log checkpoint every `checkpoint_every`
+/// commits of a source or table ([`crate::table::log`]), a key state once `key_state_every` of a
+/// source's current runs are not covered by one. From `INGOT_CHECKPOINT_EVERY` (32) and
+/// `INGOT_KEY_STATE_EVERY` (16); a cadence changes only the cost of reads, never what they return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    pub checkpoint_every: u64,
+    pub key_state_every: u64,
+}
+
+impl Cadence {
+    pub fn from_env() -> Cadence {
+        let var = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(default)
+        };
+        Cadence {
+            checkpoint_every: var("INGOT_CHECKPOINT_EVERY", 32),
+            key_state_every: var("INGOT_KEY_STATE_EVERY", 16),
+        }
+    }
 }
 
 impl Lake {
@@ -86,12 +114,13 @@ impl Lake {
         if crate::table::store::is_remote(location) {
             let opened = crate::table::store::open_with(location, options)?;
             return Ok(Lake {
-                store: opened.store,
+                store: crate::table::counted::wrap(opened.store),
                 root: opened.path,
                 store_url: opened.store_url,
                 display: location.trim_end_matches('/').to_string(),
                 root_dir: None,
                 uploads: opened.uploads,
+                cadence: Cadence::from_env(),
             });
         }
         let local = location.strip_prefix("file://").unwrap_or(location);
@@ -101,12 +130,13 @@ impl Lake {
             Path::from_absolute_path(&abs).map_err(|e| Error::Invalid(format!("lake path {}: {e}", abs.display())))?;
         let store_url = Url::parse("file:///").map_err(|e| Error::Invalid(e.to_string()))?;
         Ok(Lake {
-            store: Arc::new(DurableLocal::new(abs.clone(), disk)),
+            store: crate::table::counted::wrap(Arc::new(DurableLocal::new(abs.clone(), disk))),
             root,
             store_url,
             display: location.to_string(),
             root_dir: Some(abs),
             uploads: None,
+            cadence: Cadence::from_env(),
         })
     }
 
@@ -274,6 +304,39 @@ impl Lake {
         out.sort_by(|a, b| a.location.cmp(&b.location));
         Ok(out)
     }
+
+    /// The objects under `rel` whose path sorts after `after` (a path relative to the root),
+    /// sorted by path: a `start-after` listing on S3, a name filter before any `stat` locally. What
+    /// a reader of a checkpointed log lists: only the records after its checkpoint.
+    pub async fn list_after(&self, rel: &str, after: &str) -> Result<Vec<ObjectMeta>> {
+        let prefix = self.path(rel);
+        let offset = self.path(after);
+        let mut out: Vec<ObjectMeta> = match self.store.list_with_offset(Some(&prefix), &offset).try_collect().await {
+            Ok(v) => v,
+            Err(object_store::Error::NotFound { .. }) if !self.is_remote() => Vec::new(),
+            Err(e) => return Err(self.error(rel, e)),
+        };
+        out.retain(|m| m.location > offset);
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+
+    /// The names of the folders directly under `rel` (one delimiter listing), sorted.
+    pub async fn list_dirs(&self, rel: &str) -> Result<Vec<String>> {
+        let prefix = self.path(rel);
+        let listed = match self.store.list_with_delimiter(Some(&prefix)).await {
+            Ok(l) => l,
+            Err(object_store::Error::NotFound { .. }) if !self.is_remote() => return Ok(Vec::new()),
+            Err(e) => return Err(self.error(rel, e)),
+        };
+        let mut out: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
 }
 
 /// Relative paths of the lake layout.
@@ -315,6 +378,29 @@ pub mod layout {
     /// The commit record of the `seq`-th build of `table` (1-based).
     pub fn build_record(table: &str, seq: u64) -> String {
         format!("{BUILD_LOG}/{table}/{seq:010}.parquet")
+    }
+
+    /// A checkpoint of the log folder `log/name` (a source's runs, a table's builds): the state
+    /// its records through slot `through` imply, one row per id ([`crate::table::log`]).
+    pub fn log_checkpoint(log: &str, name: &str, through: u64) -> String {
+        format!("{}/{through:010}.parquet", log_checkpoints(log, name))
+    }
+
+    /// The folder of the checkpoints of the log folder `log/name`.
+    pub fn log_checkpoints(log: &str, name: &str) -> String {
+        let log = log.rsplit('/').next().unwrap_or(log);
+        format!("_cache/log/{log}/{name}")
+    }
+
+    /// The key state of `source` under the hash layout `layout` after its current runs through
+    /// slot `through`, whose run ids digest to `digest` ([`crate::ingest::keystate`]).
+    pub fn key_state(source: &str, layout: &str, through: u64, digest: &str) -> String {
+        format!("{}/{through:010}-{digest}.parquet", key_states(source, layout))
+    }
+
+    /// The folder of the key states of `source` under one hash layout.
+    pub fn key_states(source: &str, layout: &str) -> String {
+        format!("_cache/keys/{source}/{layout}")
     }
 
     pub fn lock(source: &str) -> String {

@@ -3,15 +3,27 @@
 //! put create-if-absent, read back in slot order; within a log the record in the highest slot
 //! stands for its id. Objects that are not `<digits>.parquet`, and records no reader can parse,
 //! are not part of a log: every reader skips them and `ingot doctor` reports them.
+//!
+//! A log folder (one source's runs, one table's builds) also keeps checkpoints, under
+//! `_cache/log/<log>/<name>/<through>.parquet` ([`Checkpointed`]): the records standing for
+//! their ids after the records through slot `through`, written every `checkpoint_every` commits ([`crate::table::lake::Cadence`]). A reader
+//! takes the latest checkpoint whose last record is still the one it names, then lists only the
+//! records after it. A checkpoint is a cache, never the truth: a missing, damaged or stale one
+//! is passed over (the reader folds every record), and `ingot doctor` compares each with the
+//! records it summarizes.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
+};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use object_store::ObjectStoreExt;
 
 use crate::error::{Error, Result};
-use crate::table::lake::Lake;
+use crate::table::lake::{Lake, layout};
 
 /// The slot a log file name stands for: `<digits>.parquet`.
 pub(crate) fn slot_of(name: Option<&str>) -> Option<u64> {
@@ -121,36 +133,6 @@ impl<'a> LogColumns<'a> {
     }
 }
 
-/// Every record of one log (`rel`), each with the sequence number its file name carries.
-pub(crate) async fn read_log<T>(
-    lake: &Lake,
-    rel: &str,
-    log: &'static str,
-    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
-    mut set_seq: impl FnMut(&mut T, u64),
-) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    for meta in lake.list(rel).await? {
-        // Only `<digits>.parquet` is a record (a slot); anything else (`._0000000001.parquet` from
-        // a macOS copy, an editor's backup) is not part of the log: skipped here, reported by
-        // `ingot doctor` ([`crate::table::audit::stray_log_objects`]).
-        let Some(seq) = slot_of(meta.location.filename()) else {
-            continue;
-        };
-        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        // A record no reader can parse (a foreign file in a slot, a damaged copy) is not part of
-        // the log either: skipped, reported by `ingot doctor`; a commit passes its slot by.
-        let Ok(records) = parse_record(bytes, log, &parse) else {
-            continue;
-        };
-        for mut record in records {
-            set_seq(&mut record, seq);
-            out.push(record);
-        }
-    }
-    Ok(out)
-}
-
 /// The records of one log file's bytes.
 pub(crate) fn parse_record<T>(
     bytes: Bytes,
@@ -188,4 +170,272 @@ pub(crate) async fn put_record<T>(
             _ => return Ok(false),
         }
     }
+}
+
+/// A kind of commit record and the log it is kept in.
+pub(crate) trait Record: Sized {
+    /// The log folder (`audit/ingestion_run_log`), with one subfolder per name.
+    const DIR: &'static str;
+    /// What errors call the log (`run log`).
+    const LOG: &'static str;
+    fn schema() -> SchemaRef;
+    fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>>;
+    /// The record as a one-row batch of [`Record::schema`].
+    fn to_batch(&self) -> Result<RecordBatch>;
+    /// The id a later record of the same id supersedes.
+    fn id(&self) -> &str;
+    fn seq(&self) -> u64;
+    fn set_seq(&mut self, seq: u64);
+}
+
+/// The column of a checkpoint that holds each record's slot.
+const SLOT: &str = "__ingot_slot";
+/// The checkpoint's key-value metadata: JSON with `through`, `records` and `through_sha256`.
+const META: &str = "ingot.checkpoint";
+
+/// The records of one log folder, one per id, in slot order, and how they were read.
+pub(crate) struct Checkpointed<T> {
+    pub(crate) records: Vec<T>,
+    /// The checkpoint the read started from (its `through` slot), if any was usable.
+    pub(crate) checkpoint: Option<u64>,
+    /// The highest slot holding a record (0 for an empty log).
+    pub(crate) last_slot: u64,
+}
+
+fn folder<T: Record>(name: &str) -> String {
+    format!("{}/{name}", T::DIR)
+}
+
+fn slot_rel<T: Record>(name: &str, slot: u64) -> String {
+    format!("{}/{slot:010}.parquet", folder::<T>(name))
+}
+
+/// Read one log folder (`name`: a source, a table) through its latest usable checkpoint.
+pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Result<Checkpointed<T>> {
+    let mut base: Vec<T> = Vec::new();
+    let mut checkpoint = None;
+    // newest first; a checkpoint that does not check out is passed over
+    for meta in lake
+        .list(&layout::log_checkpoints(T::DIR, name))
+        .await?
+        .into_iter()
+        .rev()
+    {
+        let Some(through) = slot_of(meta.location.filename()) else {
+            continue;
+        };
+        if let Ok(records) = load_checkpoint::<T>(lake, name, through).await {
+            base = records;
+            checkpoint = Some(through);
+            break;
+        }
+    }
+    let listed = match checkpoint {
+        Some(through) => {
+            lake.list_after(&folder::<T>(name), &slot_rel::<T>(name, through))
+                .await?
+        }
+        None => lake.list(&folder::<T>(name)).await?,
+    };
+    let mut last_slot = checkpoint.unwrap_or(0);
+    for meta in listed {
+        let Some(seq) = slot_of(meta.location.filename()) else {
+            continue;
+        };
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        let Ok(records) = parse_record(bytes, T::LOG, &T::parse) else {
+            continue;
+        };
+        last_slot = last_slot.max(seq);
+        for mut record in records {
+            record.set_seq(seq);
+            base.push(record);
+        }
+    }
+    let mut records = latest_per_id(base, |r| r.id().to_string(), |r| r.seq());
+    records.sort_by_key(|r| r.seq());
+    Ok(Checkpointed {
+        records,
+        checkpoint,
+        last_slot,
+    })
+}
+
+/// The records of the checkpoint of `name` through slot `through`, if it checks out: it parses,
+/// its metadata names `through`, and the record in slot `through` is still the one it folded.
+pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through: u64) -> Result<Vec<T>> {
+    let rel = layout::log_checkpoint(T::DIR, name, through);
+    let bad = |why: String| Error::RunFailed(format!("checkpoint: {why}"));
+    let bytes = lake.get(&rel).await?.ok_or_else(|| bad(format!("{rel} is missing")))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(format!("unreadable: {e}")))?;
+    let meta = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == META))
+        .and_then(|k| k.value.clone())
+        .ok_or_else(|| bad(format!("no {META} metadata")))?;
+    let meta: serde_json::Value = serde_json::from_str(&meta).map_err(|e| bad(format!("bad metadata: {e}")))?;
+    if meta["through"].as_u64() != Some(through) {
+        return Err(bad("its metadata names another slot".into()));
+    }
+    let last = lake
+        .get(&slot_rel::<T>(name, through))
+        .await?
+        .ok_or_else(|| bad(format!("the record in slot {through} it was taken after is gone")))?;
+    if meta["through_sha256"].as_str() != Some(crate::hash::sha256_hex(&last).as_str()) {
+        return Err(bad(format!(
+            "the record in slot {through} is not the one it was taken after"
+        )));
+    }
+    let reader = builder.build().map_err(|e| bad(format!("unreadable: {e}")))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(format!("unreadable: {e}")))?;
+        let slots = batch
+            .column_by_name(SLOT)
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+            .ok_or_else(|| bad(format!("no {SLOT} column")))?
+            .clone();
+        let records = T::parse(&LogColumns {
+            batch: &batch,
+            log: T::LOG,
+        })?;
+        for (i, mut r) in records.into_iter().enumerate() {
+            let slot = slots.value(i);
+            if slot < 1 || slot as u64 > through {
+                return Err(bad(format!("a record's slot {slot} is outside 1..={through}")));
+            }
+            r.set_seq(slot as u64);
+            out.push(r);
+        }
+    }
+    if meta["records"].as_u64() != Some(out.len() as u64) {
+        return Err(bad("it holds another number of records than its metadata says".into()));
+    }
+    Ok(out)
+}
+
+/// After a commit into slot `seq` of `name`: every `checkpoint_every` slots, write the checkpoint of the
+/// folder as it now stands (create-if-absent; under the lock the commit was made with). A
+/// checkpoint that cannot be written is only a slower next read: the commit stands.
+pub(crate) async fn checkpoint_after<T: Record>(lake: &Lake, name: &str, seq: u64) -> Result<()> {
+    if !seq.is_multiple_of(lake.cadence.checkpoint_every) {
+        return Ok(());
+    }
+    let folded = read_checkpointed::<T>(lake, name).await?;
+    if folded.checkpoint == Some(folded.last_slot) || folded.last_slot == 0 {
+        return Ok(());
+    }
+    crate::table::failpoint::hit("log.before_checkpoint")?;
+    if let Err(e) = write_checkpoint(lake, name, &folded).await {
+        crate::tell!(
+            "{}: checkpoint not written ({e}); the next read folds more records",
+            folder::<T>(name)
+        );
+    }
+    crate::table::failpoint::hit("log.after_checkpoint")
+}
+
+/// Write the checkpoint of `folded` (the records of `name` through `folded.last_slot`).
+pub(crate) async fn write_checkpoint<T: Record>(lake: &Lake, name: &str, folded: &Checkpointed<T>) -> Result<()> {
+    let through = folded.last_slot;
+    let last = lake
+        .get(&slot_rel::<T>(name, through))
+        .await?
+        .ok_or_else(|| Error::Internal(format!("{}: slot {through} vanished", folder::<T>(name))))?;
+    let batch = checkpoint_batch(&folded.records)?;
+    let meta = serde_json::json!({
+        "through": through,
+        "records": folded.records.len(),
+        "through_sha256": crate::hash::sha256_hex(&last),
+    });
+    let props = crate::table::bronze::writer_properties_for(&batch.schema())
+        .into_builder()
+        .set_key_value_metadata(Some(vec![datafusion::parquet::file::metadata::KeyValue::new(
+            META.to_string(),
+            meta.to_string(),
+        )]))
+        .build();
+    let mut buf = Vec::new();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
+    w.write(&batch)?;
+    w.close()?;
+    lake.put_create(&layout::log_checkpoint(T::DIR, name, through), Bytes::from(buf))
+        .await?;
+    Ok(())
+}
+
+/// The records as one batch of the log's schema plus their slots.
+fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {
+    let schema = T::schema();
+    let batches = records.iter().map(|r| r.to_batch()).collect::<Result<Vec<_>>>()?;
+    let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(SLOT, DataType::Int64, false));
+    let mut columns = all.columns().to_vec();
+    columns.push(Arc::new(Int64Array::from_iter_values(
+        records.iter().map(|r| r.seq() as i64),
+    )));
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// What is wrong with the checkpoints of `name`: `(path, why)` for each that readers pass over
+/// (damaged, stale) or that differs from the records through its slot, folded one by one.
+pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let listed = lake.list(&layout::log_checkpoints(T::DIR, name)).await?;
+    if listed.is_empty() {
+        return Ok(out);
+    }
+    let mut all: Vec<T> = Vec::new();
+    for meta in lake.list(&folder::<T>(name)).await? {
+        let Some(seq) = slot_of(meta.location.filename()) else {
+            continue;
+        };
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        for mut r in parse_record(bytes, T::LOG, &T::parse).unwrap_or_default() {
+            r.set_seq(seq);
+            all.push(r);
+        }
+    }
+    for meta in listed {
+        let rel = lake
+            .relative(&meta.location)
+            .unwrap_or_else(|| meta.location.to_string());
+        let Some(through) = slot_of(meta.location.filename()) else {
+            out.push((
+                rel,
+                "not a checkpoint (checkpoints are named <slot>.parquet); remove it".into(),
+            ));
+            continue;
+        };
+        let mut have = match load_checkpoint::<T>(lake, name, through).await {
+            Ok(records) => records,
+            Err(e) => {
+                out.push((rel, format!("{e}: every reader passes it over; remove it")));
+                continue;
+            }
+        };
+        let folded: Vec<&T> = all.iter().filter(|r| r.seq() <= through).collect();
+        let mut want = latest_per_id(folded, |r| r.id().to_string(), |r| r.seq());
+        want.sort_by_key(|r| r.seq());
+        have.sort_by_key(|r| r.seq());
+        if have.len() != want.len() || have.iter().zip(&want).any(|(h, w)| h != *w) {
+            let differing = have
+                .iter()
+                .zip(&want)
+                .find(|(h, w)| h != *w)
+                .map(|(h, _)| format!(" (first at {} {})", T::LOG, h.id()))
+                .unwrap_or_default();
+            out.push((
+                rel,
+                format!(
+                    "differs from the records through slot {through} it summarizes{differing}: readers trust it, so \
+                     remove it (the next read folds every record)"
+                ),
+            ));
+        }
+    }
+    Ok(out)
 }

@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod bronze;
+pub mod counted;
 pub mod durable;
 pub mod evolve;
 pub mod failpoint;
@@ -13,5 +14,6 @@ pub mod lake;
 pub mod lock;
 pub mod log;
 pub mod parquet;
+pub mod segments;
 pub mod silver;
 pub mod store;

@@ -34,6 +34,7 @@ mod replay;
 mod rules;
 #[cfg(feature = "s3")]
 mod s3;
+mod scale;
 mod security;
 mod shell;
 mod silver_anomaly;

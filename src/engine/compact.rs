@@ -1,0 +1,202 @@
+//! Compaction of small bronze runs into segments ([`crate::table::segments`]): size-tiered, so a
+//! source's runs are read from O(log n) files and a row is rewritten O(log n) times.
+//!
+//! Runs of at most [`SMALL_ROWS`] rows that no segment holds are merged, [`RUNS_PER_SEGMENT`] at a
+//! time and only with runs of the same recorded fields and file schema, into a level-1 segment;
+//! [`FANOUT`] segments of one level merge into one of the next while the result stays within
+//! [`MAX_SEGMENT_ROWS`]. Big runs stay in their own files. After an ingest commits, still under the
+//! source lock, compaction runs when it has work (`INGOT_COMPACT=0` turns that off); `ingot
+//! compact` runs it on demand and with `--all` also merges fewer runs. A crash leaves at most a
+//! segment file no manifest names (gc removes it after the grace period): nothing readers see.
+
+use std::collections::BTreeMap;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+
+use crate::engine::session::Workspace;
+use crate::error::{Error, Result};
+use crate::spec::contract::Contract;
+use crate::table::audit::RunRecord;
+use crate::table::bronze::RunFileWriter;
+use crate::table::failpoint;
+use crate::table::lake::layout;
+use crate::table::segments::{self, Manifest, Segment};
+
+/// Runs with at most this many rows (new versions and tombstones) are compacted.
+pub const SMALL_ROWS: i64 = 65_536;
+/// Runs merged into one level-1 segment.
+pub const RUNS_PER_SEGMENT: usize = 16;
+/// Segments of one level merged into one of the next.
+pub const FANOUT: usize = 8;
+/// No merge makes a segment of more rows than this.
+pub const MAX_SEGMENT_ROWS: u64 = 4 << 20;
+
+/// What one compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Segments written (merges of runs and of segments).
+    pub segments: usize,
+    /// Runs newly held by a segment.
+    pub runs: usize,
+    /// The segments the source has afterwards.
+    pub live: usize,
+}
+
+/// Is automatic compaction after an ingest on (`INGOT_COMPACT` is not `0`)?
+pub fn automatic() -> bool {
+    std::env::var("INGOT_COMPACT").map_or(true, |v| v != "0")
+}
+
+/// Compact `contract`'s source, whose run log is `runs`; the caller holds the source lock.
+/// `all`: also merge fewer than [`RUNS_PER_SEGMENT`] runs (at least two).
+pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunRecord], all: bool) -> Result<Compacted> {
+    let source = &contract.source;
+    let mut manifest = segments::read(&ws.lake, source).await?;
+    let covered = manifest.covered();
+    let small: Vec<&RunRecord> = crate::engine::catalog::bronze_runs(runs, source)
+        .into_iter()
+        .filter(|r| r.rows_written() <= SMALL_ROWS && !covered.contains(r.run_id.as_str()))
+        .collect();
+    let least = if all { 2 } else { RUNS_PER_SEGMENT };
+    let mut out = Compacted::default();
+    if small.len() < least && mergeable(&manifest).is_none() {
+        out.live = manifest.segments.len();
+        return Ok(out);
+    }
+    let ctx = ws.session()?;
+    let mut groups: BTreeMap<(Option<String>, String), Vec<&RunRecord>> = BTreeMap::new();
+    let mut schemas: BTreeMap<String, SchemaRef> = BTreeMap::new();
+    for run in small {
+        let schema =
+            crate::table::parquet::file_schema(&ctx, &ws.lake, &layout::bronze_data(source, &run.run_id)).await?;
+        let digest = schema_digest(&schema);
+        schemas.insert(digest.clone(), schema);
+        groups
+            .entry((run.contract_fields.clone(), digest))
+            .or_default()
+            .push(run);
+    }
+    let mut written = Vec::new();
+    for ((definition, digest), group) in groups {
+        for chunk in group.chunks(RUNS_PER_SEGMENT).filter(|c| c.len() >= least) {
+            let files = chunk.iter().map(|r| layout::bronze_data(source, &r.run_id)).collect();
+            let runs = chunk.iter().map(|r| r.run_id.clone()).collect();
+            let seg = write_segment(
+                ws,
+                &ctx,
+                source,
+                files,
+                &schemas[&digest],
+                (1, definition.clone(), runs),
+            )
+            .await?;
+            out.runs += chunk.len();
+            written.push(seg);
+        }
+    }
+    manifest.segments.extend(written.iter().cloned());
+    while let Some(picked) = mergeable(&manifest) {
+        let inputs: Vec<Segment> = picked.iter().map(|&i| manifest.segments[i].clone()).collect();
+        let first = &inputs[0];
+        let schema = crate::table::parquet::file_schema(&ctx, &ws.lake, &first.file).await?;
+        let runs = inputs.iter().flat_map(|s| s.runs.iter().cloned()).collect();
+        let files = inputs.iter().map(|s| s.file.clone()).collect();
+        let seg = write_segment(
+            ws,
+            &ctx,
+            source,
+            files,
+            &schema,
+            (first.level + 1, first.definition.clone(), runs),
+        )
+        .await?;
+        manifest.segments = manifest
+            .segments
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !picked.contains(i))
+            .map(|(_, s)| s)
+            .collect();
+        manifest.segments.push(seg.clone());
+        written.push(seg);
+    }
+    out.segments = written.len();
+    out.live = manifest.segments.len();
+    if written.is_empty() {
+        return Ok(out);
+    }
+    failpoint::hit("compact.before_manifest")?;
+    manifest.number += 1;
+    if !segments::write(&ws.lake, &manifest).await? {
+        return Err(Error::Locked(format!(
+            "another compaction of \"{source}\" committed manifest {} first; run the same command again",
+            manifest.number
+        )));
+    }
+    failpoint::hit("compact.after_manifest")?;
+    Ok(out)
+}
+
+/// The oldest [`FANOUT`] segments of one level, fields and schema whose merge stays within
+/// [`MAX_SEGMENT_ROWS`], by their positions in the manifest.
+fn mergeable(manifest: &Manifest) -> Option<Vec<usize>> {
+    let mut tiers: BTreeMap<(u32, Option<&str>, &str), Vec<usize>> = BTreeMap::new();
+    for (i, s) in manifest.segments.iter().enumerate() {
+        tiers
+            .entry((s.level, s.definition.as_deref(), s.schema.as_str()))
+            .or_default()
+            .push(i);
+    }
+    tiers.into_values().find_map(|members| {
+        let picked: Vec<usize> = members.into_iter().take(FANOUT).collect();
+        let rows: u64 = picked.iter().map(|&i| manifest.segments[i].rows).sum();
+        (picked.len() == FANOUT && rows <= MAX_SEGMENT_ROWS).then_some(picked)
+    })
+}
+
+/// A digest of a Parquet file's Arrow schema (fields, types, nullability, metadata).
+fn schema_digest(schema: &SchemaRef) -> String {
+    crate::hash::sha256_hex(format!("{:?}", schema.fields()).as_bytes())[..16].to_string()
+}
+
+/// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`:
+/// `(level, definition, runs)` describe it.
+async fn write_segment(
+    ws: &Workspace,
+    ctx: &SessionContext,
+    source: &str,
+    files: Vec<String>,
+    schema: &SchemaRef,
+    (level, definition, runs): (u32, Option<String>, Vec<String>),
+) -> Result<Segment> {
+    let id = ws.new_id();
+    let file = segments::segment_path(source, &id);
+    let urls = files.iter().map(|f| ws.lake.url(f)).collect();
+    let df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
+    let mut stream = crate::engine::exec::stream(None, df, "compact: segment").await?;
+    let mut writer = RunFileWriter::new(&ws.lake, file.clone(), schema.clone());
+    while let Some(batch) = stream.next().await {
+        writer.write(&batch?).await?;
+    }
+    let rows = writer.finish().await?;
+    let bytes = ws
+        .lake
+        .store
+        .head(&ws.lake.path(&file))
+        .await
+        .map_err(|e| Error::RunFailed(format!("{file}: written, then not found: {e}")))?
+        .size;
+    Ok(Segment {
+        id,
+        file,
+        bytes,
+        rows,
+        level,
+        definition,
+        schema: schema_digest(schema),
+        runs,
+    })
+}

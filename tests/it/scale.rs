@@ -1,0 +1,431 @@
+//! History caches (log checkpoints and key states): they change the cost of a command, never its
+//! answer. Two lakes driven through the same story, one writing its caches as often as possible
+//! and one never, must agree on every table; damaged caches are passed over and reported by
+//! `ingot doctor`; a crash while writing one, then the same command again, gives one clean run;
+//! and a command makes as many object-store operations after a long history as after a short one.
+
+use std::path::{Path, PathBuf};
+
+use crate::util::{LakeSnapshot, TestLake, assert_ok, files_under, landing, normalize_rows, stderr};
+
+const SOURCES: &[&str] = &["bookings", "hotels", "web_sessions"];
+
+/// A lake whose caches are written at the given cadence (log checkpoint, key state).
+fn lake_with(checkpoint_every: u64, key_state_every: u64) -> TestLake {
+    let mut t = TestLake::new();
+    t.envs
+        .push(("INGOT_CHECKPOINT_EVERY".into(), checkpoint_every.to_string()));
+    t.envs
+        .push(("INGOT_KEY_STATE_EVERY".into(), key_state_every.to_string()));
+    t
+}
+
+fn tiny() -> TestLake {
+    lake_with(2, 1)
+}
+
+fn never() -> TestLake {
+    lake_with(1_000_000, 1_000_000)
+}
+
+fn ok(t: &TestLake, args: &[&str]) -> String {
+    let out = t.run(args);
+    assert_ok(&out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ingest(t: &TestLake, source: &str, file: &Path) {
+    assert_ok(&t.ingest(source, file));
+}
+
+/// The run id of the latest run of `source` whose file name ends with `suffix`.
+fn run_of(t: &TestLake, source: &str, suffix: &str) -> String {
+    let rows = t.query(&format!(
+        "SELECT run_id FROM audit.ingestion_run_log WHERE source = '{source}' AND file_path LIKE '%{suffix}' \
+         AND status = 'succeeded' ORDER BY started_at DESC LIMIT 1"
+    ));
+    rows[0]["run_id"].as_str().unwrap().to_string()
+}
+
+/// A corrected re-delivery of 2026-11-04: one amount changed, one booking added.
+fn correction(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(landing("bookings/2026-11-04_bookings_corrected.csv")).unwrap();
+    let text = text.replacen(",824.52,", ",825.52,", 1)
+        + "BK199999,MAD01,new.guest@example.org,web,confirmed,2026-12-01,2026-12-03,2,300.00,EUR,,2026-11-05T03:30:00Z\n";
+    let path = dir.join("2026-11-05_bookings.csv");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Ingests, a re-sent file, undo of a run and its re-ingest, builds and an undone build.
+fn story(t: &TestLake) {
+    for f in [
+        "bookings/2026-11-01_bookings.csv",
+        "bookings/2026-11-02_bookings_resend.csv",
+        "bookings/2026-11-03_bookings.csv",
+        "hotels/2026-11-01_hotels.csv",
+        "bookings/2026-11-04_bookings_corrected.csv",
+        "hotels/2026-11-03_hotels.csv",
+        "web_sessions/2026-10-26_web_sessions.ndjson",
+        "web_sessions/2026-11-02_web_sessions.ndjson",
+    ] {
+        let source = f.split('/').next().unwrap();
+        ingest(t, source, &landing(f));
+    }
+    ok(t, &["build", "bookings"]);
+    let third = run_of(t, "bookings", "2026-11-03_bookings.csv");
+    ok(t, &["undo", &third]);
+    ingest(t, "bookings", &landing("bookings/2026-11-03_bookings.csv"));
+    ok(t, &["build", "bookings"]);
+    let last = t.query("SELECT build_id FROM audit.silver_build_log ORDER BY started_at DESC LIMIT 1");
+    ok(t, &["undo", last[0]["build_id"].as_str().unwrap()]);
+    ok(t, &["build", "bookings"]);
+}
+
+/// Every table the story touches, ids and clocks normalized.
+fn everything(t: &TestLake) -> LakeSnapshot {
+    let mut s = t.snapshot(SOURCES);
+    let names = crate::util::id_names(t);
+    for (name, sql) in [
+        (
+            // silver rejections name their build: normalized with the build ids too
+            "audit.row_failure_log",
+            "SELECT * FROM audit.row_failure_log ORDER BY source, failed_at, source_row_number, rule",
+        ),
+        (
+            "audit.silver_build_log",
+            "SELECT * FROM audit.silver_build_log ORDER BY started_at, build_id",
+        ),
+        (
+            "silver.bookings",
+            "SELECT * FROM silver.bookings ORDER BY natural_key_fingerprint",
+        ),
+    ] {
+        s.tables.insert(name.to_string(), normalize_rows(t.query(sql), &names));
+    }
+    s
+}
+
+fn cache_files(t: &TestLake, rel: &str) -> Vec<PathBuf> {
+    let dir = t.lake().join(rel);
+    if dir.exists() { files_under(&dir) } else { Vec::new() }
+}
+
+#[test]
+fn checkpoints_and_key_states_change_no_answer() {
+    let cached = tiny();
+    let plain = never();
+    story(&cached);
+    story(&plain);
+    everything(&cached).assert_same(&everything(&plain), "caches at every commit vs none");
+    for rel in [
+        "_cache/log/ingestion_run_log/bookings",
+        "_cache/log/silver_build_log/bookings",
+        "_cache/keys/bookings",
+    ] {
+        assert!(!cache_files(&cached, rel).is_empty(), "{rel}: no cache was written");
+        assert!(
+            cache_files(&plain, rel).is_empty(),
+            "{rel}: written against the cadence"
+        );
+    }
+    let doctor = cached.run(&["doctor"]);
+    assert_ok(&doctor);
+
+    // a hostile day: the newest run-log checkpoint truncated, every key state overwritten
+    let checkpoints = cache_files(&cached, "_cache/log/ingestion_run_log/bookings");
+    let newest = checkpoints.iter().max().unwrap();
+    let bytes = std::fs::read(newest).unwrap();
+    std::fs::write(newest, &bytes[..bytes.len() / 2]).unwrap();
+    let states = cache_files(&cached, "_cache/keys/bookings");
+    for s in &states {
+        std::fs::write(s, b"PAR1 not a parquet file PAR1").unwrap();
+    }
+    let report = cached.run(&["doctor"]);
+    assert_eq!(report.status.code(), Some(1), "{}", stderr(&report));
+    let text = String::from_utf8_lossy(&report.stdout).to_string() + &stderr(&report);
+    let newest_rel = newest.strip_prefix(cached.lake()).unwrap().display().to_string();
+    assert!(text.contains(&format!("caches: {newest_rel}")), "{text}");
+    assert!(text.contains("caches: _cache/keys/bookings/"), "{text}");
+    everything(&cached).assert_same(&everything(&plain), "damaged caches are passed over");
+
+    // the next delivery reads every run instead of the broken state, and says so
+    let dir = tempfile::tempdir().unwrap();
+    let file = correction(dir.path());
+    let out = cached.ingest("bookings", &file);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("the key state is passed over"),
+        "{}",
+        stderr(&out)
+    );
+    ingest(&plain, "bookings", &file);
+    ok(&cached, &["build", "bookings"]);
+    ok(&plain, &["build", "bookings"]);
+    everything(&cached).assert_same(&everything(&plain), "after a delivery past damaged caches");
+}
+
+#[test]
+fn a_checkpoint_that_differs_from_its_records_is_reported() {
+    let t = tiny();
+    for f in ["bookings/2026-11-01_bookings.csv", "bookings/2026-11-03_bookings.csv"] {
+        ingest(&t, "bookings", &landing(f));
+    }
+    assert!(!cache_files(&t, "_cache/log/ingestion_run_log/bookings").is_empty());
+    // an earlier record edited in place (its slot now holds the next record's copy): the
+    // checkpoint still names slot 2 as it was, but no longer summarizes slot 1
+    let log = t.lake().join("audit/ingestion_run_log/bookings");
+    std::fs::copy(log.join("0000000002.parquet"), log.join("0000000001.parquet")).unwrap();
+    let report = t.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&report.stdout).to_string() + &stderr(&report);
+    assert!(
+        text.contains("caches: _cache/log/ingestion_run_log/bookings/0000000002.parquet")
+            && text.contains("differs from the records through slot 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_crash_at_every_cache_failpoint_then_rerun_equals_one_clean_run() {
+    let seed = landing("bookings/2026-11-01_bookings.csv");
+    let file = landing("bookings/2026-11-04_bookings_corrected.csv");
+    let clean = |skip_after: bool| {
+        let t = never();
+        ingest(&t, "bookings", &seed);
+        ingest(&t, "bookings", &file);
+        if skip_after {
+            ingest(&t, "bookings", &file);
+        }
+        t.snapshot(&["bookings"])
+    };
+    let (once, then_skip) = (clean(false), clean(true));
+    for point in ingot::table::failpoint::CACHE {
+        let t = tiny();
+        ingest(&t, "bookings", &seed);
+        let out = t
+            .command()
+            .env("INGOT_FAILPOINT", point)
+            .args(["ingest", "bookings"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            stderr(&out).contains(&format!("failpoint {point} reached")),
+            "{point}: never reached: {}",
+            stderr(&out)
+        );
+        assert!(!out.status.success(), "{point}: the process should have crashed");
+        // a log checkpoint is written after the commit it follows; a key state before the pass
+        let committed = point.starts_with("log.");
+        assert_ok(&t.ingest("bookings", &file));
+        let want = if committed { &then_skip } else { &once };
+        t.snapshot(&["bookings"])
+            .assert_same(want, &format!("{point}: crash + re-run"));
+        assert_ok(&t.run(&["doctor"]));
+    }
+}
+
+/// The operations line `INGOT_STORE_STATS=1` makes `ingot` print.
+fn store_ops(t: &TestLake, args: &[&str]) -> String {
+    let out = t.command().env("INGOT_STORE_STATS", "1").args(args).output().unwrap();
+    assert_ok(&out);
+    stderr(&out)
+        .lines()
+        .find(|l| l.starts_with("store operations:"))
+        .unwrap_or_else(|| panic!("no store operations line: {}", stderr(&out)))
+        .to_string()
+}
+
+/// A lake of one source `t` (one-row files) with `runs` committed runs, caches every 4 (past 16
+/// runs, both lakes also have segments: an ingest reads their manifest).
+fn history(runs: usize, dir: &Path) -> TestLake {
+    let t = lake_with(4, 4);
+    std::fs::write(
+        t.contracts().join("t.yaml"),
+        "source: t\nversion: 1\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
+         - name: v\n    type: string\nnatural_key:\n  fields: [id]\n  version: 1\n",
+    )
+    .unwrap();
+    for i in 0..runs {
+        let f = dir.join(format!("t{i}.csv"));
+        std::fs::write(&f, format!("id,v\n{i},v{i}\n")).unwrap();
+        ingest(&t, "t", &f);
+    }
+    t
+}
+
+#[test]
+fn commands_make_as_many_store_operations_after_a_long_history_as_after_a_short_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (short, long) = (history(20, dir.path()), history(52, dir.path()));
+    let new = dir.path().join("new.csv");
+    std::fs::write(&new, "id,v\n100000,new\n").unwrap();
+    let update = dir.path().join("update.csv");
+    std::fs::write(&update, "id,v\n3,changed\n").unwrap();
+    for (what, args) in [
+        (
+            "a one-row ingest of a new key",
+            vec!["ingest".to_string(), "t".into(), new.display().to_string()],
+        ),
+        (
+            "a one-row update",
+            vec!["ingest".into(), "t".into(), update.display().to_string()],
+        ),
+        ("SELECT 1", vec!["sql".into(), "SELECT 1".into()]),
+        (
+            "a query on the run log",
+            vec!["sql".into(), "SELECT count(*) FROM audit.ingestion_run_log".into()],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (a, b) = (store_ops(&short, &args), store_ops(&long, &args));
+        assert_eq!(a, b, "{what}: 20 runs vs 52 runs");
+    }
+    let counts = long.query("SELECT count(*) AS n FROM audit.ingestion_run_log");
+    assert_eq!(counts[0]["n"], 54);
+}
+
+const T_CONTRACT: &str = "source: t\nversion: 1\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
+                          - name: v\n    type: string\nnatural_key:\n  fields: [id]\n  version: 1\n";
+
+/// `T_CONTRACT` with a field added.
+const T_CONTRACT_WIDER: &str = "source: t\nversion: 2\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
+                                - name: v\n    type: string\n  - name: w\n    type: string\nnatural_key:\n  fields: [id]\n  version: 1\n";
+
+/// Deliveries of `t`: one to three rows each, new keys and new versions of earlier ones; from
+/// delivery 24 on under a contract with one more field.
+fn small_deliveries(t: &TestLake, dir: &Path, from: usize, to: usize) {
+    for i in from..to {
+        if i == 24 {
+            std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT_WIDER).unwrap();
+        }
+        let rows: Vec<String> = (0..1 + i % 3)
+            .map(|j| {
+                let id = (i * 7 + j * 3) % 29;
+                if i >= 24 {
+                    format!("{id},v{i}-{j},w{i}")
+                } else {
+                    format!("{id},v{i}-{j}")
+                }
+            })
+            .collect();
+        let header = if i >= 24 { "id,v,w" } else { "id,v" };
+        let f = dir.join(format!("d{i}.csv"));
+        std::fs::write(&f, format!("{header}\n{}\n", rows.join("\n"))).unwrap();
+        ingest(t, "t", &f);
+    }
+}
+
+fn t_tables(t: &TestLake) -> LakeSnapshot {
+    t.snapshot(&["t"])
+}
+
+fn segment_manifests(t: &TestLake) -> Vec<PathBuf> {
+    cache_files(t, "_cache/segments/t")
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect()
+}
+
+#[test]
+fn compacted_runs_answer_as_their_own_files_through_undo_evolution_and_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let compacted = TestLake::new();
+    let mut plain = TestLake::new();
+    plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
+    for t in [&compacted, &plain] {
+        std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
+        small_deliveries(t, dir.path(), 0, 40);
+    }
+    assert!(!segment_manifests(&compacted).is_empty(), "no segment was written");
+    assert!(segment_manifests(&plain).is_empty(), "INGOT_COMPACT=0 compacted");
+    t_tables(&compacted).assert_same(&t_tables(&plain), "segments vs run files");
+
+    // undo a run a segment holds: its rows leave bronze.t and bronze.t_current all the same
+    let third = t_run(&compacted, 3);
+    ok(&compacted, &["undo", &third]);
+    ok(&plain, &["undo", &t_run(&plain, 3)]);
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after undo of a compacted run");
+
+    // everything else compacted on demand, then gc: the answers stay
+    let out = ok(&compacted, &["compact", "t", "--all"]);
+    assert!(out.contains("t: "), "{out}");
+    small_deliveries(&compacted, dir.path(), 40, 44);
+    small_deliveries(&plain, dir.path(), 40, 44);
+    ok(&compacted, &["gc", "--grace", "0s"]);
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after compact --all, more runs and gc");
+    assert!(
+        segment_manifests(&compacted).len() <= 2,
+        "gc keeps the two newest manifests"
+    );
+    for t in [&compacted, &plain] {
+        assert_ok(&t.run(&["doctor"]));
+    }
+    // a segment gone missing is passed over: its runs are read from their own files
+    for seg in cache_files(&compacted, "_cache/segments/t") {
+        if seg.extension().is_some_and(|x| x == "parquet") {
+            std::fs::remove_file(seg).unwrap();
+        }
+    }
+    t_tables(&compacted).assert_same(&t_tables(&plain), "segments removed by hand");
+}
+
+/// The run id of `t`'s `n`-th committed run (0-based, commit order).
+fn t_run(t: &TestLake, n: usize) -> String {
+    let rows = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 't' ORDER BY started_at");
+    rows[n]["run_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_crash_at_every_compaction_failpoint_then_rerun_equals_one_clean_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = TestLake::new();
+    std::fs::write(clean.contracts().join("t.yaml"), T_CONTRACT).unwrap();
+    small_deliveries(&clean, dir.path(), 0, 16);
+    let want = t_tables(&clean);
+    for point in ingot::table::failpoint::COMPACT {
+        let t = TestLake::new();
+        std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
+        small_deliveries(&t, dir.path(), 0, 15);
+        // the 16th small run commits, then its compaction crashes
+        let out = t
+            .command()
+            .env("INGOT_FAILPOINT", point)
+            .args(["ingest", "t"])
+            .arg(dir.path().join("d15.csv"))
+            .output()
+            .unwrap();
+        assert!(
+            stderr(&out).contains(&format!("failpoint {point} reached")),
+            "{point}: {}",
+            stderr(&out)
+        );
+        assert!(!out.status.success());
+        let mut again = t_tables(&t);
+        // the run had committed: running the same command again only skips the file
+        assert_ok(&t.ingest("t", &dir.path().join("d15.csv")));
+        let skipped =
+            t.query("SELECT count(*) AS n FROM audit.ingestion_run_log WHERE status = 'skipped_duplicate_file'");
+        assert_eq!(skipped[0]["n"], 1, "{point}");
+        again.tables.remove("audit.ingestion_run_log");
+        let mut now = t_tables(&t);
+        now.tables.remove("audit.ingestion_run_log");
+        let mut expected = LakeSnapshot {
+            tables: want.tables.clone(),
+        };
+        expected.tables.remove("audit.ingestion_run_log");
+        now.assert_same(&expected, &format!("{point}: crash + re-run"));
+        again.assert_same(&expected, &format!("{point}: right after the crash"));
+        let out = ok(&t, &["compact", "t"]);
+        assert!(out.contains("in all"), "{out}");
+        assert!(
+            !segment_manifests(&t).is_empty(),
+            "{point}: compact did not finish the job"
+        );
+        ok(&t, &["gc", "--grace", "0s"]);
+        now = t_tables(&t);
+        now.tables.remove("audit.ingestion_run_log");
+        now.assert_same(&expected, &format!("{point}: after compact and gc"));
+        assert_ok(&t.run(&["doctor"]));
+    }
+}
