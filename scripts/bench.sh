@@ -410,6 +410,15 @@ if [ "${SF10:-}" = 1 ]; then
   measure ingot_first_sf10 "$INGOT" "${INGOT_ARGS[@]}" --lake "$ROOT/bench/work/sf10/lake" \
     ingest lineitem "$CSV10" || die "ingot's SF10 ingest failed"
   SF10_ARGS=(--sf10-rows "$ROWS10")
+  if [ "${SILVER:-1}" = 1 ]; then
+    step "SF10: ingot full silver build and DuckDB's same rules over the same bronze (peak memory)"
+    measure ingot_silver_sf10 "$INGOT" "${INGOT_ARGS[@]}" --lake "$ROOT/bench/work/sf10/lake" build lineitem --full ||
+      die "ingot's SF10 silver build failed"
+    rm -rf "$ROOT/bench/work/sf10/duckdb-silver"
+    mkdir -p "$ROOT/bench/work/sf10/duckdb-silver"
+    measure duckdb_silver_sf10 "$PY" bench/silver_duckdb.py build "$ROOT/bench/work/sf10/lake/bronze/lineitem/**/*.parquet" \
+      "$ROOT/bench/work/sf10/duckdb-silver" || die "DuckDB's SF10 silver job failed"
+  fi
 fi
 
 # ----------------------------------------------------------------------------- 7. table

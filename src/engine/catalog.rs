@@ -28,7 +28,7 @@ use crate::table::audit::{
     BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log_state,
     read_run_log_state, run_log_schema,
 };
-use crate::table::evolve::{read_stored, stored_files};
+use crate::table::evolve::{read_stored, stored_files, stored_runs};
 use crate::table::lake::{Lake, layout};
 pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 
@@ -36,7 +36,7 @@ pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 pub struct Catalog {
     pub ctx: SessionContext,
     pub contracts: ContractSet,
-    pub runs: Vec<RunRecord>,
+    pub runs: Arc<Vec<RunRecord>>,
     /// Every committed silver build record, by table then sequence number.
     pub builds: Vec<BuildRecord>,
     /// Problems of contracts that could not be loaded (their tables are missing).
@@ -67,24 +67,29 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     let catalog = ctx
         .catalog("ingot")
         .ok_or_else(|| Error::Invalid("the default catalog \"ingot\" is missing".into()))?;
-    for schema in ["bronze", "silver", "audit"] {
+    for schema in ["silver", "audit"] {
         catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
     }
     let mut unreadable = Vec::new();
     for contract in contracts.contracts.values() {
         // A source whose runs its contract cannot read is left out, like a contract that does
         // not load; the rest of the lake stays queryable.
-        match register_bronze(&ctx, &ws.lake, contract, &runs).await {
+        match stored_runs(&ws.lake, contract, &bronze_runs(&runs, &contract.source)) {
             Err(Error::Invalid(why)) => {
                 problems.push(&contract.path, crate::spec::yaml::Pos { line: 1, column: 1 }, why);
                 unreadable.push(contract.source.clone());
             }
-            other => other?,
+            other => {
+                other?;
+            }
         }
     }
     for source in unreadable {
         contracts.contracts.remove(&source);
     }
+    let runs = Arc::new(runs);
+    let bronze = crate::engine::lazy::BronzeSchema::new(&ws.lake, contracts.contracts.clone(), runs.clone());
+    catalog.register_schema("bronze", Arc::new(bronze))?;
     let run_table = log_table(
         &ctx,
         &ws.lake,
@@ -191,22 +196,24 @@ fn log_table<'a>(
         .into_view())
 }
 
-async fn register_bronze(ctx: &SessionContext, lake: &Lake, contract: &Contract, runs: &[RunRecord]) -> Result<()> {
+/// `bronze.<source>` (every committed version, the rows of undone runs a segment holds left out)
+/// and `bronze.<source>_current`, over the source's segments and the files of the runs no segment
+/// holds: what [`crate::engine::lazy::BronzeSchema`] builds when a query first names them.
+pub async fn bronze_views(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+    runs: &[RunRecord],
+) -> Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
     let manifest = crate::table::segments::read(lake, &contract.source).await?;
     let (all, excluded) = stored_files(lake, contract, &bronze_runs(runs, &contract.source), &manifest)?;
-    let name = format!("bronze.{}", contract.source);
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
     if !excluded.is_empty() {
         let ids = excluded.into_iter().map(lit).collect();
         everything = everything.filter(col("ingestion_run_id").in_list(ids, true))?;
     }
-    ctx.register_table(name.as_str(), everything.into_view())?;
     let current = current_frame_in(ctx, lake, contract, &current_runs(runs, &contract.source), &manifest)?;
-    ctx.register_table(
-        format!("bronze.{}_current", contract.source).as_str(),
-        current.into_view(),
-    )?;
-    Ok(())
+    Ok((everything.into_view(), current.into_view()))
 }
 
 /// The latest version of every record over `current` (runs of one source in commit order, as
@@ -428,7 +435,15 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
     }
     let mut columns: Vec<[String; 6]> = Vec::new();
     for [schema, table, _, _] in &tables {
-        let provider = ctx.table_provider(format!("{schema}.{table}").as_str()).await?;
+        // bronze views have their contract's columns: known without building them (they are
+        // built lazily, when a query names them)
+        let bronze = (schema == "bronze")
+            .then(|| contracts.contracts.get(table.strip_suffix("_current").unwrap_or(table)))
+            .flatten();
+        let fields = match bronze {
+            Some(c) => c.bronze_schema(),
+            None => ctx.table_provider(format!("{schema}.{table}").as_str()).await?.schema(),
+        };
         // bronze and silver columns named like a contract field carry its description
         let source = match schema.as_str() {
             "bronze" => Some(table.strip_suffix("_current").unwrap_or(table)),
@@ -436,7 +451,7 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
             _ => None,
         };
         let contract = source.and_then(|s| contracts.contracts.get(s));
-        for f in provider.schema().fields() {
+        for f in fields.fields() {
             let d = contract
                 .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
                 .and_then(|x| x.description.clone())

@@ -7,4 +7,5 @@ pub mod catalog;
 pub mod cluster;
 pub mod compact;
 pub mod exec;
+pub mod lazy;
 pub mod session;

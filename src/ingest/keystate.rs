@@ -111,7 +111,7 @@ pub async fn write(
         return Ok(());
     };
     let rel = layout::key_state(source, hash_layout, last.seq, &digest(current));
-    let mut writer = RunFileWriter::new(lake, rel, schema());
+    let mut writer = RunFileWriter::new(lake, rel, schema()).uncompressed();
     const CHUNK: usize = 1 << 16;
     let (mut hi, mut lo, mut rh) = (
         Vec::with_capacity(CHUNK),

@@ -354,13 +354,13 @@ pub fn not_before(runs: &[RunRecord], source: &str, now: i64) -> i64 {
         .fold(now, i64::max)
 }
 
-/// Serialize one batch as a complete Parquet file in memory (small audit records).
+/// Serialize one batch as a complete, uncompressed Parquet file in memory (small audit records).
 pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
     let mut buf = Vec::new();
     let mut w = ArrowWriter::try_new(
         &mut buf,
         batch.schema(),
-        Some(crate::table::bronze::writer_properties_for(&batch.schema())),
+        Some(crate::table::bronze::uncompressed_properties_for(&batch.schema())),
     )?;
     w.write(batch)?;
     w.close()?;

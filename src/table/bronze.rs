@@ -43,6 +43,17 @@ fn builder() -> WriterPropertiesBuilder {
         .set_dictionary_page_size_limit(256 * 1024)
 }
 
+/// [`writer_properties_for`] without compression: for the small files ingot reads on every
+/// command (log records, checkpoints, key states). Parquet 59 builds a zstd compressor and
+/// decompressor for every column chunk it reads, which costs more than the reading of a
+/// one-row record; and key states hold random bits that do not compress.
+pub fn uncompressed_properties_for(schema: &Schema) -> WriterProperties {
+    writer_properties_for(schema)
+        .into_builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .build()
+}
+
 /// [`writer_properties`] for a file of `schema`, with its hex hash columns set apart.
 ///
 /// Hashes are unique per row and uniformly random: a dictionary attempt only costs time before
@@ -168,6 +179,8 @@ pub struct RunFileWriter {
     lake: Lake,
     rel: String,
     schema: SchemaRef,
+    /// Write without compression ([`uncompressed_properties_for`]).
+    uncompressed: bool,
     writer: Option<AsyncArrowWriter<BufWriter>>,
     /// Close a row group once its encoded size passes this (a writer holds its open row group in
     /// memory; silver builds run one writer per partition at once).
@@ -181,10 +194,17 @@ impl RunFileWriter {
             lake: lake.clone(),
             rel,
             schema,
+            uncompressed: false,
             writer: None,
             row_group_bytes: None,
             rows: 0,
         }
+    }
+
+    /// Write the file without compression ([`uncompressed_properties_for`]).
+    pub fn uncompressed(mut self) -> RunFileWriter {
+        self.uncompressed = true;
+        self
     }
 
     /// Close row groups once their encoded size passes `bytes`.
@@ -202,7 +222,11 @@ impl RunFileWriter {
             self.writer = Some(AsyncArrowWriter::try_new(
                 w,
                 self.schema.clone(),
-                Some(writer_properties_for(&self.schema)),
+                Some(if self.uncompressed {
+                    uncompressed_properties_for(&self.schema)
+                } else {
+                    writer_properties_for(&self.schema)
+                }),
             )?);
         }
         if let Some(w) = self.writer.as_mut() {

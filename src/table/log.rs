@@ -350,7 +350,7 @@ pub(crate) async fn write_checkpoint<T: Record>(lake: &Lake, name: &str, folded:
         "records": folded.records.len(),
         "through_sha256": crate::hash::sha256_hex(&last),
     });
-    let props = crate::table::bronze::writer_properties_for(&batch.schema())
+    let props = crate::table::bronze::uncompressed_properties_for(&batch.schema())
         .into_builder()
         .set_key_value_metadata(Some(vec![datafusion::parquet::file::metadata::KeyValue::new(
             META.to_string(),

@@ -36,7 +36,7 @@ fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Ve
 /// Runs whose bronze file the build reads, latest committed first (the order of
 /// `bronze.<source>_current`: commit slots, never a clock).
 pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
-    let mut runs = crate::engine::catalog::current_runs(&catalog.runs, source);
+    let mut runs = crate::engine::catalog::current_runs(catalog.runs.iter(), source);
     runs.sort_by_key(|r| std::cmp::Reverse(r.seq));
     runs
 }
