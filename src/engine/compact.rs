@@ -137,6 +137,7 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
         )));
     }
     failpoint::hit("compact.after_manifest")?;
+    segments::prune_manifests(&ws.lake, source, manifest.number.saturating_sub(1)).await?;
     Ok(out)
 }
 

@@ -22,6 +22,7 @@ use crate::ingest::keys::{Fp, InMemory};
 use crate::table::audit::RunRecord;
 use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
+use object_store::ObjectStoreExt;
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -136,6 +137,11 @@ pub async fn write(
         writer.write(&batch).await?;
     }
     writer.finish().await?;
+    // keep this state and the newest before it, so the folder every ingest lists stays small
+    let states = lake.list(&layout::key_states(source, hash_layout)).await?;
+    for meta in states.iter().rev().skip(2) {
+        lake.store.delete(&meta.location).await?;
+    }
     Ok(())
 }
 

@@ -304,11 +304,12 @@ async fn unused_segments(lake: &Lake, now: i64, opts: &GcOptions, report: &mut G
         let Some(rel) = lake.relative(&meta.location) else {
             continue;
         };
-        if let Some((folder, _)) = rel.rsplit_once('/') {
-            folders.entry(folder.to_string()).or_default().push((rel.clone(), meta));
+        // by source: `_cache/segments/<source>/` (manifests) and its `files/` (segments)
+        if let Some(source) = rel.split('/').nth(2) {
+            folders.entry(source.to_string()).or_default().push((rel.clone(), meta));
         }
     }
-    for (_, files) in folders {
+    'sources: for (_, files) in folders {
         let mut manifests: Vec<(u64, &String, &ObjectMeta)> = files
             .iter()
             .filter_map(|(rel, m)| Some((manifest_number(rel.rsplit('/').next()?)?, rel, m)))
@@ -319,8 +320,8 @@ async fn unused_segments(lake: &Lake, now: i64, opts: &GcOptions, report: &mut G
         for (_, rel, _) in &manifests[old..] {
             match lake.get(rel).await?.map(|b| serde_json::from_slice::<Manifest>(&b)) {
                 Some(Ok(m)) => named.extend(m.segments.into_iter().map(|s| s.file)),
-                // a manifest gc cannot read names nothing it could keep: keep everything
-                _ => return Ok(()),
+                // a manifest gc cannot read may name anything: keep the source's segments
+                _ => continue 'sources,
             }
         }
         let doomed = manifests[..old]

@@ -8,7 +8,7 @@
 //! `row_hash` stays what it covered when written; where that differs from what the current
 //! contract covers ([`StoredRun::rehash`]), change detection recomputes it from the stored values.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{Field as ArrowField, Schema};
@@ -185,7 +185,25 @@ impl StoredRun {
 /// The committed files of `runs` (of `contract`'s source), refusing a source whose runs cannot be
 /// read under the contract (a type change that is no widening, without `older_values: cast`).
 pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Vec<StoredRun>> {
-    let stored: Vec<StoredRun> = runs.iter().map(|r| StoredRun::new(lake, r)).collect();
+    // runs mostly share a definition: each distinct one is parsed once
+    let mut parsed: HashMap<Option<&str>, Option<Vec<PastField>>> = HashMap::new();
+    let stored: Vec<StoredRun> = runs
+        .iter()
+        .map(|r| {
+            let definition = r.contract_fields.as_deref();
+            let past = parsed
+                .entry(definition)
+                .or_insert_with(|| definition.and_then(parse_fields))
+                .clone();
+            StoredRun {
+                run_id: r.run_id.clone(),
+                source: r.source.clone(),
+                url: lake.url(&layout::bronze_data(&r.source, &r.run_id)),
+                definition: r.contract_fields.clone(),
+                past,
+            }
+        })
+        .collect();
     let problems: Vec<String> = unreadable_runs(contract, &stored).into_iter().map(|(_, m)| m).collect();
     if problems.is_empty() {
         Ok(stored)
@@ -232,9 +250,13 @@ pub fn stored_files(
 /// `(field, message)`.
 pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &[StoredRun]) -> Vec<(&'a str, String)> {
     let mut by_field: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    let mut per_definition: HashMap<Option<&str>, Vec<(&str, FieldType)>> = HashMap::new();
     for s in stored {
-        for (field, ty) in s.unreadable(contract) {
-            by_field.entry((field, ty.name())).or_default().push(&s.run_id);
+        let problems = per_definition
+            .entry(s.definition.as_deref())
+            .or_insert_with(|| s.unreadable(contract));
+        for (field, ty) in problems.iter() {
+            by_field.entry((*field, ty.name())).or_default().push(&s.run_id);
         }
     }
     by_field

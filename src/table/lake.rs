@@ -321,6 +321,27 @@ impl Lake {
         Ok(out)
     }
 
+    /// The objects directly under `rel`, not in its subfolders (one delimiter listing), sorted.
+    pub async fn list_here(&self, rel: &str) -> Result<Vec<ObjectMeta>> {
+        let prefix = self.path(rel);
+        let mut out = match self.store.list_with_delimiter(Some(&prefix)).await {
+            Ok(l) => l.objects,
+            Err(object_store::Error::NotFound { .. }) if !self.is_remote() => return Ok(Vec::new()),
+            Err(e) => return Err(self.error(rel, e)),
+        };
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+
+    /// The size of the object `rel`, `None` when there is none (a HEAD).
+    pub async fn size_of(&self, rel: &str) -> Result<Option<u64>> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(rel, e)),
+        }
+    }
+
     /// The names of the folders directly under `rel` (one delimiter listing), sorted.
     pub async fn list_dirs(&self, rel: &str) -> Result<Vec<String>> {
         let prefix = self.path(rel);

@@ -363,6 +363,14 @@ pub(crate) async fn write_checkpoint<T: Record>(lake: &Lake, name: &str, folded:
     w.close()?;
     lake.put_create(&layout::log_checkpoint(T::DIR, name, through), Bytes::from(buf))
         .await?;
+    // Keep this one and the one it was read from, so the folder every reader lists stays small;
+    // a reader that listed a removed one takes the next, or folds every record.
+    let keep_from = folded.checkpoint.unwrap_or(through);
+    for meta in lake.list(&layout::log_checkpoints(T::DIR, name)).await? {
+        if slot_of(meta.location.filename()).is_some_and(|t| t < keep_from) {
+            lake.store.delete(&meta.location).await?;
+        }
+    }
     Ok(())
 }
 

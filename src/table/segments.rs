@@ -1,7 +1,7 @@
 //! Segments of a source: small bronze runs merged into larger Parquet files, so that a query on
 //! `bronze.<source>` reads a few files however many runs the source has seen.
 //!
-//! A segment (`_cache/segments/<source>/segment=<id>.parquet`) holds, unchanged, the rows of a set
+//! A segment (`_cache/segments/<source>/files/segment=<id>.parquet`) holds, unchanged, the rows of a set
 //! of committed runs of one recorded field set and file schema (each row keeps its
 //! `ingestion_run_id`); a manifest (`_cache/segments/<source>/manifest-<n>.json`, put
 //! create-if-absent under the source lock) lists the live segments. The run files stay where they
@@ -13,6 +13,7 @@
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -62,8 +63,10 @@ pub fn manifest_path(source: &str, number: u64) -> String {
     format!("{}/manifest-{number:010}.json", folder(source))
 }
 
+/// Segment files live apart from the manifests, so that finding the newest manifest lists only
+/// the few manifests (compaction keeps two), never the segments gc has not yet removed.
 pub fn segment_path(source: &str, id: &str) -> String {
-    format!("{}/segment={id}.parquet", folder(source))
+    format!("{}/files/segment={id}.parquet", folder(source))
 }
 
 /// The number of a manifest file name (`manifest-<n>.json`).
@@ -72,20 +75,18 @@ pub fn manifest_number(name: &str) -> Option<u64> {
 }
 
 /// The latest manifest of `source` that parses, with the segments that are not present at their
-/// recorded size left out (one listing of the folder, one read of the manifest). An empty
-/// manifest when there is none.
+/// recorded size left out (one listing of the manifests, one read, a HEAD of each live segment,
+/// concurrently). An empty manifest when there is none.
 pub async fn read(lake: &Lake, source: &str) -> Result<Manifest> {
-    let listed = lake.list(&folder(source)).await?;
-    let sizes: std::collections::HashMap<String, u64> = listed
+    let mut manifests: Vec<(u64, String)> = lake
+        .list_here(&folder(source))
+        .await?
         .iter()
-        .filter_map(|m| Some((lake.relative(&m.location)?, m.size)))
-        .collect();
-    let mut manifests: Vec<(u64, String)> = sizes
-        .keys()
-        .filter_map(|rel| Some((manifest_number(rel.rsplit('/').next()?)?, rel.clone())))
+        .filter_map(|m| Some((manifest_number(m.location.filename()?)?, lake.relative(&m.location)?)))
         .collect();
     manifests.sort();
     for (number, rel) in manifests.into_iter().rev() {
+        // a manifest removed since the listing (a newer compaction pruned it) is passed over
         let Some(bytes) = lake.get(&rel).await? else {
             continue;
         };
@@ -95,7 +96,17 @@ pub async fn read(lake: &Lake, source: &str) -> Result<Manifest> {
         if m.source != source || m.number != number {
             continue;
         }
-        m.segments.retain(|s| sizes.get(&s.file) == Some(&s.bytes));
+        let mut pending = futures::stream::FuturesOrdered::new();
+        for s in &m.segments {
+            let (lake, file) = (lake.clone(), s.file.clone());
+            pending.push_back(async move { lake.size_of(&file).await });
+        }
+        let mut sizes = Vec::with_capacity(m.segments.len());
+        while let Some(size) = pending.next().await {
+            sizes.push(size?);
+        }
+        let mut sizes = sizes.into_iter();
+        m.segments.retain(|s| sizes.next().flatten() == Some(s.bytes));
         return Ok(m);
     }
     Ok(Manifest {
@@ -103,6 +114,22 @@ pub async fn read(lake: &Lake, source: &str) -> Result<Manifest> {
         number: 0,
         segments: Vec::new(),
     })
+}
+
+/// Remove the manifests of `source` older than `keep_from` (a compaction keeps the one it wrote
+/// and the one before: a reader that listed an older one reads the next older or none, and then
+/// the runs' own files).
+pub async fn prune_manifests(lake: &Lake, source: &str, keep_from: u64) -> Result<()> {
+    for m in lake.list_here(&folder(source)).await? {
+        if let (Some(n), Some(rel)) = (
+            m.location.filename().and_then(manifest_number),
+            lake.relative(&m.location),
+        ) && n < keep_from
+        {
+            lake.delete(&rel).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Put `manifest` as the source's manifest `manifest.number` (create-if-absent): `false` when
