@@ -28,7 +28,7 @@ use crate::table::audit::{
     BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log_state,
     read_run_log_state, run_log_schema,
 };
-use crate::table::evolve::{read_stored, stored_files, stored_runs};
+use crate::table::evolve::{read_stored, stored_files};
 use crate::table::lake::{Lake, layout};
 pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 
@@ -74,7 +74,7 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     for contract in contracts.contracts.values() {
         // A source whose runs its contract cannot read is left out, like a contract that does
         // not load; the rest of the lake stays queryable.
-        match stored_runs(&ws.lake, contract, &bronze_runs(&runs, &contract.source)) {
+        match crate::table::evolve::check_readable(contract, &bronze_runs(&runs, &contract.source)) {
             Err(Error::Invalid(why)) => {
                 problems.push(&contract.path, crate::spec::yaml::Pos { line: 1, column: 1 }, why);
                 unreadable.push(contract.source.clone());

@@ -310,30 +310,35 @@ impl RunRecord {
                 replay_of: c.opt("replay_of", r)?,
                 error: c.opt("error", r)?,
                 ingot_version: c.text("ingot_version", r)?,
-                ignored_columns: match c.batch.column_by_name("ignored_columns") {
-                    Some(_) => c.opt("ignored_columns", r)?,
-                    None => None,
+                ignored_columns: if c.has("ignored_columns") {
+                    c.opt("ignored_columns", r)?
+                } else {
+                    None
                 },
                 rolled_back_at: c.opt_ts("rolled_back_at", r)?,
                 rows_deleted: c.opt_i64("rows_deleted", r)?.unwrap_or(0),
                 natural_key_version: c.opt_i32("natural_key_version", r)?,
                 previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
-                natural_key_definition: match c.batch.column_by_name("natural_key_definition") {
-                    Some(_) => c.opt("natural_key_definition", r)?,
-                    None => None,
+                natural_key_definition: if c.has("natural_key_definition") {
+                    c.opt("natural_key_definition", r)?
+                } else {
+                    None
                 },
                 rows_superseded: c.opt_i64("rows_superseded", r)?.unwrap_or(0),
-                contract_fields: match c.batch.column_by_name("contract_fields") {
-                    Some(_) => c.opt("contract_fields", r)?,
-                    None => None,
+                contract_fields: if c.has("contract_fields") {
+                    c.opt("contract_fields", r)?
+                } else {
+                    None
                 },
-                failure_class: match c.batch.column_by_name("failure_class") {
-                    Some(_) => c.opt("failure_class", r)?,
-                    None => None,
+                failure_class: if c.has("failure_class") {
+                    c.opt("failure_class", r)?
+                } else {
+                    None
                 },
-                held_reason: match c.batch.column_by_name("held_reason") {
-                    Some(_) => c.opt("held_reason", r)?,
-                    None => None,
+                held_reason: if c.has("held_reason") {
+                    c.opt("held_reason", r)?
+                } else {
+                    None
                 },
                 decided_at: c.opt_ts("decided_at", r)?,
                 seq: 0,

@@ -334,7 +334,35 @@ impl ObjectStore for DurableLocal {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
+        // A flat folder (a log's records): compare the names before making paths of them.
+        // `LocalFileSystem` converts every entry to a path (percent-encoding it) before its
+        // offset filter, which costs more than the listing on a folder of 10,000 records.
+        let dir = prefix.and_then(|p| self.inner.path_to_filesystem(p).ok());
+        let (Some(prefix), Some(dir)) = (prefix.cloned(), dir) else {
+            return self.inner.list_with_offset(prefix, offset);
+        };
+        let (inner, offset) = (self.inner.clone(), offset.clone());
+        let (fallback_prefix, fallback_offset) = (prefix.clone(), offset.clone());
+        futures::stream::once(async move {
+            match blocking(move || Ok(names_after(&dir, &prefix, &offset))).await {
+                Ok(Some(paths)) => {
+                    let heads = inner.clone();
+                    futures::stream::iter(paths)
+                        .then(move |p| {
+                            let store = heads.clone();
+                            async move { object_store::ObjectStoreExt::head(&*store, &p).await }
+                        })
+                        // a record removed since the listing is not listed
+                        .filter(|r| std::future::ready(!matches!(r, Err(object_store::Error::NotFound { .. }))))
+                        .boxed()
+                }
+                // not a flat folder of plain names: the store's own listing
+                Ok(None) => inner.list_with_offset(Some(&fallback_prefix), &fallback_offset),
+                Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
@@ -356,6 +384,42 @@ impl ObjectStore for DurableLocal {
         let this = self.clone();
         blocking(move || this.sync_entries(&dest).map_err(|e| io_at(&dest, e))).await
     }
+}
+
+/// The objects of the folder `dir` (object path `prefix`) whose paths sort after `offset`,
+/// sorted; `None` when the folder holds a subfolder or a name that is no plain object path (the
+/// caller lists it the store's way). A missing folder has none.
+fn names_after(dir: &FsPath, prefix: &Path, offset: &Path) -> Option<Vec<Path>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Vec::new()),
+        Err(_) => return None,
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.ok()?;
+        if !entry.file_type().ok()?.is_file() {
+            return None;
+        }
+        let name = entry.file_name().into_string().ok()?;
+        // names the store would percent-encode are listed its way
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._=-#".contains(&b)) {
+            return None;
+        }
+        // a staging file (`<name>#<digits>`) is no object, as in `LocalFileSystem`'s listings
+        if name
+            .split_once('#')
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let path = Path::parse(format!("{}/{name}", prefix.as_ref())).ok()?;
+        if path > *offset {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Some(out)
 }
 
 #[derive(Debug)]

@@ -185,6 +185,16 @@ impl StoredRun {
 /// The committed files of `runs` (of `contract`'s source), refusing a source whose runs cannot be
 /// read under the contract (a type change that is no widening, without `older_values: cast`).
 pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Vec<StoredRun>> {
+    readable(contract, runs, |r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+}
+
+/// The check of [`stored_runs`] alone, without the files' locations (what the catalog makes when
+/// it opens, before any table is built).
+pub fn check_readable(contract: &Contract, runs: &[&RunRecord]) -> Result<()> {
+    readable(contract, runs, |_| String::new()).map(|_| ())
+}
+
+fn readable(contract: &Contract, runs: &[&RunRecord], url: impl Fn(&RunRecord) -> String) -> Result<Vec<StoredRun>> {
     // runs mostly share a definition: each distinct one is parsed once
     let mut parsed: HashMap<Option<&str>, Option<Vec<PastField>>> = HashMap::new();
     let stored: Vec<StoredRun> = runs
@@ -198,7 +208,7 @@ pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Res
             StoredRun {
                 run_id: r.run_id.clone(),
                 source: r.source.clone(),
-                url: lake.url(&layout::bronze_data(&r.source, &r.run_id)),
+                url: url(r),
                 definition: r.contract_fields.clone(),
                 past,
             }

@@ -55,12 +55,31 @@ pub(crate) fn latest_per_id<T, K: Ord>(records: Vec<T>, id: impl Fn(&T) -> K, se
 pub(crate) struct LogColumns<'a> {
     pub(crate) batch: &'a RecordBatch,
     pub(crate) log: &'static str,
+    /// Column positions by name, looked up once per batch (records are read row by row).
+    index: std::collections::HashMap<&'a str, usize>,
 }
 
 impl<'a> LogColumns<'a> {
+    pub(crate) fn new(batch: &'a RecordBatch, log: &'static str) -> LogColumns<'a> {
+        let index = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name().as_str(), i))
+            .collect();
+        LogColumns { batch, log, index }
+    }
+
+    /// Does the batch have the column (older records lack the later ones)?
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
     pub(crate) fn col(&self, name: &str) -> Result<&'a ArrayRef> {
-        self.batch
-            .column_by_name(name)
+        self.index
+            .get(name)
+            .map(|&i| self.batch.column(i))
             .ok_or_else(|| Error::RunFailed(format!("{} record lacks column {name}", self.log)))
     }
 
@@ -97,7 +116,7 @@ impl<'a> LogColumns<'a> {
 
     /// A nullable timestamp of a column that older records may lack (`None` then).
     pub(crate) fn opt_ts(&self, name: &str, row: usize) -> Result<Option<i64>> {
-        if self.batch.column_by_name(name).is_none() {
+        if !self.has(name) {
             return Ok(None);
         }
         let a = self.ts(name)?;
@@ -106,7 +125,7 @@ impl<'a> LogColumns<'a> {
 
     /// A nullable int64 of a column that older records may lack (`None` then).
     pub(crate) fn opt_i64(&self, name: &str, row: usize) -> Result<Option<i64>> {
-        if self.batch.column_by_name(name).is_none() {
+        if !self.has(name) {
             return Ok(None);
         }
         let a = self.i64(name)?;
@@ -115,7 +134,7 @@ impl<'a> LogColumns<'a> {
 
     /// A nullable int32 of a column that older records may lack (`None` then).
     pub(crate) fn opt_i32(&self, name: &str, row: usize) -> Result<Option<i32>> {
-        if self.batch.column_by_name(name).is_none() {
+        if !self.has(name) {
             return Ok(None);
         }
         let a = self.i32(name)?;
@@ -145,7 +164,7 @@ pub(crate) fn parse_record<T>(
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
-        out.extend(parse(&LogColumns { batch: &batch, log })?);
+        out.extend(parse(&LogColumns::new(&batch, log))?);
     }
     Ok(out)
 }
@@ -297,10 +316,7 @@ pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through:
             .and_then(|c| c.as_primitive_opt::<Int64Type>())
             .ok_or_else(|| bad(format!("no {SLOT} column")))?
             .clone();
-        let records = T::parse(&LogColumns {
-            batch: &batch,
-            log: T::LOG,
-        })?;
+        let records = T::parse(&LogColumns::new(&batch, T::LOG))?;
         for (i, mut r) in records.into_iter().enumerate() {
             let slot = slots.value(i);
             if slot < 1 || slot as u64 > through {
