@@ -279,17 +279,30 @@ async fn superseded_caches(lake: &Lake, opts: &GcOptions, report: &mut GcReport)
             files.sort();
             let old = files.len().saturating_sub(CACHES_KEPT);
             for (rel, bytes) in files.into_iter().take(old) {
-                if !opts.dry_run {
-                    lake.delete(&rel).await?;
-                }
-                report.removed.push(Removal {
-                    path: rel,
-                    bytes,
-                    reason: what.to_string(),
-                });
+                remove_cache(lake, rel, bytes, what, opts, report).await?;
             }
         }
     }
+    Ok(())
+}
+
+/// Remove (or with `--dry-run` only report) one cache file.
+async fn remove_cache(
+    lake: &Lake,
+    rel: String,
+    bytes: u64,
+    reason: &str,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<()> {
+    if !opts.dry_run {
+        lake.delete(&rel).await?;
+    }
+    report.removed.push(Removal {
+        path: rel,
+        bytes,
+        reason: reason.to_string(),
+    });
     Ok(())
 }
 
@@ -334,14 +347,7 @@ async fn unused_segments(lake: &Lake, now: i64, opts: &GcOptions, report: &mut G
             }))
             .collect::<Vec<_>>();
         for (rel, bytes, reason) in doomed {
-            if !opts.dry_run {
-                lake.delete(&rel).await?;
-            }
-            report.removed.push(Removal {
-                path: rel,
-                bytes,
-                reason: reason.to_string(),
-            });
+            remove_cache(lake, rel, bytes, reason, opts, report).await?;
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
-    ArrayRef, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    Array, ArrayRef, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
     TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -285,62 +285,88 @@ impl RunRecord {
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
 
-    /// Read every record of a batch in the run-log schema.
+    /// Read every record of a batch in the run-log schema (each column looked up once: a
+    /// checkpoint holds a row per run of the source).
     fn from_columns(c: &LogColumns<'_>) -> Result<Vec<RunRecord>> {
+        let (run_id, source, path, status) = (
+            c.str("run_id")?,
+            c.str("source")?,
+            c.str("file_path")?,
+            c.str("status")?,
+        );
+        let (hash, replay_of, error, version) = (
+            c.str("file_hash")?,
+            c.str("replay_of")?,
+            c.str("error")?,
+            c.str("ingot_version")?,
+        );
+        let contract_version = c.i32("contract_version")?;
+        let (started, finished) = (c.ts("started_at")?, c.ts("finished_at")?);
+        let counts = [
+            "file_bytes",
+            "rows_seen",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_failed",
+        ]
+        .map(|n| c.i64(n));
+        let [bytes, seen, inserted, updated, unchanged, failed] = counts;
+        let (bytes, seen, inserted, updated, unchanged, failed) =
+            (bytes?, seen?, inserted?, updated?, unchanged?, failed?);
+        // extension columns: older records lack them
+        let text = |n: &str| if c.has(n) { c.str(n).map(Some) } else { Ok(None) };
+        let int64 = |n: &str| if c.has(n) { c.i64(n).map(Some) } else { Ok(None) };
+        let int32 = |n: &str| if c.has(n) { c.i32(n).map(Some) } else { Ok(None) };
+        let time = |n: &str| if c.has(n) { c.ts(n).map(Some) } else { Ok(None) };
+        let (ignored, key_definition, fields) = (
+            text("ignored_columns")?,
+            text("natural_key_definition")?,
+            text("contract_fields")?,
+        );
+        let (failure_class, held_reason) = (text("failure_class")?, text("held_reason")?);
+        let (deleted, superseded) = (int64("rows_deleted")?, int64("rows_superseded")?);
+        let (key_version, previous_key_version) =
+            (int32("natural_key_version")?, int32("previous_natural_key_version")?);
+        let (rolled_back_at, decided_at) = (time("rolled_back_at")?, time("decided_at")?);
+        fn get<T: Array>(a: Option<&T>, r: usize) -> Option<&T> {
+            a.filter(|a| !a.is_null(r))
+        }
+        let s = |a: Option<&StringArray>, r: usize| get(a, r).map(|a| a.value(r).to_string());
         let mut out = Vec::with_capacity(c.batch.num_rows());
         for r in 0..c.batch.num_rows() {
-            let status_text = c.str("status")?.value(r);
+            let status_text = status.value(r);
             let status = RunStatus::parse(status_text)
                 .ok_or_else(|| Error::RunFailed(format!("run log has unknown status \"{status_text}\"")))?;
             out.push(RunRecord {
-                run_id: c.text("run_id", r)?,
-                source: c.text("source", r)?,
-                contract_version: c.i32("contract_version")?.value(r),
-                file_path: c.text("file_path", r)?,
-                file_hash: c.opt("file_hash", r)?,
-                file_bytes: c.i64("file_bytes")?.value(r),
-                started_at: c.ts("started_at")?.value(r),
-                finished_at: c.ts("finished_at")?.value(r),
+                run_id: run_id.value(r).to_string(),
+                source: source.value(r).to_string(),
+                contract_version: contract_version.value(r),
+                file_path: path.value(r).to_string(),
+                file_hash: s(Some(hash), r),
+                file_bytes: bytes.value(r),
+                started_at: started.value(r),
+                finished_at: finished.value(r),
                 status,
-                rows_seen: c.i64("rows_seen")?.value(r),
-                rows_inserted: c.i64("rows_inserted")?.value(r),
-                rows_updated: c.i64("rows_updated")?.value(r),
-                rows_unchanged: c.i64("rows_unchanged")?.value(r),
-                rows_failed: c.i64("rows_failed")?.value(r),
-                replay_of: c.opt("replay_of", r)?,
-                error: c.opt("error", r)?,
-                ingot_version: c.text("ingot_version", r)?,
-                ignored_columns: if c.has("ignored_columns") {
-                    c.opt("ignored_columns", r)?
-                } else {
-                    None
-                },
-                rolled_back_at: c.opt_ts("rolled_back_at", r)?,
-                rows_deleted: c.opt_i64("rows_deleted", r)?.unwrap_or(0),
-                natural_key_version: c.opt_i32("natural_key_version", r)?,
-                previous_natural_key_version: c.opt_i32("previous_natural_key_version", r)?,
-                natural_key_definition: if c.has("natural_key_definition") {
-                    c.opt("natural_key_definition", r)?
-                } else {
-                    None
-                },
-                rows_superseded: c.opt_i64("rows_superseded", r)?.unwrap_or(0),
-                contract_fields: if c.has("contract_fields") {
-                    c.opt("contract_fields", r)?
-                } else {
-                    None
-                },
-                failure_class: if c.has("failure_class") {
-                    c.opt("failure_class", r)?
-                } else {
-                    None
-                },
-                held_reason: if c.has("held_reason") {
-                    c.opt("held_reason", r)?
-                } else {
-                    None
-                },
-                decided_at: c.opt_ts("decided_at", r)?,
+                rows_seen: seen.value(r),
+                rows_inserted: inserted.value(r),
+                rows_updated: updated.value(r),
+                rows_unchanged: unchanged.value(r),
+                rows_failed: failed.value(r),
+                replay_of: s(Some(replay_of), r),
+                error: s(Some(error), r),
+                ingot_version: version.value(r).to_string(),
+                ignored_columns: s(ignored, r),
+                rolled_back_at: get(rolled_back_at, r).map(|a| a.value(r)),
+                rows_deleted: get(deleted, r).map_or(0, |a| a.value(r)),
+                natural_key_version: get(key_version, r).map(|a| a.value(r)),
+                previous_natural_key_version: get(previous_key_version, r).map(|a| a.value(r)),
+                natural_key_definition: s(key_definition, r),
+                rows_superseded: get(superseded, r).map_or(0, |a| a.value(r)),
+                contract_fields: s(fields, r),
+                failure_class: s(failure_class, r),
+                held_reason: s(held_reason, r),
+                decided_at: get(decided_at, r).map(|a| a.value(r)),
                 seq: 0,
             });
         }

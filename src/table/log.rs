@@ -123,23 +123,7 @@ impl<'a> LogColumns<'a> {
         Ok((!a.is_null(row)).then(|| a.value(row)))
     }
 
-    /// A nullable int64 of a column that older records may lack (`None` then).
-    pub(crate) fn opt_i64(&self, name: &str, row: usize) -> Result<Option<i64>> {
-        if !self.has(name) {
-            return Ok(None);
-        }
-        let a = self.i64(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row)))
-    }
 
-    /// A nullable int32 of a column that older records may lack (`None` then).
-    pub(crate) fn opt_i32(&self, name: &str, row: usize) -> Result<Option<i32>> {
-        if !self.has(name) {
-            return Ok(None);
-        }
-        let a = self.i32(name)?;
-        Ok((!a.is_null(row)).then(|| a.value(row)))
-    }
 
     /// A nullable text value.
     pub(crate) fn opt(&self, name: &str, row: usize) -> Result<Option<String>> {
