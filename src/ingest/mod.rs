@@ -336,7 +336,7 @@ async fn load(
     let ctx = ws.session()?;
     let hashers = Arc::new(Hashers::new(&ctx, contract)?);
     let current = crate::engine::catalog::current_runs(runs.iter().copied(), &contract.source);
-    let committed = crate::table::evolve::stored_runs(&ws.lake, contract, &current)?;
+    crate::table::evolve::check_readable(contract, &current)?;
     let current_keys: u64 = current.iter().map(|r| r.rows_inserted.max(0) as u64).sum();
     // A replay holds only the failed rows of its run: it never deletes.
     let full = contract.delivery == Delivery::Full && opts.replay.is_none();
@@ -345,6 +345,14 @@ async fn load(
     // map grows past the budget, by at most the budget again (documented in docs/operations.md#memory).
     let keys = current_keys.max(estimate_rows(path, record.file_bytes as u64, lines));
     let bits = spill::partition_bits(keys, index_budget(ws));
+    // Every current run's file, when the deletions or the partitioned plan read them all; else
+    // only those the key state does not cover are read (below), and naming the others would cost
+    // as much as the rest of a one-row ingest on a long history.
+    let committed = if full || bits > 0 {
+        crate::table::evolve::stored_runs(&ws.lake, contract, &current)?
+    } else {
+        Vec::new()
+    };
     let snapshot = record.clone();
     let superseding = match &opts.replay {
         Some(replay) => Some(
@@ -367,7 +375,8 @@ async fn load(
     let stats = if bits == 0 {
         let capacity = keys.min(1 << 26) as usize;
         let (mut index, covered) = from_key_state(ws, &ctx, contract, &current, capacity).await?;
-        for stored in &committed[covered..] {
+        let uncovered = crate::table::evolve::stored_runs(&ws.lake, contract, &current[covered..])?;
+        for stored in &uncovered {
             scan_stored(
                 &ctx,
                 ws.cluster.as_deref(),
@@ -382,7 +391,7 @@ async fn load(
             )
             .await?;
         }
-        if (committed.len() - covered) as u64 >= ws.lake.cadence.key_state_every {
+        if uncovered.len() as u64 >= ws.lake.cadence.key_state_every {
             let hash_layout = crate::table::evolve::hash_layout(contract);
             if let Err(e) = keystate::write(&ws.lake, &contract.source, &hash_layout, &current, &index).await {
                 crate::tell!(

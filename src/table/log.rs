@@ -123,8 +123,6 @@ impl<'a> LogColumns<'a> {
         Ok((!a.is_null(row)).then(|| a.value(row)))
     }
 
-
-
     /// A nullable text value.
     pub(crate) fn opt(&self, name: &str, row: usize) -> Result<Option<String>> {
         let a = self.str(name)?;
