@@ -145,13 +145,13 @@ pub async fn write(
     Ok(())
 }
 
-/// Does the key state an ingest of `contract`'s source would use now equal the fold of the runs it
-/// covers? `Some((path, why))` when it does not (or cannot be read), for `ingot doctor`.
+/// Does the key state an ingest of `contract`'s source would use now (`runs`: the run log) equal
+/// the fold of the runs it covers? `Some((path, why))` when it does not (or cannot be read), for `ingot doctor`.
 pub async fn check(
     ws: &crate::engine::session::Workspace,
     contract: &crate::spec::contract::Contract,
+    runs: &[RunRecord],
 ) -> Result<Option<(String, String)>> {
-    let runs = crate::table::audit::read_source_runs(&ws.lake, &contract.source).await?;
     let current = crate::engine::catalog::current_runs(runs.iter(), &contract.source);
     let hash_layout = crate::table::evolve::hash_layout(contract);
     let Some(found) = find(&ws.lake, &contract.source, &hash_layout, &current).await? else {

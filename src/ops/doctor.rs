@@ -176,7 +176,7 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         if damaged.has(&contract.source) {
             continue;
         }
-        if let Some((path, why)) = crate::ingest::keystate::check(ws, contract).await? {
+        if let Some((path, why)) = crate::ingest::keystate::check(ws, contract, &catalog.runs).await? {
             out.push(v("caches", path, why));
         }
     }

@@ -238,21 +238,9 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
         }
         None => lake.list(&folder::<T>(name)).await?,
     };
-    let mut last_slot = checkpoint.unwrap_or(0);
-    for meta in listed {
-        let Some(seq) = slot_of(meta.location.filename()) else {
-            continue;
-        };
-        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        let Ok(records) = parse_record(bytes, T::LOG, &T::parse) else {
-            continue;
-        };
-        last_slot = last_slot.max(seq);
-        for mut record in records {
-            record.set_seq(seq);
-            base.push(record);
-        }
-    }
+    let tail = read_records::<T>(lake, listed).await?;
+    let last_slot = tail.iter().map(|r| r.seq()).fold(checkpoint.unwrap_or(0), u64::max);
+    base.extend(tail);
     let mut records = latest_per_id(base, |r| r.id().to_string(), |r| r.seq());
     records.sort_by_key(|r| r.seq());
     Ok(Checkpointed {
@@ -260,6 +248,24 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
         checkpoint,
         last_slot,
     })
+}
+
+/// The records of the listed log objects, each with the slot its name carries. Objects that are
+/// not `<digits>.parquet`, and records no reader can parse, are not part of the log: skipped
+/// (`ingot doctor` reports them).
+async fn read_records<T: Record>(lake: &Lake, listed: Vec<object_store::ObjectMeta>) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for meta in listed {
+        let Some(seq) = slot_of(meta.location.filename()) else {
+            continue;
+        };
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        for mut record in parse_record(bytes, T::LOG, &T::parse).unwrap_or_default() {
+            record.set_seq(seq);
+            out.push(record);
+        }
+    }
+    Ok(out)
 }
 
 /// The records of the checkpoint of `name` through slot `through`, if it checks out: it parses,
@@ -394,17 +400,7 @@ pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: 
     if listed.is_empty() {
         return Ok(out);
     }
-    let mut all: Vec<T> = Vec::new();
-    for meta in lake.list(&folder::<T>(name)).await? {
-        let Some(seq) = slot_of(meta.location.filename()) else {
-            continue;
-        };
-        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-        for mut r in parse_record(bytes, T::LOG, &T::parse).unwrap_or_default() {
-            r.set_seq(seq);
-            all.push(r);
-        }
-    }
+    let all = read_records::<T>(lake, lake.list(&folder::<T>(name)).await?).await?;
     for meta in listed {
         let rel = lake
             .relative(&meta.location)
