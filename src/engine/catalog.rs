@@ -88,7 +88,12 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         contracts.contracts.remove(&source);
     }
     let runs = Arc::new(runs);
-    let bronze = crate::engine::lazy::BronzeSchema::new(&ws.lake, contracts.contracts.clone(), runs.clone());
+    let bronze = crate::engine::lazy::BronzeSchema::new(
+        &ws.lake,
+        contracts.contracts.clone(),
+        runs.clone(),
+        run_log.checkpoints.iter().cloned().collect(),
+    );
     catalog.register_schema("bronze", Arc::new(bronze))?;
     let run_table = log_table(
         &ctx,
@@ -199,66 +204,125 @@ fn log_table<'a>(
 /// `bronze.<source>` (every committed version, the rows of undone runs a segment holds left out)
 /// and `bronze.<source>_current`, over the source's segments and the files of the runs no segment
 /// holds: what [`crate::engine::lazy::BronzeSchema`] builds when a query first names them.
+/// `checkpoint` is the slot the source's run log was read through from its checkpoint, if it was.
 pub async fn bronze_views(
     ctx: &SessionContext,
     lake: &Lake,
     contract: &Contract,
     runs: &[RunRecord],
+    checkpoint: Option<u64>,
 ) -> Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
-    let manifest = crate::table::segments::read(lake, &contract.source).await?;
-    let (all, excluded) = stored_files(lake, contract, &bronze_runs(runs, &contract.source), &manifest)?;
+    let source = &contract.source;
+    let manifest = crate::table::segments::read(lake, source).await?;
+    let (all, excluded) = stored_files(lake, contract, &bronze_runs(runs, source), &manifest)?;
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
     if !excluded.is_empty() {
         let ids = excluded.into_iter().map(lit).collect();
         everything = everything.filter(col("ingestion_run_id").in_list(ids, true))?;
     }
-    let current = current_frame_in(ctx, lake, contract, &current_runs(runs, &contract.source), &manifest)?;
-    Ok((everything.into_view(), current.into_view()))
-}
-
-/// The latest version of every record over `current` (runs of one source in commit order, as
-/// [`current_runs`] gives them), tombstones left out: `bronze.<source>_current`. Versions rank
-/// by the commit slot of the run that wrote them (a run holds one row per fingerprint), never
-/// by a clock; the slots travel as a small `VALUES` relation joined on the run id, so the plan
-/// still ships to a cluster.
-pub fn current_frame(
-    ctx: &SessionContext,
-    lake: &Lake,
-    contract: &Contract,
-    current: &[&RunRecord],
-) -> Result<DataFrame> {
-    current_frame_in(
+    let current = current_runs(runs, source);
+    let slots = match checkpoint {
+        Some(through) => {
+            let later = runs.iter().filter(|r| &r.source == source && r.seq > through);
+            let from = CheckpointSlots {
+                file: lake.url(&layout::log_checkpoint(layout::RUN_LOG, source, through)),
+                through,
+                later: later.map(|r| r.run_id.clone()).collect(),
+            };
+            slots_from(ctx, &current, Some(from))?
+        }
+        None => slots_from(ctx, &current, None)?,
+    };
+    let versions = read_stored(
         ctx,
-        lake,
         contract,
-        current,
-        &crate::table::segments::Manifest::default(),
-    )
+        &stored_files(lake, contract, &current, &manifest)?
+            .0
+            .iter()
+            .collect::<Vec<_>>(),
+    )?;
+    let now = latest_versions(versions, slots)?;
+    Ok((everything.into_view(), now.into_view()))
 }
 
-/// [`current_frame`] reading the runs that `manifest`'s segments hold from those segments (the
-/// join on the runs' slots leaves out a segment's rows of other runs).
-pub fn current_frame_in(
+/// Where the slots of a source's current runs up to a checkpoint are read from: the run-log
+/// checkpoint `file` (slots up to `through`), less the runs with a record after it (`later`).
+struct CheckpointSlots {
+    file: String,
+    through: u64,
+    later: Vec<String>,
+}
+
+/// `(__ingot_run, __ingot_slot)` of every run in `current`: a `VALUES` of the runs committed after
+/// the checkpoint (all of them without one), and the checkpoint's rows that are current runs
+/// (loaded, with rows, from the first current slot on, no later record), read from its file. So
+/// the plan carries a few literals however long the history, and still ships to a cluster.
+fn slots_from(
     ctx: &SessionContext,
-    lake: &Lake,
-    contract: &Contract,
     current: &[&RunRecord],
-    manifest: &crate::table::segments::Manifest,
-) -> Result<DataFrame> {
-    let (stored, _) = stored_files(lake, contract, current, manifest)?;
-    let versions = read_stored(ctx, contract, &stored.iter().collect::<Vec<_>>())?;
-    if current.is_empty() {
-        return Ok(versions);
+    checkpoint: Option<CheckpointSlots>,
+) -> Result<Option<DataFrame>> {
+    let Some(first) = current.first() else {
+        return Ok(None);
+    };
+    let through = checkpoint.as_ref().map_or(0, |c| c.through);
+    let tail: Vec<Vec<datafusion::prelude::Expr>> = current
+        .iter()
+        .filter(|r| checkpoint.is_none() || r.seq > through)
+        .map(|r| vec![lit(r.run_id.clone()), lit(r.seq as i64)])
+        .collect();
+    let tail = (!tail.is_empty())
+        .then(|| -> Result<DataFrame> {
+            let plan = LogicalPlanBuilder::values(tail)?
+                .project(vec![col("column1").alias(RUN), col("column2").alias(SLOT)])?
+                .build()?;
+            Ok(DataFrame::new(ctx.state(), plan))
+        })
+        .transpose()?;
+    let Some(cp) = checkpoint else {
+        return Ok(tail);
+    };
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows_inserted", DataType::Int64, false),
+        Field::new("rows_updated", DataType::Int64, false),
+        Field::new("rows_deleted", DataType::Int64, true),
+        Field::new(SLOT, DataType::Int64, false),
+    ]));
+    let loaded = crate::table::audit::RunStatus::LOADED
+        .iter()
+        .map(|s| lit(s.as_str()))
+        .collect();
+    let written = col("rows_inserted")
+        + col("rows_updated")
+        + datafusion::functions::expr_fn::coalesce(vec![col("rows_deleted"), lit(0i64)]);
+    let mut rows = ctx.read_table(table_over(vec![cp.file], schema)?)?.filter(
+        col("status")
+            .in_list(loaded, false)
+            .and(written.gt(lit(0i64)))
+            .and(col(SLOT).gt_eq(lit(first.seq as i64))),
+    )?;
+    if !cp.later.is_empty() {
+        rows = rows.filter(col("run_id").in_list(cp.later.into_iter().map(lit).collect(), true))?;
     }
-    let slots = LogicalPlanBuilder::values(
-        current
-            .iter()
-            .map(|r| vec![lit(r.run_id.clone()), lit(r.seq as i64)])
-            .collect(),
-    )?
-    .project(vec![col("column1").alias(RUN), col("column2").alias(SLOT)])?
-    .build()?;
-    let slots = DataFrame::new(ctx.state(), slots);
+    let rows = rows.select(vec![col("run_id").alias(RUN), col(SLOT)])?;
+    Ok(Some(match tail {
+        Some(tail) => rows.union(tail)?,
+        None => rows,
+    }))
+}
+
+/// The latest version of every record: of `versions` (rows of a source's current runs, as
+/// [`current_runs`] gives them), per fingerprint the one whose run `slots` ranks highest (rows of
+/// runs it does not name left out), tombstones left out: `bronze.<source>_current`. Versions rank
+/// by the commit slot of the run that wrote them (a run holds one row per fingerprint), never by
+/// a clock.
+fn latest_versions(versions: DataFrame, slots: Option<DataFrame>) -> Result<DataFrame> {
+    let Some(slots) = slots else {
+        return Ok(versions);
+    };
     let rn = datafusion::functions_window::expr_fn::row_number()
         .partition_by(vec![col("natural_key_fingerprint")])
         .order_by(vec![col(SLOT).sort(false, true)])
@@ -273,7 +337,7 @@ pub fn current_frame_in(
 }
 
 const RUN: &str = "__ingot_run";
-const SLOT: &str = "__ingot_slot";
+use crate::table::log::SLOT;
 const RN: &str = "__ingot_rn";
 
 /// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,

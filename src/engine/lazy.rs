@@ -24,6 +24,8 @@ pub struct BronzeSchema {
     lake: Lake,
     contracts: BTreeMap<String, Arc<Contract>>,
     runs: Arc<Vec<RunRecord>>,
+    /// The slot each source's run log was read through from its checkpoint.
+    checkpoints: HashMap<String, u64>,
     built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
 }
 
@@ -36,12 +38,18 @@ impl std::fmt::Debug for BronzeSchema {
 }
 
 impl BronzeSchema {
-    pub fn new(lake: &Lake, contracts: BTreeMap<String, Arc<Contract>>, runs: Arc<Vec<RunRecord>>) -> BronzeSchema {
+    pub fn new(
+        lake: &Lake,
+        contracts: BTreeMap<String, Arc<Contract>>,
+        runs: Arc<Vec<RunRecord>>,
+        checkpoints: HashMap<String, u64>,
+    ) -> BronzeSchema {
         BronzeSchema {
             ctx: SessionContext::new(),
             lake: lake.clone(),
             contracts,
             runs,
+            checkpoints,
             built: Mutex::new(HashMap::new()),
         }
     }
@@ -73,9 +81,15 @@ impl SchemaProvider for BronzeSchema {
             return Ok(Some(t.clone()));
         }
         let contract = &self.contracts[source];
-        let (everything, now) = crate::engine::catalog::bronze_views(&self.ctx, &self.lake, contract, &self.runs)
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let (everything, now) = crate::engine::catalog::bronze_views(
+            &self.ctx,
+            &self.lake,
+            contract,
+            &self.runs,
+            self.checkpoints.get(source).copied(),
+        )
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let mut built = self.built.lock().map_err(poisoned)?;
         built.insert(source.to_string(), everything.clone());
         built.insert(format!("{source}_current"), now.clone());

@@ -75,9 +75,12 @@ impl RunStatus {
         })
     }
 
+    /// The statuses of runs whose data counts ([`RunStatus::is_loaded`]).
+    pub const LOADED: [RunStatus; 2] = [RunStatus::Succeeded, RunStatus::SucceededWithFailures];
+
     /// Does this run's data count (bronze rows, failure rows, file_hash for skipping)?
     pub fn is_loaded(&self) -> bool {
-        matches!(self, RunStatus::Succeeded | RunStatus::SucceededWithFailures)
+        RunStatus::LOADED.contains(self)
     }
 }
 

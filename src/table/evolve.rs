@@ -185,20 +185,52 @@ impl StoredRun {
 /// The committed files of `runs` (of `contract`'s source), refusing a source whose runs cannot be
 /// read under the contract (a type change that is no widening, without `older_values: cast`).
 pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Result<Vec<StoredRun>> {
-    readable(contract, runs, |r| lake.url(&layout::bronze_data(&r.source, &r.run_id)))
+    check_readable(contract, runs)?;
+    Ok(own_files(lake, runs))
 }
 
 /// The check of [`stored_runs`] alone, without the files' locations (what the catalog makes when
-/// it opens, before any table is built).
+/// it opens, before any table is built). Runs mostly share a definition: each distinct one is
+/// parsed and checked once, so the check costs a lookup per run.
 pub fn check_readable(contract: &Contract, runs: &[&RunRecord]) -> Result<()> {
-    readable(contract, runs, |_| String::new()).map(|_| ())
+    let mut by_definition: HashMap<Option<&str>, Vec<&str>> = HashMap::new();
+    for r in runs {
+        by_definition
+            .entry(r.contract_fields.as_deref())
+            .or_default()
+            .push(&r.run_id);
+    }
+    let mut problems: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    for (definition, ids) in by_definition {
+        let probe = StoredRun {
+            run_id: String::new(),
+            source: contract.source.clone(),
+            url: String::new(),
+            definition: definition.map(str::to_string),
+            past: definition.and_then(parse_fields),
+        };
+        for (field, ty) in probe.unreadable(contract) {
+            problems.entry((field, ty.name())).or_default().extend(&ids);
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let order: HashMap<&str, usize> = runs.iter().enumerate().map(|(i, r)| (r.run_id.as_str(), i)).collect();
+    let messages: Vec<String> = problems
+        .into_iter()
+        .map(|((field, ty), mut ids)| {
+            ids.sort_by_key(|id| order[id]);
+            unreadable_message(contract, field, &ty, &ids)
+        })
+        .collect();
+    Err(Error::Invalid(messages.join("; ")))
 }
 
-fn readable(contract: &Contract, runs: &[&RunRecord], url: impl Fn(&RunRecord) -> String) -> Result<Vec<StoredRun>> {
-    // runs mostly share a definition: each distinct one is parsed once
+/// The runs' own bronze files (each distinct definition parsed once).
+fn own_files(lake: &Lake, runs: &[&RunRecord]) -> Vec<StoredRun> {
     let mut parsed: HashMap<Option<&str>, Option<Vec<PastField>>> = HashMap::new();
-    let stored: Vec<StoredRun> = runs
-        .iter()
+    runs.iter()
         .map(|r| {
             let definition = r.contract_fields.as_deref();
             let past = parsed
@@ -208,51 +240,50 @@ fn readable(contract: &Contract, runs: &[&RunRecord], url: impl Fn(&RunRecord) -
             StoredRun {
                 run_id: r.run_id.clone(),
                 source: r.source.clone(),
-                url: url(r),
+                url: lake.url(&layout::bronze_data(&r.source, &r.run_id)),
                 definition: r.contract_fields.clone(),
                 past,
             }
         })
-        .collect();
-    let problems: Vec<String> = unreadable_runs(contract, &stored).into_iter().map(|(_, m)| m).collect();
-    if problems.is_empty() {
-        Ok(stored)
-    } else {
-        Err(Error::Invalid(problems.join("; ")))
-    }
+        .collect()
 }
 
 /// The files holding the rows of `runs` (of `contract`'s source, checked as by [`stored_runs`]):
 /// the segments of `manifest` that hold any of them, and the own files of the others; and the
 /// runs those segments also hold that are not among `runs` (undone since: a reader of the files
-/// leaves their rows out).
+/// leaves their rows out). Only the runs no segment holds get a file location, so a long history
+/// held in a few segments costs a lookup per run.
 pub fn stored_files(
     lake: &Lake,
     contract: &Contract,
     runs: &[&RunRecord],
     manifest: &crate::table::segments::Manifest,
 ) -> Result<(Vec<StoredRun>, Vec<String>)> {
-    let mut stored = stored_runs(lake, contract, runs)?;
+    check_readable(contract, runs)?;
     if manifest.segments.is_empty() {
-        return Ok((stored, Vec::new()));
+        return Ok((own_files(lake, runs), Vec::new()));
     }
     let wanted: std::collections::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
     let mut covered = std::collections::HashSet::new();
     let mut segments = Vec::new();
     for seg in &manifest.segments {
         if seg.runs.iter().any(|r| wanted.contains(r.as_str())) {
-            covered.extend(seg.runs.iter().cloned());
+            covered.extend(seg.runs.iter().map(String::as_str));
             segments.push(StoredRun::segment(lake, &contract.source, seg));
         }
     }
     let mut excluded: Vec<String> = covered
         .iter()
-        .filter(|r| !wanted.contains(r.as_str()))
-        .cloned()
+        .filter(|r| !wanted.contains(*r))
+        .map(|r| r.to_string())
         .collect();
     excluded.sort();
-    stored.retain(|s| !covered.contains(&s.run_id));
-    segments.extend(stored);
+    let rest: Vec<&RunRecord> = runs
+        .iter()
+        .copied()
+        .filter(|r| !covered.contains(r.run_id.as_str()))
+        .collect();
+    segments.extend(own_files(lake, &rest));
     Ok((segments, excluded))
 }
 
@@ -271,22 +302,24 @@ pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &[StoredRun]) -> Vec<
     }
     by_field
         .into_iter()
-        .map(|((field, ty), runs)| {
-            let f = contract.field_index(field).map(|i| &contract.fields[i]);
-            let message = format!(
-                "{source}: field \"{field}\" is {now} in {path}, but run{s} {runs} stored it as {ty}, which cannot be \
-                 read as {now} without loss. Keep the type (or widen it: int32 to int64, a decimal's precision up), \
-                 or add `older_values: cast` to the field to read those runs with TRY_CAST (null where a value does \
-                 not convert)",
-                source = contract.source,
-                now = f.map(|f| f.ty.name()).unwrap_or_default(),
-                path = contract.path.display(),
-                s = if runs.len() > 1 { "s" } else { "" },
-                runs = runs.join(", "),
-            );
-            (field, message)
-        })
+        .map(|((field, ty), runs)| (field, unreadable_message(contract, field, &ty, &runs)))
         .collect()
+}
+
+/// What [`unreadable_runs`] and [`check_readable`] say of `field`, stored as `ty` by `runs`.
+fn unreadable_message(contract: &Contract, field: &str, ty: &str, runs: &[&str]) -> String {
+    let f = contract.field_index(field).map(|i| &contract.fields[i]);
+    format!(
+        "{source}: field \"{field}\" is {now} in {path}, but run{s} {runs} stored it as {ty}, which cannot be \
+         read as {now} without loss. Keep the type (or widen it: int32 to int64, a decimal's precision up), \
+         or add `older_values: cast` to the field to read those runs with TRY_CAST (null where a value does \
+         not convert)",
+        source = contract.source,
+        now = f.map(|f| f.ty.name()).unwrap_or_default(),
+        path = contract.path.display(),
+        s = if runs.len() > 1 { "s" } else { "" },
+        runs = runs.join(", "),
+    )
 }
 
 fn column(name: &str) -> Expr {

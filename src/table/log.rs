@@ -37,18 +37,29 @@ pub(crate) fn slot_of(name: Option<&str>) -> Option<u64> {
 /// One record per id: the one in the highest slot. A log is append-only; `ingot undo` marks a run
 /// or build `rolled_back` by committing a copy of its record, with the new status, into the next
 /// slot, and that copy supersedes the original everywhere (catalog, audit tables, next slot).
-pub(crate) fn latest_per_id<T, K: Ord>(records: Vec<T>, id: impl Fn(&T) -> K, seq: impl Fn(&T) -> u64) -> Vec<T> {
-    let mut best: std::collections::BTreeMap<K, T> = std::collections::BTreeMap::new();
-    for r in records {
-        let k = id(&r);
-        match best.get(&k) {
-            Some(have) if seq(have) >= seq(&r) => {}
+pub(crate) fn latest_per_id<T>(records: Vec<T>, id: impl Fn(&T) -> &str, seq: impl Fn(&T) -> u64) -> Vec<T> {
+    // positions of the winners, found with borrowed ids (a long log: no key copied)
+    let mut best: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        match best.get(id(r)) {
+            Some(&have) if seq(&records[have]) >= seq(r) => {}
             _ => {
-                best.insert(k, r);
+                best.insert(id(r), i);
             }
         }
     }
-    best.into_values().collect()
+    let mut keep = vec![false; records.len()];
+    for i in best.into_values() {
+        keep[i] = true;
+    }
+    let mut out: Vec<T> = records
+        .into_iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(r, _)| r)
+        .collect();
+    out.sort_by_key(|r| seq(r));
+    out
 }
 
 /// Typed access to the columns of a log record batch, with errors naming the log and column.
@@ -190,7 +201,7 @@ pub(crate) trait Record: Sized {
 }
 
 /// The column of a checkpoint that holds each record's slot.
-const SLOT: &str = "__ingot_slot";
+pub const SLOT: &str = "__ingot_slot";
 /// The checkpoint's key-value metadata: JSON with `through`, `records` and `through_sha256`.
 const META: &str = "ingot.checkpoint";
 
@@ -241,7 +252,7 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
     let tail = read_records::<T>(lake, listed).await?;
     let last_slot = tail.iter().map(|r| r.seq()).fold(checkpoint.unwrap_or(0), u64::max);
     base.extend(tail);
-    let mut records = latest_per_id(base, |r| r.id().to_string(), |r| r.seq());
+    let mut records = latest_per_id(base, |r| r.id(), |r| r.seq());
     records.sort_by_key(|r| r.seq());
     Ok(Checkpointed {
         records,
@@ -420,7 +431,7 @@ pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: 
             }
         };
         let folded: Vec<&T> = all.iter().filter(|r| r.seq() <= through).collect();
-        let mut want = latest_per_id(folded, |r| r.id().to_string(), |r| r.seq());
+        let mut want = latest_per_id(folded, |r| r.id(), |r| r.seq());
         want.sort_by_key(|r| r.seq());
         have.sort_by_key(|r| r.seq());
         if have.len() != want.len() || have.iter().zip(&want).any(|(h, w)| h != *w) {

@@ -165,6 +165,50 @@ fn checkpoints_and_key_states_change_no_answer() {
     everything(&cached).assert_same(&everything(&plain), "after a delivery past damaged caches");
 }
 
+/// The current view read through a run-log checkpoint (its rows name the slots of the runs it
+/// covers) answers like one read from every record: across a rekey (the runs before it are in the
+/// checkpoint and no longer current), an undo of a checkpointed run and deliveries after it, with
+/// segments holding runs that are no longer current.
+#[test]
+fn the_current_view_through_a_checkpoint_equals_one_without_across_a_rekey_and_an_undo() {
+    use crate::deletions::{contract, file, lake_with as customers, set_contract};
+    let story = |t: &TestLake| {
+        let days = [
+            ("mon.csv", &["EU,c1,Ann,10", "EU,c2,Bob,20", "US,c3,Dee,40"][..]),
+            ("tue.csv", &["EU,c2,Bob,21", "US,c3,Dee,40", "EU,c5,Fay,60"][..]),
+            ("wed.csv", &["EU,c2,Bob,22", "US,c6,Gus,70"][..]),
+        ];
+        for (name, rows) in days {
+            ingest(t, "customers", &file(t, name, rows));
+        }
+        set_contract(t, &contract("incremental", 2, "customer_id"));
+        ok(t, &["rekey", "customers"]);
+        ingest(t, "customers", &file(t, "thu.csv", &["EU,c2,Bob,23", "EU,c7,Hal,80"]));
+        let thu = run_of(t, "customers", "thu.csv");
+        ingest(t, "customers", &file(t, "fri.csv", &["US,c3,Dee,41"]));
+        // segments now hold the runs from before the rekey and the run undone next
+        ok(t, &["compact", "--all"]);
+        ok(t, &["undo", &thu]);
+    };
+    let cached = customers(tiny(), "incremental");
+    let plain = customers(never(), "incremental");
+    story(&cached);
+    story(&plain);
+    assert!(!cache_files(&cached, "_cache/log/ingestion_run_log/customers").is_empty());
+    let current = cached.query("SELECT customer_id, credit FROM bronze.customers_current ORDER BY customer_id");
+    assert_eq!(current.len(), 5, "{current:?}");
+    // the undo's record comes after the checkpoint, which still holds the run as loaded
+    cached
+        .snapshot(&["customers"])
+        .assert_same(&plain.snapshot(&["customers"]), "through checkpoints vs every record");
+    for t in [&cached, &plain] {
+        ingest(t, "customers", &file(t, "sat.csv", &["EU,c8,Ivy,90"]));
+    }
+    cached
+        .snapshot(&["customers"])
+        .assert_same(&plain.snapshot(&["customers"]), "after a delivery past the undo");
+}
+
 #[test]
 fn a_checkpoint_that_differs_from_its_records_is_reported() {
     let t = tiny();
