@@ -30,7 +30,7 @@ pub async fn run(cli: &Cli, args: &FailuresArgs) -> Result<ExitStatus> {
     if let Some(r) = &args.run {
         df = df.filter(col("run_id").eq(lit(r.as_str())))?;
         // which of its rows a later replay loaded
-        let done = crate::ops::replay::replayed_by(&ws.lake, &catalog.ctx, &catalog.runs, r).await?;
+        let done = crate::ops::replay::replayed_by(&ws.lake, &catalog.ctx, catalog.runs().await?, r).await?;
         let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
             (
                 "__row",

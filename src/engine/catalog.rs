@@ -25,8 +25,7 @@ use crate::error::{Error, Result};
 use crate::spec::contract::{Contract, ContractSet};
 use crate::spec::yaml::Problems;
 use crate::table::audit::{
-    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log_state,
-    read_run_log_state, run_log_schema,
+    BuildRecord, BuildStatus, RunRecord, build_log_schema, failure_log_schema, read_build_log_state, run_log_schema,
 };
 use crate::table::evolve::{read_stored, stored_files};
 use crate::table::lake::{Lake, layout};
@@ -36,9 +35,10 @@ pub use crate::table::parquet::{file_schema, table_over, table_over_file};
 pub struct Catalog {
     pub ctx: SessionContext,
     pub contracts: ContractSet,
-    pub runs: Arc<Vec<RunRecord>>,
+    /// The run log, read source by source as tables need it ([`Catalog::runs`]: all of it).
+    pub logs: Arc<crate::engine::lazy::RunLogs>,
     /// Every committed silver build record, by table then sequence number.
-    pub builds: Vec<BuildRecord>,
+    pub builds: Arc<Vec<BuildRecord>>,
     /// Problems of contracts that could not be loaded (their tables are missing).
     pub problems: Problems,
     /// The cluster queries run on (`--cluster`), see [`crate::engine::exec`].
@@ -59,66 +59,18 @@ pub async fn open(ws: &Workspace) -> Result<Catalog> {
 pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> {
     let ctx = ws.session()?;
     let mut problems = Problems::default();
-    let mut contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
-    let run_log = read_run_log_state(&ws.lake).await?;
+    let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
     let build_log = read_build_log_state(&ws.lake).await?;
-    let (runs, builds) = (run_log.records, build_log.records);
+    let builds = build_log.records;
     let cutoff = as_of.map(|a| as_of_micros(a, &builds)).transpose()?;
     let catalog = ctx
         .catalog("ingot")
         .ok_or_else(|| Error::Invalid("the default catalog \"ingot\" is missing".into()))?;
-    for schema in ["silver", "audit"] {
-        catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
-    }
-    let mut unreadable = Vec::new();
-    for contract in contracts.contracts.values() {
-        // A source whose runs its contract cannot read is left out, like a contract that does
-        // not load; the rest of the lake stays queryable.
-        match crate::table::evolve::check_readable(contract, &bronze_runs(&runs, &contract.source)) {
-            Err(Error::Invalid(why)) => {
-                problems.push(&contract.path, crate::spec::yaml::Pos { line: 1, column: 1 }, why);
-                unreadable.push(contract.source.clone());
-            }
-            other => {
-                other?;
-            }
-        }
-    }
-    for source in unreadable {
-        contracts.contracts.remove(&source);
-    }
-    let runs = Arc::new(runs);
-    let bronze = crate::engine::lazy::BronzeSchema::new(
-        &ws.lake,
-        contracts.contracts.clone(),
-        runs.clone(),
-        run_log.checkpoints.iter().cloned().collect(),
-    );
+    catalog.register_schema("silver", Arc::new(MemorySchemaProvider::new()))?;
+    // the run log is read source by source, when a query first names a table that needs it
+    let logs = Arc::new(crate::engine::lazy::RunLogs::new(&ws.lake));
+    let bronze = crate::engine::lazy::BronzeSchema::new(&ws.lake, contracts.contracts.clone(), logs.clone());
     catalog.register_schema("bronze", Arc::new(bronze))?;
-    let run_table = log_table(
-        &ctx,
-        &ws.lake,
-        LogTable {
-            dir: layout::RUN_LOG,
-            schema: run_log_schema(),
-            id: "run_id",
-            checkpoints: &run_log.checkpoints,
-            slot: layout::run_record,
-        },
-        runs.iter().map(|r| (r.source.as_str(), r.seq, r.run_id.as_str())),
-    )?;
-    ctx.register_table("audit.ingestion_run_log", run_table)?;
-    let mut failure_files: Vec<String> = runs
-        .iter()
-        .filter(|r| r.has_failures())
-        .map(|r| ws.lake.url(&layout::failures(&r.run_id)))
-        .collect();
-    failure_files.extend(
-        builds
-            .iter()
-            .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
-            .map(|b| ws.lake.url(&layout::silver_failures(&b.build_id))),
-    );
     let build_table = log_table(
         &ctx,
         &ws.lake,
@@ -131,22 +83,65 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
         },
         builds.iter().map(|b| (b.table.as_str(), b.seq, b.build_id.as_str())),
     )?;
-    ctx.register_table("audit.silver_build_log", build_table)?;
+    let builds = Arc::new(builds);
+    let audit = crate::engine::lazy::AuditSchema::new(&ws.lake, logs.clone(), builds.clone(), build_table);
+    catalog.register_schema("audit", Arc::new(audit))?;
     let unreadable = register_silver(&ctx, ws, &builds, cutoff, &mut problems).await?;
-    ctx.register_table(
-        "audit.row_failure_log",
-        table_over(failure_files, failure_log_schema())?,
-    )?;
     register_descriptions(&ctx, ws, &contracts).await?;
     Ok(Catalog {
         ctx,
         contracts,
-        runs,
+        logs,
         builds,
         problems,
         cluster: ws.cluster.clone(),
         unreadable,
     })
+}
+
+impl Catalog {
+    /// Every committed run record of the lake, by source then slot (read on first use, once).
+    pub async fn runs(&self) -> Result<&[RunRecord]> {
+        Ok(&self.logs.all().await?.records)
+    }
+}
+
+/// `audit.ingestion_run_log` over every source's runs ([`log_table`]).
+pub fn run_log_table(
+    ctx: &SessionContext,
+    lake: &Lake,
+    all: &crate::engine::lazy::AllRuns,
+) -> Result<Arc<dyn TableProvider>> {
+    log_table(
+        ctx,
+        lake,
+        LogTable {
+            dir: layout::RUN_LOG,
+            schema: run_log_schema(),
+            id: "run_id",
+            checkpoints: &all.checkpoints,
+            slot: layout::run_record,
+        },
+        all.records
+            .iter()
+            .map(|r| (r.source.as_str(), r.seq, r.run_id.as_str())),
+    )
+}
+
+/// `audit.row_failure_log`: the failure files of committed ingest runs and of succeeded builds.
+pub fn failure_table(lake: &Lake, runs: &[RunRecord], builds: &[BuildRecord]) -> Result<Arc<dyn TableProvider>> {
+    let mut files: Vec<String> = runs
+        .iter()
+        .filter(|r| r.has_failures())
+        .map(|r| lake.url(&layout::failures(&r.run_id)))
+        .collect();
+    files.extend(
+        builds
+            .iter()
+            .filter(|b| b.status == BuildStatus::Succeeded && b.rows_rejected > 0)
+            .map(|b| lake.url(&layout::silver_failures(&b.build_id))),
+    );
+    table_over(files, failure_log_schema())
 }
 
 /// Where an audit log's table reads from: see [`log_table`].
@@ -504,9 +499,12 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
         let bronze = (schema == "bronze")
             .then(|| contracts.contracts.get(table.strip_suffix("_current").unwrap_or(table)))
             .flatten();
-        let fields = match bronze {
-            Some(c) => c.bronze_schema(),
-            None => ctx.table_provider(format!("{schema}.{table}").as_str()).await?.schema(),
+        let fields = match (bronze, schema.as_str(), table.as_str()) {
+            (Some(c), _, _) => c.bronze_schema(),
+            // the audit tables that read the run log are built lazily too
+            (None, "audit", "ingestion_run_log") => run_log_schema(),
+            (None, "audit", "row_failure_log") => failure_log_schema(),
+            _ => ctx.table_provider(format!("{schema}.{table}").as_str()).await?.schema(),
         };
         // bronze and silver columns named like a contract field carry its description
         let source = match schema.as_str() {

@@ -1,9 +1,11 @@
-//! The `bronze` schema of the catalog, opened lazily: `bronze.<source>` and
-//! `bronze.<source>_current` are built when a query first names them (the source's segment
-//! manifest read, its files listed into views), so a query pays only for the sources it reads.
-//! Built views are kept for the life of the catalog, which `ingot serve` reuses until the lake
-//! changes. The run log is read when the catalog opens (checkpointed, so that is cheap), and the
-//! checks that need no file (runs a contract cannot read) are made then too.
+//! The catalog's tables that read the run log, opened lazily. `bronze.<source>` and
+//! `bronze.<source>_current` are built when a query first names them (the source's run log read
+//! through its checkpoint, its runs checked against the contract, its segment manifest read, its
+//! files listed into views); `audit.ingestion_run_log` and `audit.row_failure_log` read every
+//! source's log when a query first names them. So a query pays only for the sources it reads,
+//! and `SELECT 1` reads no log at all. Each source's log is read once per catalog ([`RunLogs`]),
+//! so every table over a source sees the same runs; built tables are kept for the life of the
+//! catalog, which `ingot serve` reuses until the lake changes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -14,8 +16,69 @@ use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 
 use crate::spec::contract::Contract;
-use crate::table::audit::RunRecord;
-use crate::table::lake::Lake;
+use crate::table::audit::{BuildRecord, RunRecord, SourceRuns};
+use crate::table::lake::{Lake, layout};
+
+/// A catalog's run log, read source by source when a table first needs it, each source once.
+pub struct RunLogs {
+    lake: Lake,
+    sources: tokio::sync::Mutex<HashMap<String, Arc<SourceRuns>>>,
+    all: tokio::sync::OnceCell<AllRuns>,
+}
+
+/// Every source's runs, as [`RunLogs::all`] gives them.
+#[derive(Debug)]
+pub struct AllRuns {
+    /// By source (by name), then slot.
+    pub records: Vec<RunRecord>,
+    /// `(source, through)` of the sources read from a checkpoint.
+    pub checkpoints: Vec<(String, u64)>,
+}
+
+impl RunLogs {
+    pub fn new(lake: &Lake) -> RunLogs {
+        RunLogs {
+            lake: lake.clone(),
+            sources: tokio::sync::Mutex::new(HashMap::new()),
+            all: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The runs of `source`, read through its checkpoint the first time.
+    pub async fn source(&self, source: &str) -> crate::error::Result<Arc<SourceRuns>> {
+        let mut read = self.sources.lock().await;
+        if let Some(s) = read.get(source) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(crate::table::audit::read_source_state(&self.lake, source).await?);
+        read.insert(source.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// The runs of every source of the lake (those read before as they were read then).
+    pub async fn all(&self) -> crate::error::Result<&AllRuns> {
+        self.all
+            .get_or_try_init(|| async {
+                let mut records = Vec::new();
+                let mut checkpoints = Vec::new();
+                for source in self.lake.list_dirs(layout::RUN_LOG).await? {
+                    let s = self.source(&source).await?;
+                    records.extend(s.records.iter().cloned());
+                    if let Some(through) = s.checkpoint {
+                        checkpoints.push((source, through));
+                    }
+                }
+                Ok(AllRuns { records, checkpoints })
+            })
+            .await
+    }
+}
+
+impl std::fmt::Debug for RunLogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunLogs").finish_non_exhaustive()
+    }
+}
 
 /// The `bronze` schema: one pair of views per source with a contract.
 pub struct BronzeSchema {
@@ -23,9 +86,7 @@ pub struct BronzeSchema {
     ctx: SessionContext,
     lake: Lake,
     contracts: BTreeMap<String, Arc<Contract>>,
-    runs: Arc<Vec<RunRecord>>,
-    /// The slot each source's run log was read through from its checkpoint.
-    checkpoints: HashMap<String, u64>,
+    logs: Arc<RunLogs>,
     built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
 }
 
@@ -38,20 +99,26 @@ impl std::fmt::Debug for BronzeSchema {
 }
 
 impl BronzeSchema {
-    pub fn new(
-        lake: &Lake,
-        contracts: BTreeMap<String, Arc<Contract>>,
-        runs: Arc<Vec<RunRecord>>,
-        checkpoints: HashMap<String, u64>,
-    ) -> BronzeSchema {
+    pub fn new(lake: &Lake, contracts: BTreeMap<String, Arc<Contract>>, logs: Arc<RunLogs>) -> BronzeSchema {
         BronzeSchema {
             ctx: SessionContext::new(),
             lake: lake.clone(),
             contracts,
-            runs,
-            checkpoints,
+            logs,
             built: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The two views of `contract`'s source, over its runs (refused when the contract cannot read
+    /// them: a type change that is no widening, without `older_values: cast`).
+    async fn build(
+        &self,
+        contract: &Contract,
+    ) -> crate::error::Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
+        let runs = self.logs.source(&contract.source).await?;
+        let bronze = crate::engine::catalog::bronze_runs(&runs.records, &contract.source);
+        crate::table::evolve::check_readable(contract, &bronze)?;
+        crate::engine::catalog::bronze_views(&self.ctx, &self.lake, contract, &runs.records, runs.checkpoint).await
     }
 
     /// The source a table name stands for, and whether it is the `_current` view.
@@ -81,15 +148,7 @@ impl SchemaProvider for BronzeSchema {
             return Ok(Some(t.clone()));
         }
         let contract = &self.contracts[source];
-        let (everything, now) = crate::engine::catalog::bronze_views(
-            &self.ctx,
-            &self.lake,
-            contract,
-            &self.runs,
-            self.checkpoints.get(source).copied(),
-        )
-        .await
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let (everything, now) = self.build(contract).await.map_err(external)?;
         let mut built = self.built.lock().map_err(poisoned)?;
         built.insert(source.to_string(), everything.clone());
         built.insert(format!("{source}_current"), now.clone());
@@ -99,6 +158,84 @@ impl SchemaProvider for BronzeSchema {
     fn table_exist(&self, name: &str) -> bool {
         self.source_of(name).is_some()
     }
+}
+
+/// The audit schema: `audit.silver_build_log` (the build log is read when the catalog opens, for
+/// `silver`), and `audit.ingestion_run_log` and `audit.row_failure_log`, built when a query first
+/// names them.
+pub struct AuditSchema {
+    ctx: SessionContext,
+    lake: Lake,
+    logs: Arc<RunLogs>,
+    builds: Arc<Vec<BuildRecord>>,
+    build_log: Arc<dyn TableProvider>,
+    built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
+}
+
+impl std::fmt::Debug for AuditSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditSchema").finish_non_exhaustive()
+    }
+}
+
+/// The tables of the audit schema.
+pub const AUDIT_TABLES: [&str; 3] = ["ingestion_run_log", "row_failure_log", "silver_build_log"];
+
+impl AuditSchema {
+    pub fn new(
+        lake: &Lake,
+        logs: Arc<RunLogs>,
+        builds: Arc<Vec<BuildRecord>>,
+        build_log: Arc<dyn TableProvider>,
+    ) -> AuditSchema {
+        AuditSchema {
+            ctx: SessionContext::new(),
+            lake: lake.clone(),
+            logs,
+            builds,
+            build_log,
+            built: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for AuditSchema {
+    fn table_names(&self) -> Vec<String> {
+        AUDIT_TABLES.iter().map(|t| t.to_string()).collect()
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
+        if name == "silver_build_log" {
+            return Ok(Some(self.build_log.clone()));
+        }
+        if !AUDIT_TABLES.contains(&name) {
+            return Ok(None);
+        }
+        if let Some(t) = self.built.lock().map_err(poisoned)?.get(name) {
+            return Ok(Some(t.clone()));
+        }
+        let all = self.logs.all().await.map_err(external)?;
+        let table = if name == "ingestion_run_log" {
+            crate::engine::catalog::run_log_table(&self.ctx, &self.lake, all)
+        } else {
+            crate::engine::catalog::failure_table(&self.lake, &all.records, &self.builds)
+        }
+        .map_err(external)?;
+        self.built
+            .lock()
+            .map_err(poisoned)?
+            .insert(name.to_string(), table.clone());
+        Ok(Some(table))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        AUDIT_TABLES.contains(&name)
+    }
+}
+
+fn external(e: crate::error::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
 }
 
 fn poisoned<T>(_: std::sync::PoisonError<T>) -> DataFusionError {

@@ -172,20 +172,21 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         return Ok(report);
     }
     let catalog = crate::engine::catalog::open(ws).await?;
+    let runs = catalog.runs().await?;
     for contract in catalog.contracts.contracts.values() {
         if damaged.has(&contract.source) {
             continue;
         }
-        if let Some((path, why)) = crate::ingest::keystate::check(ws, contract, &catalog.runs).await? {
+        if let Some((path, why)) = crate::ingest::keystate::check(ws, contract, runs).await? {
             out.push(v("caches", path, why));
         }
     }
 
     // 2. counts
-    check_run_balances(&catalog.runs, &mut out);
+    check_run_balances(runs, &mut out);
     let written = bronze_rows_per_run(&catalog, &damaged).await?;
     let failed = failure_rows_per_id(&catalog, &damaged).await?;
-    check_run_row_counts(&catalog.runs, &damaged, &written, &failed, &mut out);
+    check_run_row_counts(runs, &damaged, &written, &failed, &mut out);
     check_build_counts(&catalog.builds, &damaged, &failed, &mut out);
     // 3. keys
     check_bronze_keys(&catalog, &damaged, &mut out).await?;

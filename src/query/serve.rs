@@ -132,8 +132,7 @@ impl LakeSessions {
             .await
             .map_err(|e| Status::internal(format!("cannot open the lake: {e}")))?;
         crate::tell!(
-            "ingot serve: catalog opened ({} runs, {} builds)",
-            catalog.runs.len(),
+            "ingot serve: catalog opened ({} builds; each source's runs are read when first queried)",
             catalog.builds.len()
         );
         let state = catalog.ctx.state();

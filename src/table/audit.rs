@@ -538,9 +538,8 @@ impl<T> Default for LogState<T> {
 pub async fn read_run_log_state(lake: &Lake) -> Result<LogState<RunRecord>> {
     let mut out = LogState::default();
     for source in lake.list_dirs(layout::RUN_LOG).await? {
-        let folded = read_checkpointed::<RunRecord>(lake, &source).await?;
-        out.records
-            .extend(folded.records.into_iter().filter(|r| r.source == source));
+        let folded = read_source_state(lake, &source).await?;
+        out.records.extend(folded.records);
         if let Some(through) = folded.checkpoint {
             out.checkpoints.push((source, through));
         }
@@ -552,10 +551,27 @@ pub async fn read_run_log_state(lake: &Lake) -> Result<LogState<RunRecord>> {
 /// needs, without reading any other source's log; through the source's latest checkpoint, so the
 /// cost does not grow with the source's history ([`crate::table::log`]).
 pub async fn read_source_runs(lake: &Lake, source: &str) -> Result<Vec<RunRecord>> {
-    let mut runs = read_checkpointed::<RunRecord>(lake, source).await?.records;
+    Ok(read_source_state(lake, source).await?.records)
+}
+
+/// One source's committed run records, in commit order, and the checkpoint they were read
+/// through (its records in slots up to it are rows of that checkpoint's file).
+#[derive(Debug, Clone, Default)]
+pub struct SourceRuns {
+    pub records: Vec<RunRecord>,
+    pub checkpoint: Option<u64>,
+}
+
+/// [`read_source_runs`] with the checkpoint it was read through.
+pub async fn read_source_state(lake: &Lake, source: &str) -> Result<SourceRuns> {
+    let folded = read_checkpointed::<RunRecord>(lake, source).await?;
+    let mut records = folded.records;
     // a record filed under another source's folder is not this source's
-    runs.retain(|r| r.source == source);
-    Ok(runs)
+    records.retain(|r| r.source == source);
+    Ok(SourceRuns {
+        records,
+        checkpoint: folded.checkpoint,
+    })
 }
 
 /// A rejected record, bronze or silver.

@@ -335,6 +335,62 @@ fn commands_make_as_many_store_operations_after_a_long_history_as_after_a_short_
     assert_eq!(counts[0]["n"], 134);
 }
 
+#[test]
+fn a_query_on_one_source_makes_as_many_store_operations_beside_other_sources_as_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = history(20, dir.path());
+    let wide = history(20, dir.path());
+    for name in ["u", "w"] {
+        std::fs::write(
+            wide.contracts().join(format!("{name}.yaml")),
+            T_CONTRACT.replace("source: t", &format!("source: {name}")),
+        )
+        .unwrap();
+        for i in 0..40 {
+            let f = dir.path().join(format!("{name}{i}.csv"));
+            std::fs::write(&f, format!("id,v\n{i},{name}{i}\n")).unwrap();
+            ingest(&wide, name, &f);
+        }
+    }
+    // the same contract for `t` on both lakes: only the other sources' runs differ
+    let empty = lake_with(4, 4);
+    std::fs::write(empty.contracts().join("t.yaml"), T_CONTRACT).unwrap();
+    let update = dir.path().join("update.csv");
+    std::fs::write(&update, "id,v\n3,changed\n").unwrap();
+    let select1 = ["sql", "SELECT 1"];
+    assert_eq!(
+        store_ops(&wide, &select1),
+        store_ops(&empty, &select1),
+        "SELECT 1: 100 runs vs none"
+    );
+    for (what, args) in [
+        ("SELECT 1", vec!["sql".to_string(), "SELECT 1".into()]),
+        (
+            "a query on the current view",
+            vec!["sql".into(), "SELECT count(*) FROM bronze.t_current".into()],
+        ),
+        (
+            "a one-row update",
+            vec!["ingest".into(), "t".into(), update.display().to_string()],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(
+            store_ops(&wide, &args),
+            store_ops(&alone, &args),
+            "{what}: beside 80 runs of 2 sources vs alone"
+        );
+    }
+    // the run log still answers for every source
+    let counts =
+        wide.query("SELECT source, count(*) AS n FROM audit.ingestion_run_log GROUP BY source ORDER BY source");
+    let got: Vec<(String, i64)> = counts
+        .iter()
+        .map(|r| (r["source"].as_str().unwrap().to_string(), r["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(got, vec![("t".into(), 21), ("u".into(), 40), ("w".into(), 40)]);
+}
+
 const T_CONTRACT: &str = "source: t\nversion: 1\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
                           - name: v\n    type: string\nnatural_key:\n  fields: [id]\n  version: 1\n";
 

@@ -183,8 +183,9 @@ pub async fn plan<'a>(
     let table = rules.table.as_str();
     let inputs = read_inputs(ctx, &catalog.contracts, rules).await?;
     let contract = inputs.contract.clone();
-    let digest = inputs_digest(catalog, &contract)?;
-    let runs = runs_newest_first(catalog, &rules.source);
+    let all = catalog.runs().await?;
+    let digest = inputs_digest(catalog, all, &contract)?;
+    let runs = runs_newest_first(all, &rules.source);
     let run_ids: Vec<String> = runs.iter().rev().map(|r| r.run_id.clone()).collect();
     let last = latest_build(&catalog.builds, table);
     let start = start(ctx, ws, table, last, opts, rules, &digest).await?;
@@ -447,7 +448,7 @@ fn plural(n: u64) -> &'static str {
 
 /// Digest of what `resolve` reads: the source's and lookups' contract files and the lookups'
 /// committed data runs. When it differs from the previous build's, every row is processed again.
-fn inputs_digest(catalog: &Catalog, contract: &Contract) -> Result<String> {
+fn inputs_digest(catalog: &Catalog, all: &[RunRecord], contract: &Contract) -> Result<String> {
     let mut h = sha2::Sha256::new();
     let file = |p: &std::path::Path| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
     h.update(file(&contract.path)?);
@@ -457,11 +458,7 @@ fn inputs_digest(catalog: &Catalog, contract: &Contract) -> Result<String> {
         if let Some(lc) = catalog.contracts.contracts.get(source) {
             h.update(file(&lc.path)?);
         }
-        let mut runs: Vec<_> = catalog
-            .runs
-            .iter()
-            .filter(|r| r.source == source && r.has_data())
-            .collect();
+        let mut runs: Vec<_> = all.iter().filter(|r| r.source == source && r.has_data()).collect();
         runs.sort_by_key(|r| r.seq);
         for r in runs {
             h.update(format!("\n{}", r.run_id));

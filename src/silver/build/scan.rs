@@ -13,7 +13,6 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
-use crate::engine::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::hash::fp::for_each_fp;
 use crate::silver::compile::RULES_VERSION;
@@ -35,8 +34,8 @@ fn per_value<T: Copy>(col: &ArrayRef, mut f: impl FnMut(&str) -> T) -> Result<Ve
 
 /// Runs whose bronze file the build reads, latest committed first (the order of
 /// `bronze.<source>_current`: commit slots, never a clock).
-pub(super) fn runs_newest_first<'a>(catalog: &'a Catalog, source: &str) -> Vec<&'a RunRecord> {
-    let mut runs = crate::engine::catalog::current_runs(catalog.runs.iter(), source);
+pub(super) fn runs_newest_first<'a>(all: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord> {
+    let mut runs = crate::engine::catalog::current_runs(all.iter(), source);
     runs.sort_by_key(|r| std::cmp::Reverse(r.seq));
     runs
 }
