@@ -55,6 +55,30 @@ impl RunLogs {
         Ok(s)
     }
 
+    /// Fails when a run-log checkpoint that tables of this catalog were planned over is gone
+    /// (superseded and removed: see [`crate::table::log::READER_GRACE`]). A listing of a missing
+    /// file is empty, so a statement over it would miss those runs without an error.
+    pub async fn check_checkpoints(&self) -> crate::error::Result<()> {
+        let read: Vec<(String, u64)> = self
+            .sources
+            .lock()
+            .await
+            .iter()
+            .filter_map(|(s, r)| Some((s.clone(), r.checkpoint?)))
+            .collect();
+        for (source, through) in read {
+            let rel = layout::log_checkpoint(layout::RUN_LOG, &source, through);
+            if self.lake.size_of(&rel).await?.is_none() {
+                return Err(crate::error::Error::Invalid(format!(
+                    "{rel} was removed after this session read {source}'s run log through it (newer checkpoints \
+                     replaced it, or `ingot gc` ran): its tables would miss runs; start the session again to read \
+                     the lake as it is now"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The runs of every source of the lake (those read before as they were read then).
     pub async fn all(&self) -> crate::error::Result<&AllRuns> {
         self.all

@@ -117,6 +117,8 @@ impl<'a> Shell<'a> {
                 let start = Instant::now();
                 let result = async {
                     let df = crate::query::sql::query(&self.catalog.ctx, sql).await?;
+                    // a long session: the checkpoints its tables read may have been replaced
+                    self.catalog.logs.check_checkpoints().await?;
                     let schema = df.schema().inner().clone();
                     let rows = crate::engine::exec::stream(self.catalog.cluster.as_deref(), df, "sql").await?;
                     write_stream(schema, rows, self.format, None).await

@@ -378,16 +378,25 @@ pub(crate) async fn write_checkpoint<T: Record>(lake: &Lake, name: &str, folded:
     w.close()?;
     lake.put_create(&layout::log_checkpoint(T::DIR, name, through), Bytes::from(buf))
         .await?;
-    // Keep this one and the one it was read from, so the folder every reader lists stays small;
-    // a reader that listed a removed one takes the next, or folds every record.
+    // Keep this one, the one it was read from, and those written within READER_GRACE (a query
+    // planned over one reads its file later), so the folder every reader lists stays small; a
+    // reader that listed a removed one takes the next, or folds every record.
     let keep_from = folded.checkpoint.unwrap_or(through);
+    let now = chrono::Utc::now();
     for meta in lake.list(&layout::log_checkpoints(T::DIR, name)).await? {
-        if slot_of(meta.location.filename()).is_some_and(|t| t < keep_from) {
+        let superseded = slot_of(meta.location.filename()).is_some_and(|t| t < keep_from);
+        if superseded && now.signed_duration_since(meta.last_modified) > READER_GRACE {
             lake.store.delete(&meta.location).await?;
         }
     }
     Ok(())
 }
+
+/// How long a superseded checkpoint outlives the next one: the catalog plans
+/// `audit.ingestion_run_log` and `bronze.<source>_current` over the checkpoint it read, and a
+/// statement still running when newer checkpoints are written must find that file. (`ingot gc`
+/// removes all but the newest two at once.)
+pub const READER_GRACE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
 /// The records as one batch of the log's schema plus their slots.
 fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {

@@ -391,6 +391,84 @@ fn a_query_on_one_source_makes_as_many_store_operations_beside_other_sources_as_
     assert_eq!(got, vec![("t".into(), 21), ("u".into(), 40), ("w".into(), 40)]);
 }
 
+/// A shell opened before a run of commits (the nightly job while an analyst keeps a session) still
+/// reads the tables it built: the checkpoint its current view was planned over outlives the
+/// newer checkpoints for a while; once it is removed, the session's statements fail and say why
+/// (a listing of a missing file is empty: the view would silently miss those runs).
+#[test]
+fn a_shell_session_reads_its_tables_after_newer_checkpoints_are_written() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let t = history(4, dir.path());
+    let mut shell = t
+        .command()
+        .args(["sql", "--format", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(shell.stdout.take().unwrap());
+    let mut count = |stdin: &mut std::process::ChildStdin, sql: &str| -> String {
+        writeln!(stdin, "{sql};").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the shell ended before answering {sql}"
+            );
+            if line.trim().parse::<i64>().is_ok() {
+                return line.trim().to_string();
+            }
+        }
+    };
+    assert_eq!(count(&mut stdin, "SELECT count(*) AS n FROM bronze.t_current"), "4");
+    // three checkpoints later (every 4 commits): the one the view was planned over is superseded twice
+    for i in 4..16 {
+        let f = dir.path().join(format!("t{i}.csv"));
+        std::fs::write(&f, format!("id,v\n{i},v{i}\n")).unwrap();
+        ingest(&t, "t", &f);
+    }
+    assert!(cache_files(&t, "_cache/log/ingestion_run_log/t").len() >= 4);
+    // the session sees each source as it first read it: its view as built, and the run log
+    // first named now agrees with it
+    assert_eq!(count(&mut stdin, "SELECT count(*) AS n FROM bronze.t_current"), "4");
+    assert_eq!(
+        count(&mut stdin, "SELECT count(*) AS n FROM audit.ingestion_run_log"),
+        "4"
+    );
+    // gc removes every checkpoint but the newest two at once: the session says so instead of
+    // answering without the runs that checkpoint held
+    let gc = t.run(&["gc", "--grace", "0s"]);
+    assert!(gc.status.success(), "{}", stderr(&gc));
+    assert!(
+        !t.lake()
+            .join("_cache/log/ingestion_run_log/t/0000000004.parquet")
+            .exists()
+    );
+    writeln!(stdin, "SELECT count(*) AS n FROM bronze.t_current;").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let done = shell.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(
+            "_cache/log/ingestion_run_log/t/0000000004.parquet was removed after this session read t's run log"
+        ),
+        "{said}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&done.stdout).trim(),
+        "",
+        "no answer without its runs"
+    );
+}
+
 const T_CONTRACT: &str = "source: t\nversion: 1\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
                           - name: v\n    type: string\nnatural_key:\n  fields: [id]\n  version: 1\n";
 
