@@ -173,7 +173,11 @@ impl Workspace {
         // side does not (silver's incremental anti-joins over whole tables failed at 1G).
         config.options_mut().optimizer.prefer_hash_join = false;
         let ctx = SessionContext::new_with_config_rt(config, runtime);
-        ctx.register_object_store(&self.lake.store_url, self.lake.store.clone());
+        // a scan of a file that is gone fails instead of reading as empty
+        ctx.register_object_store(
+            &self.lake.store_url,
+            crate::table::strict::wrap(self.lake.store.clone()),
+        );
         crate::hash::register_udfs(&ctx);
         Ok(ctx)
     }

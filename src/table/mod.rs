@@ -17,3 +17,4 @@ pub mod parquet;
 pub mod segments;
 pub mod silver;
 pub mod store;
+pub mod strict;
