@@ -277,15 +277,14 @@ fn slots_from(
     let Some(cp) = checkpoint else {
         return Ok(tail);
     };
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("run_id", DataType::Utf8, false),
-        Field::new("status", DataType::Utf8, false),
-        Field::new("rows_inserted", DataType::Int64, false),
-        Field::new("rows_updated", DataType::Int64, false),
-        Field::new("rows_deleted", DataType::Int64, true),
-        Field::new(SLOT, DataType::Int64, false),
-    ]));
+    // the checkpoint's columns this needs: the run log's, and the slot
+    let log = run_log_schema();
+    let mut fields = Vec::new();
+    for name in ["run_id", "status", "rows_inserted", "rows_updated", "rows_deleted"] {
+        fields.push(log.field_with_name(name)?.clone());
+    }
+    fields.push(crate::table::log::slot_field());
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
     let loaded = crate::table::audit::RunStatus::LOADED
         .iter()
         .map(|s| lit(s.as_str()))

@@ -193,38 +193,44 @@ pub fn stored_runs(lake: &Lake, contract: &Contract, runs: &[&RunRecord]) -> Res
 /// it opens, before any table is built). Runs mostly share a definition: each distinct one is
 /// parsed and checked once, so the check costs a lookup per run.
 pub fn check_readable(contract: &Contract, runs: &[&RunRecord]) -> Result<()> {
-    let mut by_definition: HashMap<Option<&str>, Vec<&str>> = HashMap::new();
-    for r in runs {
-        by_definition
-            .entry(r.contract_fields.as_deref())
-            .or_default()
-            .push(&r.run_id);
-    }
-    let mut problems: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
-    for (definition, ids) in by_definition {
-        let probe = StoredRun {
-            run_id: String::new(),
-            source: contract.source.clone(),
-            url: String::new(),
-            definition: definition.map(str::to_string),
-            past: definition.and_then(parse_fields),
-        };
-        for (field, ty) in probe.unreadable(contract) {
-            problems.entry((field, ty.name())).or_default().extend(&ids);
-        }
-    }
+    let problems = unreadable_by_field(
+        contract,
+        runs.iter().map(|r| (r.contract_fields.as_deref(), r.run_id.as_str())),
+    );
     if problems.is_empty() {
         return Ok(());
     }
-    let order: HashMap<&str, usize> = runs.iter().enumerate().map(|(i, r)| (r.run_id.as_str(), i)).collect();
     let messages: Vec<String> = problems
         .into_iter()
-        .map(|((field, ty), mut ids)| {
-            ids.sort_by_key(|id| order[id]);
-            unreadable_message(contract, field, &ty, &ids)
-        })
+        .map(|((field, ty), ids)| unreadable_message(contract, field, &ty, &ids))
         .collect();
     Err(Error::Invalid(messages.join("; ")))
+}
+
+/// The runs (`(recorded fields, run id)`) whose stored values `contract` cannot read, by field and
+/// stored type, in the order given; each distinct definition is parsed and checked once.
+fn unreadable_by_field<'a>(
+    contract: &'a Contract,
+    runs: impl IntoIterator<Item = (Option<&'a str>, &'a str)>,
+) -> BTreeMap<(&'a str, String), Vec<&'a str>> {
+    let mut per_definition: HashMap<Option<&str>, Vec<(&str, FieldType)>> = HashMap::new();
+    let mut by_field: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    for (definition, id) in runs {
+        let problems = per_definition.entry(definition).or_insert_with(|| {
+            let probe = StoredRun {
+                run_id: String::new(),
+                source: contract.source.clone(),
+                url: String::new(),
+                definition: definition.map(str::to_string),
+                past: definition.and_then(parse_fields),
+            };
+            probe.unreadable(contract)
+        });
+        for (field, ty) in problems.iter() {
+            by_field.entry((*field, ty.name())).or_default().push(id);
+        }
+    }
+    by_field
 }
 
 /// The runs' own bronze files (each distinct definition parsed once).
@@ -289,21 +295,14 @@ pub fn stored_files(
 
 /// One message per field whose stored values some runs cannot be read as, naming the runs:
 /// `(field, message)`.
-pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &[StoredRun]) -> Vec<(&'a str, String)> {
-    let mut by_field: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
-    let mut per_definition: HashMap<Option<&str>, Vec<(&str, FieldType)>> = HashMap::new();
-    for s in stored {
-        let problems = per_definition
-            .entry(s.definition.as_deref())
-            .or_insert_with(|| s.unreadable(contract));
-        for (field, ty) in problems.iter() {
-            by_field.entry((*field, ty.name())).or_default().push(&s.run_id);
-        }
-    }
-    by_field
-        .into_iter()
-        .map(|((field, ty), runs)| (field, unreadable_message(contract, field, &ty, &runs)))
-        .collect()
+pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &'a [StoredRun]) -> Vec<(&'a str, String)> {
+    unreadable_by_field(
+        contract,
+        stored.iter().map(|s| (s.definition.as_deref(), s.run_id.as_str())),
+    )
+    .into_iter()
+    .map(|((field, ty), runs)| (field, unreadable_message(contract, field, &ty, &runs)))
+    .collect()
 }
 
 /// What [`unreadable_runs`] and [`check_readable`] say of `field`, stored as `ty` by `runs`.

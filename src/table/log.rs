@@ -34,7 +34,7 @@ pub(crate) fn slot_of(name: Option<&str>) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// One record per id: the one in the highest slot. A log is append-only; `ingot undo` marks a run
+/// One record per id: the one in the highest slot, in slot order. A log is append-only; `ingot undo` marks a run
 /// or build `rolled_back` by committing a copy of its record, with the new status, into the next
 /// slot, and that copy supersedes the original everywhere (catalog, audit tables, next slot).
 pub(crate) fn latest_per_id<T>(records: Vec<T>, id: impl Fn(&T) -> &str, seq: impl Fn(&T) -> u64) -> Vec<T> {
@@ -202,6 +202,11 @@ pub(crate) trait Record: Sized {
 
 /// The column of a checkpoint that holds each record's slot.
 pub const SLOT: &str = "__ingot_slot";
+/// The checkpoint's column [`SLOT`].
+pub fn slot_field() -> Field {
+    Field::new(SLOT, DataType::Int64, false)
+}
+
 /// The checkpoint's key-value metadata: JSON with `through`, `records` and `through_sha256`.
 const META: &str = "ingot.checkpoint";
 
@@ -252,8 +257,7 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
     let tail = read_records::<T>(lake, listed).await?;
     let last_slot = tail.iter().map(|r| r.seq()).fold(checkpoint.unwrap_or(0), u64::max);
     base.extend(tail);
-    let mut records = latest_per_id(base, |r| r.id(), |r| r.seq());
-    records.sort_by_key(|r| r.seq());
+    let records = latest_per_id(base, |r| r.id(), |r| r.seq());
     Ok(Checkpointed {
         records,
         checkpoint,
@@ -404,7 +408,7 @@ fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {
     let batches = records.iter().map(|r| r.to_batch()).collect::<Result<Vec<_>>>()?;
     let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(Field::new(SLOT, DataType::Int64, false));
+    fields.push(slot_field());
     let mut columns = all.columns().to_vec();
     columns.push(Arc::new(Int64Array::from_iter_values(
         records.iter().map(|r| r.seq() as i64),
@@ -440,8 +444,7 @@ pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: 
             }
         };
         let folded: Vec<&T> = all.iter().filter(|r| r.seq() <= through).collect();
-        let mut want = latest_per_id(folded, |r| r.id(), |r| r.seq());
-        want.sort_by_key(|r| r.seq());
+        let want = latest_per_id(folded, |r| r.id(), |r| r.seq());
         have.sort_by_key(|r| r.seq());
         if have.len() != want.len() || have.iter().zip(&want).any(|(h, w)| h != *w) {
             let differing = have
