@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
-use datafusion::logical_expr::{ExprFunctionExt, JoinType, LogicalPlanBuilder};
+use datafusion::logical_expr::{JoinType, LogicalPlanBuilder};
 use datafusion::prelude::{DataFrame, SessionContext, col, lit};
 
 use crate::engine::session::Workspace;
@@ -222,7 +222,7 @@ pub async fn bronze_views(
             let from = CheckpointSlots {
                 file: lake.url(&layout::log_checkpoint(layout::RUN_LOG, source, through)),
                 through,
-                later: later.map(|r| r.run_id.clone()).collect(),
+                later: later.map(|r| r.run_id.to_string()).collect(),
             };
             slots_from(ctx, &current, Some(from))?
         }
@@ -264,7 +264,7 @@ fn slots_from(
     let tail: Vec<Vec<datafusion::prelude::Expr>> = current
         .iter()
         .filter(|r| checkpoint.is_none() || r.seq > through)
-        .map(|r| vec![lit(r.run_id.clone()), lit(r.seq as i64)])
+        .map(|r| vec![lit(r.run_id.to_string()), lit(r.seq as i64)])
         .collect();
     let tail = (!tail.is_empty())
         .then(|| -> Result<DataFrame> {
@@ -313,26 +313,44 @@ fn slots_from(
 /// runs it does not name left out), tombstones left out: `bronze.<source>_current`. Versions rank
 /// by the commit slot of the run that wrote them (a run holds one row per fingerprint), never by
 /// a clock.
+///
+/// The highest slot per fingerprint is an aggregate over the narrow `(fingerprint, slot)` pairs,
+/// and the rows are those of `versions` that match it (a semi join). Ranking with `row_number()
+/// OVER (PARTITION BY fingerprint)` costs per partition, i.e. per record (most records have one
+/// version), and reads every column of every version before a filter can apply; here a filter on
+/// the view's columns (`WHERE id = 7`) reaches the scan of the wide side. Both operators stay
+/// within the memory pool (the aggregate spills, joins are sort-merge joins: see
+/// [`crate::engine::session::Workspace::session`]).
 fn latest_versions(versions: DataFrame, slots: Option<DataFrame>) -> Result<DataFrame> {
     let Some(slots) = slots else {
         return Ok(versions);
     };
-    let rn = datafusion::functions_window::expr_fn::row_number()
-        .partition_by(vec![col("natural_key_fingerprint")])
-        .order_by(vec![col(SLOT).sort(false, true)])
-        .build()?
-        .alias(RN);
-    Ok(versions
-        .join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?
-        .window(vec![rn])?
-        .filter(col(RN).eq(lit(1u64)))?
+    let fp = "natural_key_fingerprint";
+    let ranked = versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?;
+    let latest = ranked.clone().aggregate(
+        vec![col(fp).alias(LATEST_FP)],
+        vec![datafusion::functions_aggregate::expr_fn::max(col(SLOT)).alias(LATEST_SLOT)],
+    )?;
+    let (session, plan) = ranked.into_parts();
+    let plan = LogicalPlanBuilder::from(plan)
+        .join_detailed(
+            latest.logical_plan().clone(),
+            JoinType::LeftSemi,
+            (vec![fp, SLOT], vec![LATEST_FP, LATEST_SLOT]),
+            None,
+            // a fingerprint is never null in bronze; if one were, its versions would still rank
+            datafusion::common::NullEquality::NullEqualsNull,
+        )?
+        .build()?;
+    Ok(DataFrame::new(session, plan)
         .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
-        .drop_columns(&[RUN, SLOT, RN])?)
+        .drop_columns(&[RUN, SLOT])?)
 }
 
 const RUN: &str = "__ingot_run";
 use crate::table::log::SLOT;
-const RN: &str = "__ingot_rn";
+const LATEST_FP: &str = "__ingot_latest_fp";
+const LATEST_SLOT: &str = "__ingot_latest_slot";
 
 /// The runs whose bronze data file is part of `bronze.<source>`: every version ever committed,
 /// including the history from before a rekey.

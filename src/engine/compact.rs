@@ -55,11 +55,13 @@ pub fn automatic() -> bool {
 pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunRecord], all: bool) -> Result<Compacted> {
     let source = &contract.source;
     let mut manifest = segments::read(&ws.lake, source).await?;
-    let covered = manifest.covered();
-    let small: Vec<&RunRecord> = crate::engine::catalog::bronze_runs(runs, source)
-        .into_iter()
-        .filter(|r| r.rows_written() <= SMALL_ROWS && !covered.contains(r.run_id.as_str()))
-        .collect();
+    let small: Vec<&RunRecord> = {
+        let covered = manifest.covered();
+        crate::engine::catalog::bronze_runs(runs, source)
+            .into_iter()
+            .filter(|r| r.rows_written() <= SMALL_ROWS && !covered.contains(r.run_id.as_str()))
+            .collect()
+    };
     let least = if all { 2 } else { RUNS_PER_SEGMENT };
     let mut out = Compacted::default();
     if small.len() < least && mergeable(&manifest).is_none() {
@@ -75,7 +77,7 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
         let digest = schema_digest(&schema);
         schemas.insert(digest.clone(), schema);
         groups
-            .entry((run.contract_fields.clone(), digest))
+            .entry((run.contract_fields.as_deref().map(str::to_string), digest))
             .or_default()
             .push(run);
     }
@@ -83,7 +85,7 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
     for ((definition, digest), group) in groups {
         for chunk in group.chunks(RUNS_PER_SEGMENT).filter(|c| c.len() >= least) {
             let files = chunk.iter().map(|r| layout::bronze_data(source, &r.run_id)).collect();
-            let runs = chunk.iter().map(|r| r.run_id.clone()).collect();
+            let runs = chunk.iter().map(|r| r.run_id.to_string()).collect();
             let seg = write_segment(
                 ws,
                 &ctx,

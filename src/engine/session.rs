@@ -172,6 +172,11 @@ impl Workspace {
         // Joins must stay within the memory pool: a sort-merge join spills, a hash join's build
         // side does not (silver's incremental anti-joins over whole tables failed at 1G).
         config.options_mut().optimizer.prefer_hash_join = false;
+        // Leaves are planned one after the other: a plan that scans one table twice (the current
+        // view joins a table's latest versions back onto it) then reads each file's footer once,
+        // into the metadata cache the second scan finds it in, instead of twice from the store
+        // when the two scans race for it.
+        config.options_mut().execution.planning_concurrency = 1;
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         // a scan of a file that is gone fails instead of reading as empty
         ctx.register_object_store(

@@ -34,11 +34,19 @@ fn schema() -> SchemaRef {
 
 /// The digest a state of `runs` (a prefix of the current runs) carries in its name.
 pub fn digest(runs: &[&RunRecord]) -> String {
-    let mut text = String::new();
+    use sha2::Digest;
+    // `<run_id>@<slot>\n` per run, hashed as it goes (a long history: no text of every run)
+    let mut hasher = sha2::Sha256::new();
+    let mut slot = itoa::Buffer::new();
     for r in runs {
-        text.push_str(&format!("{}@{}\n", r.run_id, r.seq));
+        hasher.update(r.run_id.as_bytes());
+        hasher.update(b"@");
+        hasher.update(slot.format(r.seq).as_bytes());
+        hasher.update(b"\n");
     }
-    crate::hash::sha256_hex(text.as_bytes())[..16].to_string()
+    let mut hex = [0u8; 64];
+    crate::hash::hex_lower(&hasher.finalize().into(), &mut hex);
+    hex[..16].iter().map(|&b| b as char).collect()
 }
 
 /// A usable key state: where it is and how many of the current runs it covers.

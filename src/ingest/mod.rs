@@ -150,13 +150,13 @@ pub async fn ingest_file(
     let started_at = ws.now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
     let mut record = RunRecord {
-        run_id: run_id.clone(),
-        source: contract.source.clone(),
+        run_id: run_id.clone().into(),
+        source: contract.source.as_str().into(),
         contract_version: contract.version as i32,
         file_path: match (&opts.replay, &opts.input_name) {
-            (Some(r), _) => r.file_path.clone(),
-            (None, Some(name)) => name.clone(),
-            (None, None) => path.display().to_string(),
+            (Some(r), _) => r.file_path.as_str().into(),
+            (None, Some(name)) => name.as_str().into(),
+            (None, None) => path.display().to_string().into(),
         },
         file_hash: None,
         file_bytes,
@@ -168,17 +168,17 @@ pub async fn ingest_file(
         rows_updated: 0,
         rows_unchanged: 0,
         rows_failed: 0,
-        replay_of: opts.replay.as_ref().map(|r| r.of.clone()),
+        replay_of: opts.replay.as_ref().map(|r| r.of.as_str().into()),
         error: None,
-        ingot_version: crate::table::audit::INGOT_VERSION.to_string(),
+        ingot_version: crate::table::audit::INGOT_VERSION.into(),
         ignored_columns: None,
         rolled_back_at: None,
         rows_deleted: 0,
         natural_key_version: Some(contract.natural_key.version as i32),
         previous_natural_key_version: None,
-        natural_key_definition: Some(contract.key_definition()),
+        natural_key_definition: Some(contract.key_definition().into()),
         rows_superseded: 0,
-        contract_fields: Some(contract.fields_definition()),
+        contract_fields: Some(contract.fields_definition().into()),
         failure_class: None,
         held_reason: None,
         decided_at: None,
@@ -209,9 +209,9 @@ pub async fn ingest_file(
                 Error::RunInterrupted(_) => crate::table::audit::FAILED_TRANSIENTLY,
                 _ => crate::table::audit::FAILED_FOR_CONTENT,
             };
-            record.failure_class = Some(class.to_string());
+            record.failure_class = Some(class.into());
             record.status = RunStatus::Failed;
-            record.error = Some(e.to_string());
+            record.error = Some(e.to_string().into());
             record.rows_seen = 0;
             record.rows_inserted = 0;
             record.rows_updated = 0;
@@ -264,7 +264,7 @@ async fn run(
             .any(|r| r.status.is_loaded() && r.file_bytes == record.file_bytes);
     let (digest, lines) = if maybe_duplicate {
         let (file_hash, lines) = file_digest(path).await?;
-        record.file_hash = Some(file_hash.clone());
+        record.file_hash = Some(file_hash.as_str().into());
         failpoint::hit("ingest.after_hash")?;
         if runs
             .iter()
@@ -290,7 +290,7 @@ async fn run(
             .map_err(|e| Error::Internal(format!("hashing task failed: {e}")))
             .and_then(|r| r);
         match hashed {
-            Ok(h) => record.file_hash = Some(h),
+            Ok(h) => record.file_hash = Some(h.into()),
             Err(e) if result.is_ok() => return Err(e),
             Err(_) => {}
         }
@@ -442,7 +442,7 @@ async fn load(
     record.ignored_columns = if stats.ignored.is_empty() {
         None
     } else {
-        Some(stats.ignored.join(","))
+        Some(stats.ignored.join(",").into())
     };
     record.status = if stats.failed > 0 {
         RunStatus::SucceededWithFailures
@@ -453,7 +453,7 @@ async fn load(
         let reasons = hold::hold_reasons(contract, record, &stats, runs);
         if !reasons.is_empty() {
             record.status = RunStatus::Held;
-            record.held_reason = Some(reasons.join("; "));
+            record.held_reason = Some(reasons.join("; ").into());
         }
     }
     record.finished_at = ws.now_micros().max(record.started_at);

@@ -458,7 +458,7 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
     let progress = super::progress_bar(opts.progress, record.file_bytes as u64, path);
     let data_schema = contract.bronze_schema();
     let stamp = StampParts {
-        run_id: record.run_id.clone(),
+        run_id: record.run_id.to_string(),
         digest: digest.clone(),
         natural_key_version: contract.natural_key.version as i32,
         contract_version: contract.version as i32,

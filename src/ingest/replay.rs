@@ -120,7 +120,7 @@ pub async fn superseding(
     Ok(Superseding {
         original: replay.of.clone(),
         keys,
-        runs: later.iter().map(|r| r.run_id.clone()).collect(),
+        runs: later.iter().map(|r| r.run_id.to_string()).collect(),
     })
 }
 

@@ -237,7 +237,7 @@ fn check_run_files(
 ) {
     for r in all_runs {
         if r.has_data() && !present.contains(&layout::bronze_data(&r.source, &r.run_id)) {
-            damaged.tables.insert(r.source.clone());
+            damaged.tables.insert(r.source.to_string());
             out.push(v(
                 "files",
                 layout::bronze_data(&r.source, &r.run_id),
@@ -397,7 +397,7 @@ fn check_run_row_counts(
 ) {
     for r in runs.iter().filter(|r| r.status.is_loaded()) {
         let want = r.rows_written();
-        let have = written.get(&r.run_id).copied().unwrap_or(0);
+        let have = written.get(r.run_id.as_str()).copied().unwrap_or(0);
         if !damaged.has(&r.source) && have != want {
             out.push(v(
                 "counts",
@@ -408,7 +408,7 @@ fn check_run_row_counts(
                 ),
             ));
         }
-        let have = failed.get(&r.run_id).copied().unwrap_or(0);
+        let have = failed.get(r.run_id.as_str()).copied().unwrap_or(0);
         if !damaged.failures && have != r.rows_failed {
             out.push(v(
                 "counts",

@@ -187,7 +187,7 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
     let runs: BTreeMap<String, RunRecord> = read_run_log(lake)
         .await?
         .into_iter()
-        .map(|r| (r.run_id.clone(), r))
+        .map(|r| (r.run_id.to_string(), r))
         .collect();
     let builds_all = read_build_log(lake).await?;
     // the system clock, not the workspace's: grace periods compare it with the store's

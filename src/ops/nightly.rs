@@ -108,7 +108,7 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
                 continue;
             }
             if let Some(held) = report.held.iter().find(|r| r.source == *source) {
-                report.waiting.push((input.display(), held.run_id.clone()));
+                report.waiting.push((input.display(), held.run_id.to_string()));
                 continue;
             }
             if let Some(prev) = runs

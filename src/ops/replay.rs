@@ -97,7 +97,7 @@ pub async fn replayed_by(
         let failed = failed_rows(ctx, &r.run_id, false).await?;
         for row in note.rows {
             if !failed.contains_key(&row) {
-                out.entry(row).or_insert_with(|| r.run_id.clone());
+                out.entry(row).or_insert_with(|| r.run_id.to_string());
             }
         }
     }
@@ -182,7 +182,7 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
     let current = crate::engine::catalog::current_runs(source_runs.iter().copied(), &run.source);
     let later_runs: Vec<String> = crate::ingest::replay::later_runs(&current, &source_runs, &run.run_id)
         .iter()
-        .map(|r| r.run_id.clone())
+        .map(|r| r.run_id.to_string())
         .collect();
     if let Some(last) = same_as_last_replay(ws, &runs, &run.run_id, &rows, &contract_sha256, &later_runs).await? {
         return Ok(Replayed::Nothing(format!(
@@ -197,7 +197,7 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
     let input = write_input(ws, run, &contract, &pending, dir.path()).await?;
     let mut opts = opts.clone();
     opts.replay = Some(Arc::new(Replay {
-        of: run.run_id.clone(),
+        of: run.run_id.to_string(),
         row_numbers: rows,
         file_path: format!("{} (replay)", run.file_path),
         contract_sha256,
@@ -233,7 +233,7 @@ async fn same_as_last_replay(
             && note.contract_sha256 == contract_sha256
             && note.later_runs == later_runs
     });
-    Ok(same.then(|| last.run_id.clone()))
+    Ok(same.then(|| last.run_id.to_string()))
 }
 
 /// Write the `pending` records of `run` as a file in its source's format into `dir` (CSV: the

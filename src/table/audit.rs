@@ -24,13 +24,12 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use object_store::ObjectStoreExt;
-
 use crate::error::{Error, Result};
 use crate::spec::contract::timestamp_type;
 use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
-use crate::table::log::{LogColumns, Record, checkpoint_after, parse_record, put_record, read_checkpointed, slot_of};
+use crate::table::log::{LogColumns, Record, checkpoint_after, put_record, read_checkpointed};
+use crate::table::text::Text;
 
 pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -92,11 +91,11 @@ pub const FAILED_TRANSIENTLY: &str = "transient";
 /// One row of `audit.ingestion_run_log`. Times are microseconds since the epoch, UTC.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
-    pub run_id: String,
-    pub source: String,
+    pub run_id: Text,
+    pub source: Text,
     pub contract_version: i32,
-    pub file_path: String,
-    pub file_hash: Option<String>,
+    pub file_path: Text,
+    pub file_hash: Option<Text>,
     pub file_bytes: i64,
     pub started_at: i64,
     pub finished_at: i64,
@@ -106,10 +105,10 @@ pub struct RunRecord {
     pub rows_updated: i64,
     pub rows_unchanged: i64,
     pub rows_failed: i64,
-    pub replay_of: Option<String>,
-    pub error: Option<String>,
-    pub ingot_version: String,
-    pub ignored_columns: Option<String>,
+    pub replay_of: Option<Text>,
+    pub error: Option<Text>,
+    pub ingot_version: Text,
+    pub ignored_columns: Option<Text>,
     /// When `ingot undo` rolled the run back (microseconds, UTC); extension column.
     pub rolled_back_at: Option<i64>,
     /// Tombstones written: current records whose natural key a `delivery: full` file did not
@@ -126,7 +125,7 @@ pub struct RunRecord {
     /// null in older records).
     ///
     /// [`Contract::key_definition`]: crate::spec::contract::Contract::key_definition
-    pub natural_key_definition: Option<String>,
+    pub natural_key_definition: Option<Text>,
     /// Replayed records not loaded because a run committed after the original delivered their key
     /// (rule `replay_superseded`; counted in `rows_failed` too). Extension column; null reads as 0.
     pub rows_superseded: i64,
@@ -135,14 +134,14 @@ pub struct RunRecord {
     /// `row_hash` covers. Extension column; null in older records (read as the current contract's).
     ///
     /// [`Contract::fields_definition`]: crate::spec::contract::Contract::fields_definition
-    pub contract_fields: Option<String>,
+    pub contract_fields: Option<Text>,
     /// Why a `failed` run failed: `content` (the file under this contract: retried only when the
     /// contract changes) or `transient` (the file changed while read, a read failed: the nightly
     /// job retries it). Extension column; null on other runs and in older records (read as content).
-    pub failure_class: Option<String>,
+    pub failure_class: Option<Text>,
     /// Why a hold gate held the run (`held`, and kept on the copy `ingot publish` or `ingot
     /// discard` commits). Extension column; null on other runs and in older records.
-    pub held_reason: Option<String>,
+    pub held_reason: Option<Text>,
     /// When `ingot publish` or `ingot discard` decided a held run (microseconds, UTC). Extension
     /// column.
     pub decided_at: Option<i64>,
@@ -251,39 +250,57 @@ fn i64_array(v: i64) -> ArrayRef {
 
 impl RunRecord {
     pub fn to_batch(&self) -> Result<RecordBatch> {
+        RunRecord::batch_of(std::slice::from_ref(self))
+    }
+
+    /// The records as one batch of [`run_log_schema`], a row each, column by column (a
+    /// checkpoint holds a row per run of the source).
+    pub fn batch_of(records: &[RunRecord]) -> Result<RecordBatch> {
+        use datafusion::arrow::array::Int32Array;
+        let text = |f: fn(&RunRecord) -> Option<&str>| -> ArrayRef {
+            Arc::new(records.iter().map(f).collect::<StringArray>())
+        };
+        let int64 = |f: fn(&RunRecord) -> i64| -> ArrayRef { Arc::new(records.iter().map(f).collect::<Int64Array>()) };
+        let int32 =
+            |f: fn(&RunRecord) -> Option<i32>| -> ArrayRef { Arc::new(records.iter().map(f).collect::<Int32Array>()) };
+        let time = |f: fn(&RunRecord) -> Option<i64>| -> ArrayRef {
+            Arc::new(
+                records
+                    .iter()
+                    .map(f)
+                    .collect::<TimestampMicrosecondArray>()
+                    .with_timezone("UTC"),
+            )
+        };
         let cols: Vec<ArrayRef> = vec![
-            str_array(Some(&self.run_id)),
-            str_array(Some(&self.source)),
-            Arc::new(datafusion::arrow::array::Int32Array::from(vec![self.contract_version])),
-            str_array(Some(&self.file_path)),
-            str_array(self.file_hash.as_deref()),
-            i64_array(self.file_bytes),
-            ts_array(self.started_at),
-            ts_array(self.finished_at),
-            str_array(Some(self.status.as_str())),
-            i64_array(self.rows_seen),
-            i64_array(self.rows_inserted),
-            i64_array(self.rows_updated),
-            i64_array(self.rows_unchanged),
-            i64_array(self.rows_failed),
-            str_array(self.replay_of.as_deref()),
-            str_array(self.error.as_deref()),
-            str_array(Some(&self.ingot_version)),
-            str_array(self.ignored_columns.as_deref()),
-            opt_ts_array(self.rolled_back_at),
-            i64_array(self.rows_deleted),
-            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
-                self.natural_key_version,
-            ])),
-            Arc::new(datafusion::arrow::array::Int32Array::from(vec![
-                self.previous_natural_key_version,
-            ])),
-            str_array(self.natural_key_definition.as_deref()),
-            i64_array(self.rows_superseded),
-            str_array(self.contract_fields.as_deref()),
-            str_array(self.failure_class.as_deref()),
-            str_array(self.held_reason.as_deref()),
-            opt_ts_array(self.decided_at),
+            text(|r| Some(&r.run_id)),
+            text(|r| Some(&r.source)),
+            int32(|r| Some(r.contract_version)),
+            text(|r| Some(&r.file_path)),
+            text(|r| r.file_hash.as_deref()),
+            int64(|r| r.file_bytes),
+            time(|r| Some(r.started_at)),
+            time(|r| Some(r.finished_at)),
+            text(|r| Some(r.status.as_str())),
+            int64(|r| r.rows_seen),
+            int64(|r| r.rows_inserted),
+            int64(|r| r.rows_updated),
+            int64(|r| r.rows_unchanged),
+            int64(|r| r.rows_failed),
+            text(|r| r.replay_of.as_deref()),
+            text(|r| r.error.as_deref()),
+            text(|r| Some(&r.ingot_version)),
+            text(|r| r.ignored_columns.as_deref()),
+            time(|r| r.rolled_back_at),
+            int64(|r| r.rows_deleted),
+            int32(|r| r.natural_key_version),
+            int32(|r| r.previous_natural_key_version),
+            text(|r| r.natural_key_definition.as_deref()),
+            int64(|r| r.rows_superseded),
+            text(|r| r.contract_fields.as_deref()),
+            text(|r| r.failure_class.as_deref()),
+            text(|r| r.held_reason.as_deref()),
+            time(|r| r.decided_at),
         ];
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
@@ -335,17 +352,17 @@ impl RunRecord {
         fn get<T: Array>(a: Option<&T>, r: usize) -> Option<&T> {
             a.filter(|a| !a.is_null(r))
         }
-        let s = |a: Option<&StringArray>, r: usize| get(a, r).map(|a| a.value(r).to_string());
+        let s = |a: Option<&StringArray>, r: usize| a.and_then(|a| Text::of_opt(a, r));
         let mut out = Vec::with_capacity(c.batch.num_rows());
         for r in 0..c.batch.num_rows() {
             let status_text = status.value(r);
             let status = RunStatus::parse(status_text)
                 .ok_or_else(|| Error::RunFailed(format!("run log has unknown status \"{status_text}\"")))?;
             out.push(RunRecord {
-                run_id: run_id.value(r).to_string(),
-                source: source.value(r).to_string(),
+                run_id: Text::of(run_id, r),
+                source: Text::of(source, r),
                 contract_version: contract_version.value(r),
-                file_path: path.value(r).to_string(),
+                file_path: Text::of(path, r),
                 file_hash: s(Some(hash), r),
                 file_bytes: bytes.value(r),
                 started_at: started.value(r),
@@ -358,7 +375,7 @@ impl RunRecord {
                 rows_failed: failed.value(r),
                 replay_of: s(Some(replay_of), r),
                 error: s(Some(error), r),
-                ingot_version: version.value(r).to_string(),
+                ingot_version: Text::of(version, r),
                 ignored_columns: s(ignored, r),
                 rolled_back_at: get(rolled_back_at, r).map(|a| a.value(r)),
                 rows_deleted: get(deleted, r).map_or(0, |a| a.value(r)),
@@ -389,13 +406,19 @@ pub fn not_before(runs: &[RunRecord], source: &str, now: i64) -> i64 {
 }
 
 /// Serialize one batch as a complete, uncompressed Parquet file in memory (small audit records).
+///
+/// Plain pages without statistics: a log record is one row, read back by every command that reads
+/// the records after a checkpoint, and a dictionary page and statistics per column made a record
+/// 8.7 KB and most of its reading time.
 pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
+    use datafusion::parquet::file::properties::EnabledStatistics;
+    let props = crate::table::bronze::uncompressed_properties_for(&batch.schema())
+        .into_builder()
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .build();
     let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(
-        &mut buf,
-        batch.schema(),
-        Some(crate::table::bronze::uncompressed_properties_for(&batch.schema())),
-    )?;
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
     w.write(batch)?;
     w.close()?;
     Ok(Bytes::from(buf))
@@ -413,8 +436,7 @@ pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
 pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    let slot = |seq| layout::run_record(&record.source, seq);
-    if !put_record(lake, slot, record.seq, bytes, "run log", RunRecord::from_columns).await? {
+    if !put_record::<RunRecord>(lake, &record.source, record.seq, bytes).await? {
         return Err(Error::Locked(format!(
             "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
              over); nothing of run {} was published: run the same command again",
@@ -438,6 +460,10 @@ impl Record for RunRecord {
 
     fn to_batch(&self) -> Result<RecordBatch> {
         RunRecord::to_batch(self)
+    }
+
+    fn batch_of(records: &[Self]) -> Result<RecordBatch> {
+        RunRecord::batch_of(records)
     }
 
     fn id(&self) -> &str {
@@ -464,34 +490,11 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
 }
 
 /// Objects under the run and build logs that are not records (their names are not
-/// `<digits>.parquet`), or that are records no reader can parse: `(path, why)`, for `ingot doctor`.
+/// `<digits>.parquet`), records no reader can parse, and empty slots below a record (a record
+/// removed): `(path, why)`, for `ingot doctor`.
 pub async fn stray_log_objects(lake: &Lake) -> Result<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    for (rel, log) in [(layout::RUN_LOG, "run log"), (layout::BUILD_LOG, "build log")] {
-        for meta in lake.list(rel).await? {
-            let path = lake
-                .relative(&meta.location)
-                .unwrap_or_else(|| meta.location.to_string());
-            if slot_of(meta.location.filename()).is_none() {
-                out.push((
-                    path,
-                    format!(
-                        "not a {log} record (records are named <slot>.parquet): skipped by every command; remove it"
-                    ),
-                ));
-                continue;
-            }
-            let bytes = lake.store.get(&meta.location).await?.bytes().await?;
-            let parsed = if rel == layout::RUN_LOG {
-                parse_record(bytes, log, &RunRecord::from_columns).map(|_| ())
-            } else {
-                parse_record(bytes, log, &BuildRecord::from_columns).map(|_| ())
-            };
-            if let Err(e) = parsed {
-                out.push((path, format!("{e}: skipped by every command; remove it")));
-            }
-        }
-    }
+    let mut out = crate::table::log::stray_objects::<RunRecord>(lake).await?;
+    out.extend(crate::table::log::stray_objects::<BuildRecord>(lake).await?);
     Ok(out)
 }
 
@@ -825,8 +828,7 @@ pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
 pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    let slot = |seq| layout::build_record(&record.table, seq);
-    if !put_record(lake, slot, record.seq, bytes, "build log", BuildRecord::from_columns).await? {
+    if !put_record::<BuildRecord>(lake, &record.table, record.seq, bytes).await? {
         return Err(Error::Locked(format!(
             "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
              was published: run the same command again",

@@ -29,6 +29,12 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, UploadPart,
 };
 
+/// A put option ([`PutOptions::extensions`]) for a hint that may be lost: the object is written
+/// and put in place like any other, but not synced (a power loss may leave an older one, or none).
+/// Other stores ignore it.
+#[derive(Debug, Clone, Copy)]
+pub struct Unsynced;
+
 /// What the durable store asks of the disk. [`Fsync`] is the real one.
 pub trait Disk: Send + Sync + std::fmt::Debug + 'static {
     /// Make the content of `file` (open at `path`) durable.
@@ -156,7 +162,7 @@ impl DurableLocal {
     }
 
     /// Put `staging` (written and synced) in place at `dest`, then make the entry durable.
-    fn publish(&self, staging: &FsPath, dest: &FsPath, mode: &PutMode) -> object_store::Result<()> {
+    fn publish(&self, staging: &FsPath, dest: &FsPath, mode: &PutMode, sync: bool) -> object_store::Result<()> {
         match mode {
             PutMode::Create => match std::fs::hard_link(staging, dest) {
                 Ok(()) => {
@@ -174,17 +180,28 @@ impl DurableLocal {
             _ => std::fs::rename(staging, dest).map_err(|e| io_at(dest, e))?,
         }
         self.disk.linked(staging, dest).map_err(|e| io_at(dest, e))?;
+        if !sync {
+            return Ok(());
+        }
         self.sync_entries(dest).map_err(|e| io_at(dest, e))
     }
 
-    fn put_blocking(&self, dest: PathBuf, payload: PutPayload, mode: PutMode) -> object_store::Result<PutResult> {
+    fn put_blocking(
+        &self,
+        dest: PathBuf,
+        payload: PutPayload,
+        mode: PutMode,
+        sync: bool,
+    ) -> object_store::Result<PutResult> {
         self.disk.writable().map_err(|e| io_at(&dest, e))?;
         let (mut file, staging) = new_staged(&dest)?;
         let written = (|| {
             for chunk in payload.iter() {
                 file.write_all(chunk).map_err(|e| io_at(&staging, e))?;
             }
-            self.disk.sync_file(&file, &staging).map_err(|e| io_at(&staging, e))?;
+            if sync {
+                self.disk.sync_file(&file, &staging).map_err(|e| io_at(&staging, e))?;
+            }
             file.metadata().map_err(|e| io_at(&staging, e))
         })();
         drop(file);
@@ -195,7 +212,7 @@ impl DurableLocal {
                 return Err(e);
             }
         };
-        if let Err(e) = self.publish(&staging, &dest, &mode) {
+        if let Err(e) = self.publish(&staging, &dest, &mode, sync) {
             let _ = std::fs::remove_file(&staging);
             return Err(e);
         }
@@ -271,7 +288,8 @@ impl ObjectStore for DurableLocal {
         }
         let dest = self.inner.path_to_filesystem(location)?;
         let this = self.clone();
-        blocking(move || this.put_blocking(dest, payload, opts.mode)).await
+        let sync = opts.extensions.get::<Unsynced>().is_none();
+        blocking(move || this.put_blocking(dest, payload, opts.mode, sync)).await
     }
 
     async fn put_multipart_opts(
@@ -395,6 +413,13 @@ fn names_after(dir: &FsPath, prefix: &Path, offset: &Path) -> Option<Vec<Path>> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Vec::new()),
         Err(_) => return None,
     };
+    // the offset names an object of this folder (a log record): compare names, and make paths
+    // only of the few after it (a log folder holds a record per commit of its history)
+    let after = offset
+        .prefix_match(prefix)
+        .map(|mut parts| (parts.next(), parts.next()))
+        .and_then(|(name, more)| more.is_none().then_some(name).flatten())
+        .map(|name| name.as_ref().to_string());
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.ok()?;
@@ -402,6 +427,9 @@ fn names_after(dir: &FsPath, prefix: &Path, offset: &Path) -> Option<Vec<Path>> 
             return None;
         }
         let name = entry.file_name().into_string().ok()?;
+        if after.as_deref().is_some_and(|a| name.as_str() <= a) {
+            continue;
+        }
         // names the store would percent-encode are listed its way
         if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._=-#".contains(&b)) {
             return None;
@@ -467,7 +495,7 @@ impl MultipartUpload for Upload {
             let file = state.file.lock().unwrap_or_else(|e| e.into_inner());
             store.disk.sync_file(&file, &staging).map_err(|e| io_at(&staging, e))?;
             let meta = file.metadata().map_err(|e| io_at(&staging, e))?;
-            if let Err(e) = store.publish(&staging, &state.dest, &PutMode::Overwrite) {
+            if let Err(e) = store.publish(&staging, &state.dest, &PutMode::Overwrite, true) {
                 let _ = std::fs::remove_file(&staging);
                 return Err(e);
             }

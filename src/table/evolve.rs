@@ -103,10 +103,10 @@ impl StoredRun {
     pub fn new(lake: &Lake, run: &RunRecord) -> StoredRun {
         let past = run.contract_fields.as_deref().and_then(parse_fields);
         StoredRun {
-            run_id: run.run_id.clone(),
-            source: run.source.clone(),
+            run_id: run.run_id.to_string(),
+            source: run.source.to_string(),
             url: lake.url(&layout::bronze_data(&run.source, &run.run_id)),
-            definition: run.contract_fields.clone(),
+            definition: run.contract_fields.as_deref().map(str::to_string),
             past,
         }
     }
@@ -215,7 +215,16 @@ fn unreadable_by_field<'a>(
 ) -> BTreeMap<(&'a str, String), Vec<&'a str>> {
     let mut per_definition: HashMap<Option<&str>, Vec<(&str, FieldType)>> = HashMap::new();
     let mut by_field: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    // runs in a row mostly share their definition: compared with the previous one's, it is
+    // looked up (hashed whole) only when it changes
+    let mut previous: Option<(Option<&str>, bool)> = None;
     for (definition, id) in runs {
+        if let Some((d, clean)) = previous
+            && d == definition
+            && clean
+        {
+            continue;
+        }
         let problems = per_definition.entry(definition).or_insert_with(|| {
             let probe = StoredRun {
                 run_id: String::new(),
@@ -226,6 +235,7 @@ fn unreadable_by_field<'a>(
             };
             probe.unreadable(contract)
         });
+        previous = Some((definition, problems.is_empty()));
         for (field, ty) in problems.iter() {
             by_field.entry((*field, ty.name())).or_default().push(id);
         }
@@ -244,10 +254,10 @@ fn own_files(lake: &Lake, runs: &[&RunRecord]) -> Vec<StoredRun> {
                 .or_insert_with(|| definition.and_then(parse_fields))
                 .clone();
             StoredRun {
-                run_id: r.run_id.clone(),
-                source: r.source.clone(),
+                run_id: r.run_id.to_string(),
+                source: r.source.to_string(),
                 url: lake.url(&layout::bronze_data(&r.source, &r.run_id)),
-                definition: r.contract_fields.clone(),
+                definition: r.contract_fields.as_deref().map(str::to_string),
                 past,
             }
         })
@@ -269,8 +279,8 @@ pub fn stored_files(
     if manifest.segments.is_empty() {
         return Ok((own_files(lake, runs), Vec::new()));
     }
-    let wanted: std::collections::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
-    let mut covered = std::collections::HashSet::new();
+    let wanted: hashbrown::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+    let mut covered = hashbrown::HashSet::with_capacity(runs.len());
     let mut segments = Vec::new();
     for seg in &manifest.segments {
         if seg.runs.iter().any(|r| wanted.contains(r.as_str())) {

@@ -187,6 +187,18 @@ impl Lake {
         Ok(())
     }
 
+    /// Put a hint: an object a reader may find older than the last write, or missing, and must
+    /// check (on a local lake it is not synced: [`crate::table::durable::Unsynced`]).
+    pub async fn put_hint(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        let mut opts = PutOptions::default();
+        opts.extensions.insert(crate::table::durable::Unsynced);
+        self.store
+            .put_opts(&self.path(rel), PutPayload::from(bytes), opts)
+            .await
+            .map_err(|e| self.error(rel, e))?;
+        Ok(())
+    }
+
     /// Create-if-absent put. `Ok(false)` when the object already exists.
     pub async fn put_create(&self, rel: &str, bytes: Bytes) -> Result<bool> {
         Ok(self.put_create_versioned(rel, bytes).await?.is_some())

@@ -19,7 +19,8 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch
 use datafusion::arrow::datatypes::{
     DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
 };
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use crate::error::{Error, Result};
@@ -145,13 +146,20 @@ impl<'a> LogColumns<'a> {
     }
 }
 
+/// How log records and checkpoints are read: without decoding the Arrow schema stored in their
+/// metadata (the columns are read by name and physical type, so the Parquet schema says enough),
+/// which is a good part of reading a one-record file.
+fn reader_options() -> ArrowReaderOptions {
+    ArrowReaderOptions::new().with_skip_arrow_metadata(true)
+}
+
 /// The records of one log file's bytes.
 pub(crate) fn parse_record<T>(
     bytes: Bytes,
     log: &'static str,
     parse: &impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
 ) -> Result<Vec<T>> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+    let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, reader_options())
         .and_then(|b| b.build())
         .map_err(|e| Error::RunFailed(format!("unreadable {log} record: {e}")))?;
     let mut out = Vec::new();
@@ -162,30 +170,26 @@ pub(crate) fn parse_record<T>(
     Ok(out)
 }
 
-/// Put a commit record into slot `seq` (`rel` names a slot's file), create-if-absent; `Ok(false)`
-/// when the slot holds another commit. A slot holding an object no reader can parse is not a
-/// commit (every reader skips it): the record goes into the next free slot instead.
-pub(crate) async fn put_record<T>(
-    lake: &Lake,
-    rel: impl Fn(u64) -> String,
-    mut seq: u64,
-    bytes: Bytes,
-    log: &'static str,
-    parse: impl Fn(&LogColumns<'_>) -> Result<Vec<T>>,
-) -> Result<bool> {
+/// Put a commit record into slot `seq` of `name`, create-if-absent; `Ok(false)` when the slot
+/// holds another commit. A slot holding an object no reader can parse is not a commit (every
+/// reader skips it): the record goes into the next free slot instead. The slot taken goes into
+/// the folder's tail hint.
+pub(crate) async fn put_record<T: Record>(lake: &Lake, name: &str, mut seq: u64, bytes: Bytes) -> Result<bool> {
     loop {
-        if lake.put_create(&rel(seq), bytes.clone()).await? {
+        let rel = slot_rel::<T>(name, seq);
+        if lake.put_create(&rel, bytes.clone()).await? {
+            hint_tail::<T>(lake, name, seq).await;
             return Ok(true);
         }
-        match lake.get(&rel(seq)).await? {
-            Some(taken) if parse_record(taken.clone(), log, &parse).is_err() => seq += 1,
+        match lake.get(&rel).await? {
+            Some(taken) if parse_record(taken.clone(), T::LOG, &T::parse).is_err() => seq += 1,
             _ => return Ok(false),
         }
     }
 }
 
 /// A kind of commit record and the log it is kept in.
-pub(crate) trait Record: Sized {
+pub(crate) trait Record: Sized + Send + 'static {
     /// The log folder (`audit/ingestion_run_log`), with one subfolder per name.
     const DIR: &'static str;
     /// What errors call the log (`run log`).
@@ -194,6 +198,11 @@ pub(crate) trait Record: Sized {
     fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>>;
     /// The record as a one-row batch of [`Record::schema`].
     fn to_batch(&self) -> Result<RecordBatch>;
+    /// The records as one batch of [`Record::schema`] (a checkpoint's rows).
+    fn batch_of(records: &[Self]) -> Result<RecordBatch> {
+        let batches = records.iter().map(|r| r.to_batch()).collect::<Result<Vec<_>>>()?;
+        Ok(datafusion::arrow::compute::concat_batches(&Self::schema(), &batches)?)
+    }
     /// The id a later record of the same id supersedes.
     fn id(&self) -> &str;
     fn seq(&self) -> u64;
@@ -247,22 +256,131 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
             break;
         }
     }
-    let listed = match checkpoint {
-        Some(through) => {
-            lake.list_after(&folder::<T>(name), &slot_rel::<T>(name, through))
-                .await?
-        }
-        None => lake.list(&folder::<T>(name)).await?,
-    };
-    let tail = read_records::<T>(lake, listed).await?;
+    let tail = records_after::<T>(lake, name, checkpoint.unwrap_or(0)).await?;
     let last_slot = tail.iter().map(|r| r.seq()).fold(checkpoint.unwrap_or(0), u64::max);
-    base.extend(tail);
-    let records = latest_per_id(base, |r| r.id(), |r| r.seq());
+    let records = if checkpoint.is_some() {
+        // a checkpoint holds one record per id, in slot order: only the few records after it can
+        // supersede one (no map over the whole history)
+        let tail = latest_per_id(tail, |r| r.id(), |r| r.seq());
+        let later: std::collections::HashSet<&str> = tail.iter().map(|r| r.id()).collect();
+        base.retain(|r| !later.contains(r.id()));
+        if !base.is_sorted_by_key(|r| r.seq()) {
+            base.sort_by_key(|r| r.seq());
+        }
+        base.extend(tail);
+        base
+    } else {
+        latest_per_id(tail, |r| r.id(), |r| r.seq())
+    };
     Ok(Checkpointed {
         records,
         checkpoint,
         last_slot,
     })
+}
+
+/// The file of a log folder's tail hint: the last slot a commit put a record into (decimal text).
+fn tail_hint<T: Record>(name: &str) -> String {
+    format!("{}/tail", layout::log_checkpoints(T::DIR, name))
+}
+
+/// After a commit into `slot` of `name`: say so in the tail hint, unsynced. A hint is only a
+/// lower bound a reader checks its probing against; one that is lost or older is harmless.
+async fn hint_tail<T: Record>(lake: &Lake, name: &str, slot: u64) {
+    if lake.is_remote() {
+        return;
+    }
+    // a hint not written only makes the next reader's gap check weaker
+    let _ = lake
+        .put_hint(&tail_hint::<T>(name), Bytes::from(slot.to_string()))
+        .await;
+}
+
+/// The records of `name` in the slots after `through`, in slot order.
+///
+/// On S3 that is one `start-after` listing. A local folder cannot be listed from an offset (a
+/// directory read costs a name per record of the history), so the slots after `through` are
+/// read one by one until the first that holds nothing: slots are taken in order and never
+/// emptied. A record removed by hand would end that early; so a commit also leaves the slot it
+/// took in the tail hint ([`hint_tail`]), and when the reading ends at or below the hint, or
+/// there is no hint, the folder is listed instead (a gap in a log: every later record is still
+/// read, and `ingot doctor` reports the gap). The slots up to the hint are read concurrently.
+async fn records_after<T: Record>(lake: &Lake, name: &str, through: u64) -> Result<Vec<T>> {
+    let listed = |lake: &Lake| {
+        let (lake, folder) = (lake.clone(), folder::<T>(name));
+        let after = (through > 0).then(|| slot_rel::<T>(name, through));
+        async move {
+            match after {
+                Some(after) => lake.list_after(&folder, &after).await,
+                None => lake.list(&folder).await,
+            }
+        }
+    };
+    if lake.is_remote() {
+        return read_records::<T>(lake, listed(lake).await?).await;
+    }
+    let hint = lake
+        .get(&tail_hint::<T>(name))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<u64>().ok());
+    // without a hint (a folder no commit of this version wrote to, caches removed) nothing
+    // bounds a gap: the folder is listed
+    let Some(hint) = hint else {
+        return read_records::<T>(lake, listed(lake).await?).await;
+    };
+    // the slots up to the hint were taken: read at once; past it, probe one slot (the hint is
+    // written at every commit, so that slot is empty but after a commit that died between its
+    // record and its hint), then in growing steps
+    let mut out = Vec::new();
+    let (mut next, mut step) = (through + 1, 1u64);
+    let empty = 'read: loop {
+        let (last, past) = if hint >= next {
+            (hint, false)
+        } else {
+            (next + step - 1, true)
+        };
+        let mut reads = futures::stream::iter(next..=last)
+            .map(|slot| {
+                let (lake, rel) = (lake.clone(), slot_rel::<T>(name, slot));
+                async move {
+                    let Some(bytes) = lake.get(&rel).await? else {
+                        return Ok((slot, None));
+                    };
+                    // parsed on the blocking pool, so the records of the tail parse side by side
+                    let parsed = tokio::task::spawn_blocking(move || parse_record(bytes, T::LOG, &T::parse))
+                        .await
+                        .map_err(|e| Error::Internal(format!("parsing a log record: {e}")))?;
+                    Ok::<_, Error>((slot, Some(parsed)))
+                }
+            })
+            .buffered(8);
+        while let Some(read) = reads.next().await {
+            let (slot, parsed) = read?;
+            let Some(parsed) = parsed else {
+                break 'read slot;
+            };
+            // an object no reader can parse holds its slot but is no record
+            for mut record in parsed.unwrap_or_default() {
+                record.set_seq(slot);
+                out.push(record);
+            }
+        }
+        next = last + 1;
+        if past {
+            step = (step * 2).min(32);
+        }
+    };
+    if empty > hint {
+        return Ok(out);
+    }
+    crate::tell!(
+        "{}: slot {empty} holds no record, but a commit took slot {hint}: the folder is read whole (`ingot doctor` \
+         names the gap)",
+        folder::<T>(name)
+    );
+    read_records::<T>(lake, listed(lake).await?).await
 }
 
 /// The records of the listed log objects, each with the slot its name carries. Objects that are
@@ -289,7 +407,8 @@ pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through:
     let rel = layout::log_checkpoint(T::DIR, name, through);
     let bad = |why: String| Error::RunFailed(format!("checkpoint: {why}"));
     let bytes = lake.get(&rel).await?.ok_or_else(|| bad(format!("{rel} is missing")))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(format!("unreadable: {e}")))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, reader_options())
+        .map_err(|e| bad(format!("unreadable: {e}")))?;
     let meta = builder
         .metadata()
         .file_metadata()
@@ -311,7 +430,7 @@ pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through:
         )));
     }
     let reader = builder.build().map_err(|e| bad(format!("unreadable: {e}")))?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(meta["records"].as_u64().unwrap_or(0).min(1 << 24) as usize);
     for batch in reader {
         let batch = batch.map_err(|e| bad(format!("unreadable: {e}")))?;
         let slots = batch
@@ -405,8 +524,7 @@ pub const READER_GRACE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 /// The records as one batch of the log's schema plus their slots.
 fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {
     let schema = T::schema();
-    let batches = records.iter().map(|r| r.to_batch()).collect::<Result<Vec<_>>>()?;
-    let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
+    let all = T::batch_of(records)?;
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     fields.push(slot_field());
     let mut columns = all.columns().to_vec();
@@ -420,7 +538,14 @@ fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {
 /// (damaged, stale) or that differs from the records through its slot, folded one by one.
 pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: &str) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
-    let listed = lake.list(&layout::log_checkpoints(T::DIR, name)).await?;
+    // the tail hint is no checkpoint: whatever it says, readers check it
+    let hint = lake.path(&tail_hint::<T>(name));
+    let listed: Vec<_> = lake
+        .list(&layout::log_checkpoints(T::DIR, name))
+        .await?
+        .into_iter()
+        .filter(|m| m.location != hint)
+        .collect();
     if listed.is_empty() {
         return Ok(out);
     }
@@ -460,6 +585,57 @@ pub(crate) async fn check_checkpoints<T: Record + PartialEq>(lake: &Lake, name: 
                      remove it (the next read folds every record)"
                 ),
             ));
+        }
+    }
+    Ok(out)
+}
+
+/// The objects of every folder of `T`'s log that are not records (their names are not
+/// `<digits>.parquet`), records no reader can parse, and the empty slots below a record (a record
+/// removed by hand, or a partial copy of the lake): `(path, why)`, for `ingot doctor`.
+pub(crate) async fn stray_objects<T: Record>(lake: &Lake) -> Result<Vec<(String, String)>> {
+    let (mut out, log) = (Vec::new(), T::LOG);
+    // the slots taken in each folder, for the gaps among them
+    let mut taken: std::collections::BTreeMap<String, Vec<u64>> = std::collections::BTreeMap::new();
+    for meta in lake.list(T::DIR).await? {
+        let path = lake
+            .relative(&meta.location)
+            .unwrap_or_else(|| meta.location.to_string());
+        let Some(slot) = slot_of(meta.location.filename()) else {
+            out.push((
+                path,
+                format!("not a {log} record (records are named <slot>.parquet): skipped by every command; remove it"),
+            ));
+            continue;
+        };
+        if let Some((folder, _)) = path.rsplit_once('/') {
+            taken.entry(folder.to_string()).or_default().push(slot);
+        }
+        let bytes = lake.store.get(&meta.location).await?.bytes().await?;
+        if let Err(e) = parse_record(bytes, log, &T::parse) {
+            out.push((path, format!("{e}: skipped by every command; remove it")));
+        }
+    }
+    for (folder, mut slots) in taken {
+        slots.sort_unstable();
+        let mut expected = 1;
+        for slot in slots {
+            if slot > expected {
+                let missing = if slot - expected == 1 {
+                    format!("slot {expected} is")
+                } else {
+                    format!("slots {expected} to {} are", slot - 1)
+                };
+                out.push((
+                    format!("{folder}/{expected:010}.parquet"),
+                    format!(
+                        "{missing} empty while slot {slot} holds a record: a {log} record was removed (by hand, or a \
+                         partial copy of the lake), and what it committed is missing wherever the records are read \
+                         one by one; restore it from a backup"
+                    ),
+                ));
+            }
+            expected = slot + 1;
         }
     }
     Ok(out)

@@ -18,3 +18,4 @@ pub mod segments;
 pub mod silver;
 pub mod store;
 pub mod strict;
+pub mod text;

@@ -10,8 +10,6 @@
 //! detection read the run files, and a segment that is missing or not of its recorded size is
 //! passed over (its runs are read from their own files). Written by [`crate::engine::compact`].
 
-use std::collections::BTreeSet;
-
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -47,7 +45,7 @@ pub struct Manifest {
 
 impl Manifest {
     /// Every run a segment holds.
-    pub fn covered(&self) -> BTreeSet<&str> {
+    pub fn covered(&self) -> hashbrown::HashSet<&str> {
         self.segments
             .iter()
             .flat_map(|s| s.runs.iter().map(String::as_str))
@@ -135,7 +133,8 @@ pub async fn prune_manifests(lake: &Lake, source: &str, keep_from: u64) -> Resul
 /// Put `manifest` as the source's manifest `manifest.number` (create-if-absent): `false` when
 /// another command put that number first.
 pub async fn write(lake: &Lake, manifest: &Manifest) -> Result<bool> {
-    let bytes = serde_json::to_vec_pretty(manifest)
+    // compact: a manifest lists every run its segments hold, and every reader of the source parses it
+    let bytes = serde_json::to_vec(manifest)
         .map_err(|e| Error::Internal(format!("segment manifest of {}: {e}", manifest.source)))?;
     lake.put_create(&manifest_path(&manifest.source, manifest.number), Bytes::from(bytes))
         .await

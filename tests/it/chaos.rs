@@ -51,12 +51,14 @@ fn new_commits(before: &Logs, after: &Logs) -> Vec<Commit> {
             continue;
         }
         let c = if run_ids.contains(r.run_id.as_str()) {
-            Commit::UndoRun { id: r.run_id.clone() }
+            Commit::UndoRun {
+                id: r.run_id.to_string(),
+            }
         } else {
             Commit::Run {
-                source: r.source.clone(),
-                file: r.file_path.clone(),
-                id: r.run_id.clone(),
+                source: r.source.to_string(),
+                file: r.file_path.to_string(),
+                id: r.run_id.to_string(),
             }
         };
         out.push((r.rolled_back_at.unwrap_or(r.finished_at), c));
@@ -203,7 +205,7 @@ fn random_operations_killed_at_random_moments_equal_a_clean_replay_of_what_commi
                     .filter(|b| b.status == ingot::table::audit::BuildStatus::Succeeded)
                     .collect();
                 let id = if rng.chance(50) && !runs.is_empty() {
-                    runs[rng.below(runs.len() as u64) as usize].run_id.clone()
+                    runs[rng.below(runs.len() as u64) as usize].run_id.to_string()
                 } else if let Some(b) = builds.last() {
                     b.build_id.clone()
                 } else {

@@ -143,7 +143,7 @@ fn contract_evolution_marks_only_changed_records_updated() {
 
 /// The row-hash cache files of the lake, lake-relative.
 fn cache_files(t: &TestLake) -> Vec<String> {
-    let root = t.lake().join("_cache");
+    let root = t.lake().join("_cache/row_hash");
     let mut out = Vec::new();
     let mut stack = vec![root];
     while let Some(dir) = stack.pop() {

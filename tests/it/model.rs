@@ -417,7 +417,7 @@ async fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
                             content.push_str(&raw_line(&model, o, *n));
                             content.push('\n');
                         }
-                        let run = model.load(rec.run_id.clone(), &pending, Some(o), content);
+                        let run = model.load(rec.run_id.to_string(), &pending, Some(o), content);
                         let loaded: Vec<usize> = pending
                             .iter()
                             .map(|p| p.0)
@@ -521,7 +521,7 @@ async fn deliver(
         return Ok(());
     }
     let numbered: Vec<(usize, Rec)> = rows.iter().cloned().enumerate().map(|(i, r)| (i + 1, r)).collect();
-    let run = model.load(record.run_id.clone(), &numbered, None, content.to_string());
+    let run = model.load(record.run_id.to_string(), &numbered, None, content.to_string());
     prop_assert_eq!(
         record.rows_failed as usize,
         run.failed.len(),

@@ -413,11 +413,11 @@ fn a_cluster_over_an_s3_lake_runs_the_nightly_job_like_one_local_process() {
 fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
     use ingot::table::audit::{RunRecord, RunStatus};
     RunRecord {
-        run_id: run_id.to_string(),
+        run_id: run_id.into(),
         source: "bookings".into(),
         contract_version: 1,
-        file_path: format!("s3://landing/{run_id}.csv"),
-        file_hash: Some("0".repeat(64)),
+        file_path: format!("s3://landing/{run_id}.csv").into(),
+        file_hash: Some("0".repeat(64).into()),
         file_bytes: 1,
         started_at: 1,
         finished_at: 2,
@@ -437,7 +437,7 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         held_reason: None,
         decided_at: None,
         replay_of: None,
-        error: Some(format!("writer {run_id}")),
+        error: Some(format!("writer {run_id}").into()),
         ingot_version: "test".into(),
         ignored_columns: None,
         rolled_back_at: None,

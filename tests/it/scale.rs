@@ -106,9 +106,13 @@ fn everything(t: &TestLake) -> LakeSnapshot {
     s
 }
 
+/// The checkpoint and key-state files under `rel` (a log folder's `tail` hint is no checkpoint: it
+/// is written at every commit, whatever the cadence).
 fn cache_files(t: &TestLake, rel: &str) -> Vec<PathBuf> {
     let dir = t.lake().join(rel);
-    if dir.exists() { files_under(&dir) } else { Vec::new() }
+    let mut files = if dir.exists() { files_under(&dir) } else { Vec::new() };
+    files.retain(|f| f.file_name().is_some_and(|n| n != "tail"));
+    files
 }
 
 #[test]
@@ -650,4 +654,112 @@ fn a_crash_at_every_compaction_failpoint_then_rerun_equals_one_clean_run() {
         now.assert_same(&expected, &format!("{point}: after compact and gc"));
         assert_ok(&t.run(&["doctor"]));
     }
+}
+
+/// A log record removed by hand (a slip, a partial copy of the lake) leaves a gap among its
+/// folder's slots. A reader that reads the records after a checkpoint slot by slot would stop at
+/// it and miss every later run; the tail hint says a later slot was taken, so the folder is read
+/// whole instead: the tables show every run but the removed one, the next ingest commits after
+/// the last record (never into the gap), and `ingot doctor` names the empty slot. The same
+/// without the hint (caches removed): the folder is listed.
+#[test]
+fn a_gap_in_a_log_is_read_around_and_named_by_doctor() {
+    let dir = tempfile::tempdir().unwrap();
+    // caches every 4: checkpoints through slots 4 and 8, records 9 and 10 after them
+    let t = history(10, dir.path());
+    let current = "SELECT * FROM bronze.t_current ORDER BY id";
+    let before = t.query(current);
+    assert_eq!(before.len(), 10);
+    let removed = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%/t8.csv'");
+    let removed = removed[0]["run_id"].as_str().unwrap().to_string();
+    let slot9 = t.lake().join("audit/ingestion_run_log/t/0000000009.parquet");
+    assert!(slot9.exists());
+    std::fs::remove_file(&slot9).unwrap();
+
+    let want: Vec<_> = before
+        .iter()
+        .filter(|r| r["ingestion_run_id"].as_str() != Some(removed.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(want.len(), 9);
+    let out = t.run(&["sql", current, "--format", "json"]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("slot 9 holds no record, but a commit took slot 10"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(t.query(current), want, "the current view around the gap");
+    let runs = t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY started_at");
+    assert_eq!(runs.len(), 9);
+    assert!(runs.iter().all(|r| r["run_id"].as_str() != Some(removed.as_str())));
+
+    let doctor = t.run(&["doctor"]);
+    assert_eq!(
+        doctor.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+    let report = String::from_utf8_lossy(&doctor.stdout).into_owned() + &stderr(&doctor);
+    assert!(
+        report.contains("audit/ingestion_run_log/t/0000000009.parquet")
+            && report.contains("slot 9 is empty while slot 10 holds a record"),
+        "{report}"
+    );
+
+    // the next ingest takes slot 11, after the last record
+    let f = dir.path().join("t-next.csv");
+    std::fs::write(&f, "id,v\n100,next\n").unwrap();
+    ingest(&t, "t", &f);
+    assert!(!slot9.exists());
+    assert!(t.lake().join("audit/ingestion_run_log/t/0000000011.parquet").exists());
+    let after = t.query(current);
+    assert_eq!(after.len(), 10);
+    assert_eq!(after[..9], want[..], "the earlier records stand");
+    assert_eq!(after[9]["v"], "next");
+
+    // without the hint and the checkpoints (caches removed), reading from slot 1 slot by slot
+    // would end at the gap: the folder is listed instead
+    std::fs::remove_dir_all(t.lake().join("_cache/log")).unwrap();
+    assert_eq!(t.query(current), after, "no caches: the folder is listed");
+}
+
+/// The tail hint is only a lower bound: one older than the last commit (lost in a power loss,
+/// written before a concurrent commit's) or unreadable changes no answer.
+#[test]
+fn a_stale_or_damaged_tail_hint_changes_no_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = history(11, dir.path());
+    let current = "SELECT * FROM bronze.t_current ORDER BY id";
+    let want = t.query(current);
+    assert_eq!(want.len(), 11);
+    let hint = t.lake().join("_cache/log/ingestion_run_log/t/tail");
+    assert_eq!(std::fs::read_to_string(&hint).unwrap(), "11");
+    for stale in ["9", "1", "0", "not a slot", ""] {
+        std::fs::write(&hint, stale).unwrap();
+        let out = t.run(&["sql", current, "--format", "json"]);
+        assert_ok(&out);
+        assert!(
+            !stderr(&out).contains("holds no record"),
+            "hint {stale:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(t.query(current), want, "hint {stale:?}");
+    }
+    // a hint past the last commit (records lost after it) makes the folder be listed
+    std::fs::write(&hint, "40").unwrap();
+    let out = t.run(&["sql", current, "--format", "json"]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("slot 12 holds no record, but a commit took slot 40"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(t.query(current), want);
+    // the next commit writes the hint again
+    let f = dir.path().join("t-next.csv");
+    std::fs::write(&f, "id,v\n100,next\n").unwrap();
+    ingest(&t, "t", &f);
+    assert_eq!(std::fs::read_to_string(&hint).unwrap(), "12");
 }

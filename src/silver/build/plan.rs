@@ -186,7 +186,7 @@ pub async fn plan<'a>(
     let all = catalog.runs().await?;
     let digest = inputs_digest(catalog, all, &contract)?;
     let runs = runs_newest_first(all, &rules.source);
-    let run_ids: Vec<String> = runs.iter().rev().map(|r| r.run_id.clone()).collect();
+    let run_ids: Vec<String> = runs.iter().rev().map(|r| r.run_id.to_string()).collect();
     let last = latest_build(&catalog.builds, table);
     let start = start(ctx, ws, table, last, opts, rules, &digest).await?;
     let mut summary = PlanSummary {
@@ -300,7 +300,7 @@ pub async fn plan<'a>(
         .zip(&plan.per_run)
         .filter(|(_, n)| **n > 0)
         .map(|(r, n)| PlannedRun {
-            run_id: r.run_id.clone(),
+            run_id: r.run_id.to_string(),
             process: *n,
             whole: plan.keys.is_none() || reads_whole(r, *n),
         })

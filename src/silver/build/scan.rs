@@ -63,7 +63,7 @@ pub(super) async fn current_keys(
 ) -> Result<Keys> {
     let capacity: i64 = runs.iter().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(
-        runs.iter().map(|r| r.run_id.clone()).collect(),
+        runs.iter().map(|r| r.run_id.to_string()).collect(),
         usize::try_from(capacity).unwrap_or(0),
     );
     for (i, run) in runs.iter().enumerate() {
