@@ -275,7 +275,7 @@ fn slots_from(
         })
         .transpose()?;
     let Some(cp) = checkpoint else {
-        return Ok(tail);
+        return tail.map(one_row_per_run).transpose();
     };
     // the checkpoint's columns this needs: the run log's, and the slot
     let log = run_log_schema();
@@ -302,10 +302,22 @@ fn slots_from(
         rows = rows.filter(col("run_id").in_list(cp.later.into_iter().map(lit).collect(), true))?;
     }
     let rows = rows.select(vec![col("run_id").alias(RUN), col(SLOT)])?;
-    Ok(Some(match tail {
+    let all = match tail {
         Some(tail) => rows.union(tail)?,
         None => rows,
-    }))
+    };
+    Ok(Some(one_row_per_run(all)?))
+}
+
+/// `slots` (one row per run already) grouped by run: the same rows, but a plan that says the run
+/// is unique, so joining it onto the versions is known to keep at most one row per version, and
+/// the joins of the current view can be hash joins while the versions are few
+/// ([`crate::engine::joins`]).
+fn one_row_per_run(slots: DataFrame) -> Result<DataFrame> {
+    Ok(slots.aggregate(
+        vec![col(RUN)],
+        vec![datafusion::functions_aggregate::expr_fn::max(col(SLOT)).alias(SLOT)],
+    )?)
 }
 
 /// The latest version of every record: of `versions` (rows of a source's current runs, as
@@ -319,8 +331,8 @@ fn slots_from(
 /// OVER (PARTITION BY fingerprint)` costs per partition, i.e. per record (most records have one
 /// version), and reads every column of every version before a filter can apply; here a filter on
 /// the view's columns (`WHERE id = 7`) reaches the scan of the wide side. Both operators stay
-/// within the memory pool (the aggregate spills, joins are sort-merge joins: see
-/// [`crate::engine::session::Workspace::session`]).
+/// within the memory pool (the aggregate spills, joins are sort-merge joins or hash joins with a
+/// side proved small: see [`crate::engine::joins`]).
 fn latest_versions(versions: DataFrame, slots: Option<DataFrame>) -> Result<DataFrame> {
     let Some(slots) = slots else {
         return Ok(versions);

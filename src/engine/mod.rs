@@ -1,5 +1,5 @@
 //! Where plans run: the DataFusion session and its memory pool ([`session`]), the SQL catalog
-//! over the lake ([`catalog`]), local or cluster execution ([`exec`]) and the Ballista cluster
+//! over the lake ([`catalog`]), local or cluster execution ([`exec`]), hash joins for joins with a small side ([`joins`]) and the Ballista cluster
 //! (`cluster`, cargo feature `cluster`).
 
 pub mod catalog;
@@ -7,5 +7,6 @@ pub mod catalog;
 pub mod cluster;
 pub mod compact;
 pub mod exec;
+pub mod joins;
 pub mod lazy;
 pub mod session;

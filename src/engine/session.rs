@@ -177,7 +177,26 @@ impl Workspace {
         // into the metadata cache the second scan finds it in, instead of twice from the store
         // when the two scans race for it.
         config.options_mut().execution.planning_concurrency = 1;
-        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        // ... except where one side is provably small: that side is collected into a hash table
+        // (after JoinSelection, so no estimate swaps it back; see crate::engine::joins)
+        let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+        let at = rules
+            .iter()
+            .position(|r| r.name() == "join_selection")
+            .map_or(0, |i| i + 1);
+        rules.insert(
+            at,
+            Arc::new(crate::engine::joins::SmallSideHashJoin::for_memory_limit(
+                self.memory_limit,
+            )),
+        );
+        let state = datafusion::execution::SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rules(rules)
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         // a scan of a file that is gone fails instead of reading as empty
         ctx.register_object_store(
             &self.lake.store_url,

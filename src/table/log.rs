@@ -430,7 +430,10 @@ pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through:
         )));
     }
     let reader = builder.build().map_err(|e| bad(format!("unreadable: {e}")))?;
-    let mut out = Vec::with_capacity(meta["records"].as_u64().unwrap_or(0).min(1 << 24) as usize);
+    // room for the records after the checkpoint too (at most a cadence of them), which the reader
+    // appends: growing a vector of every run of a long history copies all of it
+    let headroom = lake.cadence.checkpoint_every.min(1 << 10) as usize;
+    let mut out = Vec::with_capacity(meta["records"].as_u64().unwrap_or(0).min(1 << 24) as usize + headroom);
     for batch in reader {
         let batch = batch.map_err(|e| bad(format!("unreadable: {e}")))?;
         let slots = batch
