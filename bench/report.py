@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--silver-retry-limit", help="--memory-limit of the incremental build's second attempt")
     ap.add_argument("--query", action="append", default=[],
                     help="NAME,INGOT_S,DUCKDB_S: best-of-3 times of a TPC-H query over silver.lineitem")
+    ap.add_argument("--query-delta", action="append", default=[],
+                    help="NAME,INGOT_S,DELTA_S: the same query through DuckDB's delta_scan of silver/lineitem")
     ap.add_argument("--flight", help="FLIGHT_S,IN_PROCESS_S,ROWS: the 1M-row Flight SQL round trip and the same query in-process")
     ap.add_argument("--meta", action="append", default=[])
     a = ap.parse_args()
@@ -51,6 +53,9 @@ def main() -> None:
         m[f"ingot_first_{k}"], m[f"duckdb_bronze_{k}"] = i, d
     silver_keys = ("silver_bronze_first", "silver_ingot_full", "silver_duckdb", "silver_ingest_1pct",
                    "silver_ingot_incremental", "silver_ingot_incremental_retry")
+    m["ingot_first_nodelta"] = load(a.measure, "ingot_first_nodelta")
+    for k in ("silver_ingot_full_nodelta", "silver_ingot_incremental_nodelta", "silver_ingot_incremental_cow"):
+        m[k] = load(a.measure, k)
     if a.silver_changed is not None:
         m.update({k: load(a.measure, k) for k in silver_keys})
 
@@ -118,11 +123,29 @@ def main() -> None:
         rows.append(["ingot peak memory, silver builds", "", "", "", f"{peak:.0f}", "", "<=1024 MiB",
                      verdict(peak <= GIB_MB)])
 
+    # the cost of publishing the Delta logs: the same job with INGOT_DELTA=off
+    for label, on, off in (("first ingest", "ingot_first", "ingot_first_nodelta"),
+                           ("silver full build", "silver_ingot_full", "silver_ingot_full_nodelta"),
+                           ("silver incremental build (deletion vectors)", "silver_ingot_incremental",
+                            "silver_ingot_incremental_nodelta")):
+        x, y = m.get(on), m.get(off)
+        if x and y:
+            r = x["wall_s"] / y["wall_s"]
+            rows.append([f"Delta publishing: {label}, on vs INGOT_DELTA=off", s(x), s(y), f"{r:.2f}x off",
+                         mb(x), mb(y), "<=1.10x off", verdict(r <= 1.10)])
+    cow, off = m.get("silver_ingot_incremental_cow"), m.get("silver_ingot_incremental_nodelta")
+    if cow and off:
+        rows.append(["  the incremental build publishing copy-on-write instead", s(cow), s(off),
+                     f"{cow['wall_s'] / off['wall_s']:.2f}x off", mb(cow), mb(off), "(reference)", ""])
     for q in a.query:
         name, ti, td = q.split(",")
         r = float(ti) / float(td)
         rows.append([f"TPC-H {name.upper()} over silver.lineitem (best of 3)", f"{float(ti):.3f}", f"{float(td):.3f}",
                      f"{r:.2f}x", "", "", "<=1.0x duckdb", verdict(r <= 1.0)])
+    for q in a.query_delta:
+        name, ti, tx = q.split(",")
+        rows.append([f"TPC-H {name.upper()}: ingot sql vs DuckDB delta_scan of silver/lineitem", f"{float(ti):.3f}",
+                     f"{float(tx):.3f}", f"{float(ti) / float(tx):.2f}x", "", "", "(reference)", ""])
     if a.flight:
         tf, tp, n = (float(x) for x in a.flight.split(","))
         rows.append([f"{n:,.0f}-row result over Flight SQL (ADBC client, best of 3)", f"{tf:.3f}", "",

@@ -58,6 +58,15 @@ then
     "adbc-driver-flightsql==$ADBC_VERSION" "pyarrow==$PYARROW_VERSION" || die "pip install failed"
 fi
 echo "ok: duckdb $DUCKDB_VERSION, tpchgen-cli $TPCHGEN_VERSION" >&2
+# DuckDB's Delta extension is on PyPI for DuckDB 1.4.4 (duckdb-ext-delta): a second venv reads the
+# lake's Delta tables with it (delta_scan), offline
+VENV_DELTA=$ROOT/.venv-bench-delta
+PYD=$VENV_DELTA/bin/python
+if ! "$PYD" -c 'import duckdb, glob, os, sys; sys.exit(not glob.glob(os.path.join(os.path.dirname(duckdb.__file__), "..", "duckdb_ext", "extensions", "*", "*", "delta.duckdb_extension")))' 2>/dev/null; then
+  python3 -m venv "$VENV_DELTA" || die "python3 -m venv failed"
+  "$PYD" -m pip install --quiet --disable-pip-version-check "duckdb==1.4.4" "duckdb-ext-delta==1.4.4.20260205" ||
+    die "pip install of duckdb-ext-delta failed"
+fi
 
 # ------------------------------------------------------------------------------- 2. ingot
 if [ -n "${INGOT_BIN:-}" ]; then
@@ -165,9 +174,15 @@ for k in $(seq 1 "$ROUNDS"); do
   step "(d) round $k/$ROUNDS: DuckDB doing the same job (file hash, typed read, row_hash + fingerprint, the run's columns, zstd Parquet)"
   measure "duckdb_bronze_$k" "$PY" bench/duckdb_job.py bronze "$CSV" "$DDB/lineitem_bronze_$k.parquet" ||
     die "DuckDB's job failed"
+  step "(a-off) round $k/$ROUNDS: ingot's first ingest with INGOT_DELTA=off (the cost of publishing the Delta logs)"
+  rm -rf "$LAKE.off"
+  INGOT_DELTA=off measure "ingot_first_nodelta_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$LAKE.off" ingest lineitem "$CSV" ||
+    die "ingot's first ingest without Delta failed"
+  rm -rf "$LAKE.off"
 done
 median ingot_first "$ROUNDS"
 median duckdb_bronze "$ROUNDS"
+median ingot_first_nodelta "$ROUNDS"
 mv "$LAKE.1" "$LAKE"
 for k in $(seq 2 "$ROUNDS"); do rm -rf "$LAKE.$k" "$DDB/lineitem_bronze_$k.parquet"; done
 RUN_A=$(run_id ingot_first_1)
@@ -247,6 +262,12 @@ if [ "${SILVER:-1}" = 1 ]; then
   SLOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
   # The silver jobs are short enough for one disturbance to move a ratio: each runs 3 times and
   # its median counts (the same for ingot and DuckDB).
+  step "(f-off) ingot: full silver build of lineitem with INGOT_DELTA=off (3 times; the median counts)"
+  for k in 1 2 3; do
+    INGOT_DELTA=off measure "silver_ingot_full_nodelta_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem --full ||
+      die "ingot's full silver build without Delta failed"
+  done
+  median silver_ingot_full_nodelta 3
   step "(f) ingot: full silver build of lineitem (3 times; the median counts)"
   for k in 1 2 3; do
     measure "silver_ingot_full_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem --full ||
@@ -323,6 +344,29 @@ if [ "${SILVER:-1}" = 1 ]; then
       die "ingot's incremental silver build failed, also with --memory-limit $RETRY_LIMIT"
     SILVER_ARGS+=(--silver-retry-limit "$RETRY_LIMIT")
   fi
+  if [ "$INC" = silver_ingot_incremental ]; then
+    # the same incremental build without publishing Delta (3 times, each undone), then with
+    # copy-on-write instead of deletion vectors (once: the Delta table is made again in that mode,
+    # so every file the 1% touched is copied), then once more as it was, to leave the table so
+    B_KEPT=$(build_id "${INC}_3")
+    "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" undo "$B_KEPT" > /dev/null || die "undo of the incremental build failed"
+    step "(i-off) ingot: the incremental build with INGOT_DELTA=off (3 times, each undone; the median counts)"
+    for k in 1 2 3; do
+      INGOT_DELTA=off measure "${INC}_nodelta_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem ||
+        die "ingot's incremental build without Delta failed"
+      "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" undo "$(build_id "${INC}_nodelta_$k")" > /dev/null ||
+        die "undo of the incremental build failed"
+    done
+    median "${INC}_nodelta" 3
+    step "(i-cow) ingot: the incremental build publishing copy-on-write (the silver Delta table made again in that mode)"
+    rm -rf "$SLAKE/silver/lineitem/_delta_log" "$SLAKE/_cache/delta/silver/lineitem.json"
+    INGOT_DELTA=copy-on-write measure "${INC}_cow" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem ||
+      die "ingot's copy-on-write incremental build failed"
+    "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" undo "$(build_id "${INC}_cow")" > /dev/null || die "undo failed"
+    rm -rf "$SLAKE/silver/lineitem/_delta_log" "$SLAKE/_cache/delta/silver/lineitem.json"
+    "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem > "$MEASURE/$INC.kept.log" 2>&1 ||
+      die "the last incremental build failed"
+  fi
   if [ -s "$MEASURE/$INC.kept.log" ]; then BUILD_I=$(build_id "$INC.kept"); else BUILD_I=$(build_id "$INC"); fi
   GOT=$(sql "$SLAKE" "SELECT status, mode, rows_read FROM audit.silver_build_log WHERE build_id = '$BUILD_I'")
   [ "$GOT" = "succeeded,incremental,$NCHANGED" ] ||
@@ -372,6 +416,12 @@ if [ "${SILVER:-1}" = 1 ]; then
     "$PY" bench/tpch_queries.py same "$QDIR/$q.ingot.csv" "$QDIR/$q.duckdb.csv" >&2 ||
       die "ingot and DuckDB give different $q results ($QDIR/$q.*.csv)"
     QUERY_ARGS+=(--query "$q,$BEST_I,$BEST_D")
+    # the same through the lake's Delta table: DuckDB 1.4.4's delta_scan of silver/lineitem
+    BEST_X=$("$PYD" bench/tpch_queries.py delta "$SLAKE/silver/lineitem" "bench/queries/$q.sql" "$QDIR/$q.delta.csv" 3 |
+      sed -n 's/^best //p') || die "DuckDB delta_scan $q failed"
+    "$PY" bench/tpch_queries.py same "$QDIR/$q.ingot.csv" "$QDIR/$q.delta.csv" >&2 ||
+      die "ingot and DuckDB's delta_scan give different $q results ($QDIR/$q.*.csv)"
+    QUERY_ARGS+=(--query-delta "$q,$BEST_I,$BEST_X")
   done
 
   step "(flight) Flight SQL round trip of a 1,000,000-row result vs the same query in-process"

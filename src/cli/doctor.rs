@@ -3,8 +3,20 @@
 use crate::cli::Cli;
 use crate::error::{ExitStatus, Result};
 
-pub async fn run(cli: &Cli) -> Result<ExitStatus> {
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// First bring every lagging Delta table up to date (`ingot delta sync`), then check.
+    #[arg(long)]
+    pub fix: bool,
+}
+
+pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
+    if args.fix {
+        for line in crate::table::delta::sync(&ws.lake, crate::table::delta::Mode::DeletionVectors).await? {
+            crate::show!("fixed: {line}");
+        }
+    }
     let report = crate::ops::doctor::doctor(&ws).await?;
     for v in &report.violations {
         crate::show!("{v}");
@@ -18,6 +30,11 @@ pub async fn run(cli: &Cli) -> Result<ExitStatus> {
             r.held_reason.as_deref().unwrap_or("a hold gate"),
             r.run_id,
             r.run_id
+        );
+    }
+    for l in &report.delta_lags {
+        crate::show!(
+            "delta behind: {l}; the next command of it or `ingot delta sync` publishes the rest (not a violation)"
         );
     }
     for o in &report.orphans {

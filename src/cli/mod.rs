@@ -7,6 +7,7 @@ mod check;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod compact;
+mod delta;
 mod doctor;
 mod explain;
 mod failures;
@@ -197,9 +198,19 @@ pub enum Command {
     ///
     /// Checks that committed runs and builds have their files, that counts reconcile with the
     /// files, one row per fingerprint in each run and in bronze.<source>_current, that every
-    /// silver fingerprint is current in bronze, and that rules files match the SHA-256 their
-    /// builds recorded. Files that belong to no committed run or build are listed as orphans.
-    Doctor,
+    /// silver fingerprint is current in bronze, that rules files match the SHA-256 their
+    /// builds recorded, and that every Delta table holds what the logs committed. Files that
+    /// belong to no committed run or build are listed as orphans. --fix first brings lagging
+    /// Delta tables up to date (`ingot delta sync`).
+    Doctor(doctor::DoctorArgs),
+    /// Delta Lake tables of the lake, for other engines: `ingot delta sync` repairs, `ingot delta
+    /// status` reports.
+    ///
+    /// Every committed state of bronze/<source>, silver/<table> and the audit tables is a Delta
+    /// table at that folder (INGOT_DELTA: deletion-vectors, the default; copy-on-write, for
+    /// readers without deletion vectors; off). ingot's commit is the truth; each command commits
+    /// the Delta log right after it, and these commands repair a log left behind.
+    Delta(delta::DeltaArgs),
     /// Run a process of an ingot cluster (Apache DataFusion Ballista): `ingot cluster scheduler`
     /// or `ingot cluster executor`; then pass --cluster df://HOST:PORT to build, sql, ingest, run.
     #[cfg(feature = "cluster")]
@@ -263,6 +274,7 @@ impl Cli {
 /// Run a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     crate::engine::session::tune_allocator();
+    crate::table::store::install_crypto();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -316,7 +328,8 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         Command::Rekey(args) => rekey::run(&cli, args).await,
         Command::Compact(args) => compact::run(&cli, args).await,
         Command::Gc(args) => gc::run(&cli, args).await,
-        Command::Doctor => doctor::run(&cli).await,
+        Command::Doctor(args) => doctor::run(&cli, args).await,
+        Command::Delta(args) => delta::run(&cli, args).await,
         #[cfg(feature = "cluster")]
         Command::Cluster(args) => cluster::run(&cli, args).await,
         #[cfg(feature = "flight")]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::{MemTable, MemorySchemaProvider, TableProvider};
 use datafusion::logical_expr::{JoinType, LogicalPlanBuilder};
-use datafusion::prelude::{DataFrame, SessionContext, col, lit};
+use datafusion::prelude::{DataFrame, Expr, SessionContext, col, lit};
 
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
@@ -168,32 +168,87 @@ fn log_table<'a>(
 ) -> Result<Arc<dyn TableProvider>> {
     let through: std::collections::HashMap<&str, u64> = log.checkpoints.iter().map(|(n, t)| (n.as_str(), *t)).collect();
     let mut tail_files = Vec::new();
+    let mut tail_slots = Vec::new();
     let mut superseded = Vec::new();
     for (folder, slot, id) in records {
-        match through.get(folder) {
-            Some(t) if slot <= *t => {}
+        let in_tail = match through.get(folder) {
+            Some(t) if slot <= *t => false,
             Some(_) => {
-                tail_files.push(lake.url(&(log.slot)(folder, slot)));
                 superseded.push(lit(id.to_string()));
+                true
             }
-            None => tail_files.push(lake.url(&(log.slot)(folder, slot))),
+            None => true,
+        };
+        if in_tail {
+            tail_files.push(lake.url(&(log.slot)(folder, slot)));
+            tail_slots.push(vec![lit(id.to_string()), lit(slot as i64)]);
         }
     }
+    let columns = |extra: Expr| -> Vec<Expr> {
+        let mut cols: Vec<Expr> = log.schema.fields().iter().map(|f| col(f.name())).collect();
+        cols.push(extra.alias(COMMIT_SEQ));
+        cols
+    };
+    // the records after the checkpoints, each with its slot (its file's name) joined on by id
+    let tail = if tail_files.is_empty() {
+        None
+    } else {
+        let slots = LogicalPlanBuilder::values(tail_slots)?
+            .project(vec![col("column1").alias(TAIL_ID), col("column2").alias(TAIL_SLOT)])?
+            .build()?;
+        let rows = ctx.read_table(table_over(tail_files, log.schema.clone())?)?.join(
+            DataFrame::new(ctx.state(), slots),
+            JoinType::Inner,
+            &[log.id],
+            &[TAIL_ID],
+            None,
+        )?;
+        Some(rows.select(columns(col(TAIL_SLOT)))?)
+    };
     if log.checkpoints.is_empty() {
-        return table_over(tail_files, log.schema);
+        return Ok(match tail {
+            Some(t) => t.into_view(),
+            None => Arc::new(datafusion::datasource::empty::EmptyTable::new(with_commit_seq(
+                &log.schema,
+            ))),
+        });
     }
     let files = log
         .checkpoints
         .iter()
         .map(|(n, t)| lake.url(&layout::log_checkpoint(log.dir, n, *t)))
         .collect();
-    let mut rows = ctx.read_table(table_over(files, log.schema.clone())?)?;
+    let mut fields: Vec<datafusion::arrow::datatypes::Field> =
+        log.schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(crate::table::log::slot_field());
+    let stored = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
+    let mut rows = ctx.read_table(table_over(files, stored)?)?;
     if !superseded.is_empty() {
         rows = rows.filter(col(log.id).in_list(superseded, true))?;
     }
-    Ok(rows
-        .union(ctx.read_table(table_over(tail_files, log.schema)?)?)?
-        .into_view())
+    let rows = rows.select(columns(col(SLOT)))?;
+    Ok(match tail {
+        Some(t) => rows.union(t)?.into_view(),
+        None => rows.into_view(),
+    })
+}
+
+/// The column the run and build logs show besides their records' own: the record's commit slot
+/// (its file's name), which orders a source's runs (a table's builds) as their commits do.
+pub const COMMIT_SEQ: &str = crate::table::delta::COMMIT_SEQ;
+const TAIL_ID: &str = "__ingot_tail_id";
+const TAIL_SLOT: &str = "__ingot_tail_slot";
+
+/// A log's schema with [`COMMIT_SEQ`] after its columns.
+pub fn with_commit_seq(schema: &datafusion::arrow::datatypes::Schema) -> datafusion::arrow::datatypes::SchemaRef {
+    let mut fields: Vec<datafusion::arrow::datatypes::Field> =
+        schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(datafusion::arrow::datatypes::Field::new(
+        COMMIT_SEQ,
+        datafusion::arrow::datatypes::DataType::Int64,
+        false,
+    ));
+    Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
 }
 
 /// `bronze.<source>` (every committed version, the rows of undone runs a segment holds left out)
@@ -531,7 +586,7 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
         let fields = match (bronze, schema.as_str(), table.as_str()) {
             (Some(c), _, _) => c.bronze_schema(),
             // the audit tables that read the run log are built lazily too
-            (None, "audit", "ingestion_run_log") => run_log_schema(),
+            (None, "audit", "ingestion_run_log") => with_commit_seq(&run_log_schema()),
             (None, "audit", "row_failure_log") => failure_log_schema(),
             _ => ctx.table_provider(format!("{schema}.{table}").as_str()).await?.schema(),
         };
@@ -546,7 +601,13 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
             let d = contract
                 .and_then(|c| c.fields.iter().find(|x| &x.name == f.name()))
                 .and_then(|x| x.description.clone())
-                .unwrap_or_default();
+                .unwrap_or_else(|| {
+                    if f.name() == COMMIT_SEQ && schema == "audit" {
+                        "the record's commit slot: orders runs (builds) as their commits do".to_string()
+                    } else {
+                        String::new()
+                    }
+                });
             columns.push([
                 schema.clone(),
                 table.clone(),

@@ -9,11 +9,11 @@
 //!    run's bronze file has `inserted + updated + deleted` rows and its failure file `rows_failed`;
 //!    build records reconcile (`rows_read = written + filtered + rejected`) and a build's failure
 //!    file has `rows_rejected` rows.
-//! 3. **keys**: no run wrote two rows with one fingerprint; `bronze.<source>_current` has one row
-//!    per fingerprint.
+//! 3. **keys**: one row per fingerprint in each run and in `bronze.<source>_current`.
 //! 4. **silver**: every fingerprint of `silver.<table>` is current in bronze (not after an undo).
 //! 5. **rules**: the SHA-256 recorded by every succeeded build equals its rules file's.
 //! 6. **caches**: log checkpoints and the key state an ingest would use equal the fold they cache.
+//! 7. **delta**: a Delta table not behind the logs has exactly the files they committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,7 +39,7 @@ use crate::table::silver::{FP, RUN_ID};
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// `logs`, `caches`, `files`, `counts`, `keys`, `silver` or `rules`.
+    /// `logs`, `caches`, `files`, `counts`, `keys`, `silver`, `rules` or `delta`.
     pub check: &'static str,
     /// Where: a lake path, `run <id>`, `build <id>`, a table or a rules file.
     pub location: String,
@@ -61,6 +61,9 @@ pub struct DoctorReport {
     pub builds_checked: usize,
     /// Runs held for review (a notice each, not a violation).
     pub held: Vec<RunRecord>,
+    /// Delta tables behind the logs (a notice each: the next command of the source or table, or
+    /// `ingot delta sync`, publishes what they lack).
+    pub delta_lags: Vec<String>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -192,6 +195,20 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     check_bronze_keys(&catalog, &damaged, &mut out).await?;
     // 4. silver
     check_silver_current(ws, &catalog, &tables, &damaged, &mut out).await?;
+    // 7. delta: every Delta table holds what the logs committed
+    if crate::table::delta::enabled() {
+        for f in crate::table::delta::check(lake).await? {
+            if f.lags {
+                report.delta_lags.push(format!("{}: {}", f.table, f.what));
+            } else {
+                out.push(v(
+                    "delta",
+                    f.table,
+                    format!("{} (`ingot delta sync` or `ingot doctor --fix` repairs it)", f.what),
+                ));
+            }
+        }
+    }
     // 5. rules files
     check_rules_files(ws, &catalog.builds, &mut out);
     out.dedup();

@@ -172,6 +172,12 @@ impl Owner {
 /// an undo can make current again, are decided and deleted table by table under the table's
 /// lock, with the build log read again under it.
 pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
+    // a Delta table that lags may still name files the logs let go: bring it up to date first
+    if crate::table::delta::enabled() && !opts.dry_run {
+        if let Err(e) = crate::table::delta::sync(lake, crate::table::delta::Mode::DeletionVectors).await {
+            crate::table::delta::warn("before gc", &e);
+        }
+    }
     let mut listed = Vec::new();
     for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/row_hash"] {
         for meta in lake.list(prefix).await? {
@@ -248,7 +254,35 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
     if let Some(uploads) = &lake.uploads {
         abort_stale_uploads(lake, uploads, now, opts, &mut report).await?;
     }
+    if crate::table::delta::enabled() && !opts.dry_run {
+        note_vacuum(lake, &report).await;
+    }
     Ok(report)
+}
+
+/// One `VACUUM END` commit in each Delta table gc removed files of (files only older versions
+/// named: reading those versions fails from now on, as after Delta's own vacuum).
+async fn note_vacuum(lake: &Lake, report: &GcReport) {
+    let mut per_table: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &report.removed {
+        let parts: Vec<&str> = r.path.split('/').collect();
+        let root = match parts.as_slice() {
+            ["bronze" | "silver", name, _, ..] => format!("{}/{name}", parts[0]),
+            ["audit", "row_failure_log", _, ..] => crate::table::delta::roots::FAILURE_LOG.to_string(),
+            _ => continue,
+        };
+        *per_table.entry(root).or_default() += 1;
+    }
+    for (root, files) in per_table {
+        let info = HashMap::from([("ingot".to_string(), serde_json::json!({"gc": {"files_removed": files}}))]);
+        let op = deltalake_core::protocol::DeltaOperation::VacuumEnd {
+            status: "COMPLETED".to_string(),
+        };
+        let t = crate::table::delta::log::Table::new(lake, &root);
+        if let Err(e) = crate::table::delta::log::note(t, op, info).await {
+            crate::table::delta::warn(&format!("{root} after gc"), &e);
+        }
+    }
 }
 
 /// How many of the newest log checkpoints and key states of each folder gc keeps.

@@ -152,7 +152,7 @@ async fn decide(ws: &Workspace, id: &str, publish: bool) -> Result<Decided> {
         } else {
             "discard.before_commit"
         };
-        commit_run_record(&ws.lake, &record, point).await?;
+        commit_run_record(&ws.lake, &record, Some(now), point).await?;
         Ok(if publish {
             Decided::Published(record)
         } else {

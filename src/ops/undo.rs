@@ -161,7 +161,7 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         record.status = RunStatus::RolledBack;
         record.rolled_back_at = Some(ws.now_micros().max(record.finished_at.saturating_add(1)));
         record.seq = next_seq(&runs, &run.source);
-        commit_run_record(&ws.lake, &record, "undo.before_commit").await?;
+        commit_run_record(&ws.lake, &record, Some(now), "undo.before_commit").await?;
         crate::table::failpoint::hit("undo.after_commit")?;
         Ok(Undone::Run(record))
     }
@@ -233,7 +233,7 @@ async fn undo_build_locked(ws: &Workspace, build: &BuildRecord) -> Result<Undone
         .unwrap_or(0);
     record.rolled_back_at = Some(ws.now_micros().max(latest.saturating_add(1)));
     record.seq = ours.iter().map(|b| b.seq).max().unwrap_or(0) + 1;
-    commit_build_record(&ws.lake, &record, "undo.before_commit").await?;
+    commit_build_record(&ws.lake, &record, Some(build), "undo.before_commit").await?;
     crate::table::failpoint::hit("undo.after_commit")?;
     Ok(Undone::Build { record, restored })
 }

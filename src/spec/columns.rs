@@ -58,6 +58,7 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "replay_of",
     "error",
     "ingot_version",
+    "commit_seq",
     // audit.row_failure_log
     "layer",
     "table",

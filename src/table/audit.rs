@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::spec::contract::timestamp_type;
 use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
-use crate::table::log::{LogColumns, Record, checkpoint_after, put_record, read_checkpointed};
+use crate::table::log::{LogColumns, Record, read_checkpointed};
 use crate::table::text::Text;
 
 pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -424,28 +424,6 @@ pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
     Ok(Bytes::from(buf))
 }
 
-/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
-/// slot is taken, another run of the source committed since this one started: nothing of this
-/// run is published.
-pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
-    commit_run_record(lake, record, "ingest.before_commit").await
-}
-
-/// [`commit_run`] with the name of the failpoint hit just before the put (`ingot undo` commits
-/// run records too).
-pub async fn commit_run_record(lake: &Lake, record: &RunRecord, failpoint: &str) -> Result<()> {
-    let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::table::failpoint::hit(failpoint)?;
-    if !put_record::<RunRecord>(lake, &record.source, record.seq, bytes).await? {
-        return Err(Error::Locked(format!(
-            "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
-             over); nothing of run {} was published: run the same command again",
-            record.source, record.run_id, record.run_id
-        )));
-    }
-    checkpoint_after::<RunRecord>(lake, &record.source, record.seq).await
-}
-
 impl Record for RunRecord {
     const DIR: &'static str = layout::RUN_LOG;
     const LOG: &'static str = "run log";
@@ -488,6 +466,8 @@ pub fn next_seq(runs: &[RunRecord], source: &str) -> u64 {
         .unwrap_or(0)
         + 1
 }
+
+pub use super::commit::{commit_build, commit_build_record, commit_run, commit_run_record};
 
 /// Objects under the run and build logs that are not records (their names are not
 /// `<digits>.parquet`), records no reader can parse, and empty slots below a record (a record
@@ -815,27 +795,6 @@ impl BuildRecord {
         }
         Ok(out)
     }
-}
-
-/// Commit a build: its record goes into the table's slot `record.seq`, create-if-absent. If the
-/// slot is taken, another build of the table committed since this one started: nothing of this
-/// build is published.
-pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
-    commit_build_record(lake, record, "build.before_commit").await
-}
-
-/// [`commit_build`] with the name of the failpoint hit just before the put.
-pub async fn commit_build_record(lake: &Lake, record: &BuildRecord, failpoint: &str) -> Result<()> {
-    let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::table::failpoint::hit(failpoint)?;
-    if !put_record::<BuildRecord>(lake, &record.table, record.seq, bytes).await? {
-        return Err(Error::Locked(format!(
-            "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
-             was published: run the same command again",
-            record.table, record.build_id, record.build_id
-        )));
-    }
-    checkpoint_after::<BuildRecord>(lake, &record.table, record.seq).await
 }
 
 impl Record for BuildRecord {

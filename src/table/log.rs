@@ -241,13 +241,13 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
     let mut base: Vec<T> = Vec::new();
     let mut checkpoint = None;
     // newest first; a checkpoint that does not check out is passed over
-    for meta in lake
-        .list(&layout::log_checkpoints(T::DIR, name))
+    for file in lake
+        .list_names(&layout::log_checkpoints(T::DIR, name))
         .await?
         .into_iter()
         .rev()
     {
-        let Some(through) = slot_of(meta.location.filename()) else {
+        let Some(through) = slot_of(Some(&file)) else {
             continue;
         };
         if let Ok(records) = load_checkpoint::<T>(lake, name, through).await {
@@ -600,10 +600,15 @@ pub(crate) async fn stray_objects<T: Record>(lake: &Lake) -> Result<Vec<(String,
     let (mut out, log) = (Vec::new(), T::LOG);
     // the slots taken in each folder, for the gaps among them
     let mut taken: std::collections::BTreeMap<String, Vec<u64>> = std::collections::BTreeMap::new();
+    let delta_log = format!("{}/_delta_log/", T::DIR);
     for meta in lake.list(T::DIR).await? {
         let path = lake
             .relative(&meta.location)
             .unwrap_or_else(|| meta.location.to_string());
+        // the log's Delta table (crate::table::delta) lives beside its folders
+        if path.starts_with(&delta_log) {
+            continue;
+        }
         let Some(slot) = slot_of(meta.location.filename()) else {
             out.push((
                 path,

@@ -6,7 +6,9 @@
 
 pub mod audit;
 pub mod bronze;
+pub mod commit;
 pub mod counted;
+pub mod delta;
 pub mod durable;
 pub mod evolve;
 pub mod failpoint;

@@ -69,3 +69,69 @@ pub async fn check_footer(lake: &Lake, rel: &str, size: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// An async Parquet reader of an object of the lake (the file's size known, its footer checked
+/// before the decoder sees it: see [`check_footer`]); ranges are read as the decoder asks.
+pub struct LakeReader {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+}
+
+impl datafusion::parquet::arrow::async_reader::AsyncFileReader for LakeReader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, datafusion::parquet::errors::Result<bytes::Bytes>> {
+        use futures::FutureExt;
+        use object_store::ObjectStoreExt;
+        let (store, path) = (self.store.clone(), self.path.clone());
+        async move {
+            store
+                .get_range(&path, range)
+                .await
+                .map_err(|e| datafusion::parquet::errors::ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a datafusion::parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        datafusion::parquet::errors::Result<Arc<datafusion::parquet::file::metadata::ParquetMetaData>>,
+    > {
+        let size = self.size;
+        Box::pin(async move {
+            let metadata = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_prefetch_hint(Some(64 << 10))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        })
+    }
+}
+
+/// A [`LakeReader`] of the object `rel`.
+pub async fn object_reader(lake: &Lake, rel: &str) -> Result<LakeReader> {
+    let size = lake
+        .size_of(rel)
+        .await?
+        .ok_or_else(|| crate::error::Error::RunFailed(format!("{}: no such file", lake.url(rel))))?;
+    check_footer(lake, rel, size).await?;
+    Ok(LakeReader {
+        store: lake.store.clone(),
+        path: lake.path(rel),
+        size,
+    })
+}
+
+/// The Arrow schema of the Parquet file `rel`, from its footer alone.
+pub async fn footer_schema(lake: &Lake, rel: &str) -> Result<SchemaRef> {
+    let reader = object_reader(lake, rel).await?;
+    let builder = datafusion::parquet::arrow::ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| crate::error::Error::RunFailed(format!("{}: {e}", lake.url(rel))))?;
+    Ok(builder.schema().clone())
+}

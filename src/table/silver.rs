@@ -68,6 +68,40 @@ pub struct Manifest {
     /// Rows of the snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<u64>,
+    /// The snapshot as the table's Delta log publishes it ([`crate::table::delta::publish`]);
+    /// `None` when the build was made with Delta publishing off or before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<Published>,
+}
+
+/// The files of a snapshot as Delta readers see it: the base and layer files, each with a
+/// deletion vector of the rows later layers deleted (mode `deletion-vectors`), or copies of them
+/// without those rows (mode `copy-on-write`). Paths are lake-relative.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Published {
+    pub mode: String,
+    pub files: Vec<PublishedFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PublishedFile {
+    pub path: String,
+    /// Rows in the file (deleted ones included).
+    pub rows: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dv: Option<PublishedDv>,
+}
+
+/// A deletion vector in a file the build wrote (`deletion_vector_<uuid>.bin` in its folder).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PublishedDv {
+    /// Lake-relative path of the deletion-vector file.
+    pub file: String,
+    /// The UUID in its name.
+    pub uuid: String,
+    pub offset: i32,
+    pub size: i32,
+    pub cardinality: i64,
 }
 
 /// One delta layer: new snapshot and state files, and the 16-byte keys ([`key_schema`]) whose
@@ -123,6 +157,7 @@ pub fn relayer(m: &Manifest, table: &str, build_id: &str) -> Manifest {
             .collect(),
         runs: m.runs.clone(),
         rows: m.rows,
+        published: m.published.clone(),
     }
 }
 
@@ -136,6 +171,10 @@ pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec
         layout::silver_inputs(table, build_id),
     ];
     out.extend(m.data.into_iter().chain(m.state));
+    for f in m.published.iter().flat_map(|p| &p.files) {
+        out.push(f.path.clone());
+        out.extend(f.dv.as_ref().map(|d| d.file.clone()));
+    }
     for d in m.deltas {
         out.extend(d.data.into_iter().chain(d.state));
         if d.deleted_keys > 0 {

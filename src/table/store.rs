@@ -51,6 +51,7 @@ pub fn open(location: &str) -> Result<Opened> {
 /// `aws_endpoint`, `aws_access_key_id`, `aws_region`, `aws_allow_http` (for embedding ingot and
 /// for tests, which should not change their process environment).
 pub fn open_with(location: &str, options: &[(String, String)]) -> Result<Opened> {
+    install_crypto();
     let url = Url::parse(location)
         .map_err(|e| Error::Invalid(format!("\"{location}\" is not a valid URL ({e}); use {SUPPORTED}")))?;
     match url.scheme() {
@@ -345,4 +346,11 @@ fn chain(e: &object_store::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Make ring rustls's process-wide crypto provider (once; later calls change nothing). Both ring
+/// (tonic, object_store's HTTPS client) and aws-lc-rs (the Delta kernel's) are linked, so rustls
+/// cannot pick one by itself and would panic at the first TLS handshake.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

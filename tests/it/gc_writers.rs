@@ -122,6 +122,13 @@ fn gc_during_an_undo_keeps_the_snapshot_the_undo_restores() {
     let mut want = before[1].clone();
     want.insert("status".into(), "rolled_back".into());
     want.insert("rolled_back_at".into(), after[1]["rolled_back_at"].clone());
+    // the undo's copy of the record took the table's next slot
+    assert!(
+        after[1]["commit_seq"].as_i64() > before[1]["commit_seq"].as_i64(),
+        "{:?}",
+        after[1]
+    );
+    want.insert("commit_seq".into(), after[1]["commit_seq"].clone());
     assert_eq!(after[1], want, "the undone build's record");
     assert_eq!(after.len(), 2);
 

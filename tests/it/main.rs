@@ -10,6 +10,7 @@ mod cluster_security;
 mod contracts;
 mod crash;
 mod deletions;
+mod delta;
 mod evolution;
 #[cfg(feature = "flight")]
 mod flight;

@@ -749,3 +749,29 @@ fn gc_aborts_incomplete_multipart_uploads_under_the_lake_after_the_grace_period(
     assert_eq!(pending(), vec!["elsewhere/part-00000.parquet".to_string()]);
     assert_eq!(t.query("SELECT * FROM bronze.hotels ORDER BY hotel_code"), before);
 }
+
+/// Delta tables on an S3 lake: bronze and silver (and the audit tables) of a lake driven through
+/// a first ingest and build, a corrected re-delivery and a delta build (deletion vectors), read by
+/// DuckDB (httpfs and delta extensions) and deltalake from moto equal `ingot sql`.
+#[test]
+fn delta_tables_on_an_s3_lake_read_the_same_through_duckdb_and_deltalake() {
+    let moto = Moto::start();
+    let t = s3_lake(&moto, "deltas");
+    let l = crate::delta::Events::on(t, &[]);
+    crate::delta::first_and_corrected(&l);
+    l.ok(&["build", "events"]);
+    let m =
+        l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE mode = 'incremental'");
+    assert_eq!(m[0]["n"], Value::from(1), "{m:?}");
+    let checks = crate::delta::lake_checks("s3://deltas/lake", &["events"], &["events"], &["duckdb", "deltalake"]);
+    let storage: serde_json::Map<String, Value> = moto.envs().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    let cmd = || l.command();
+    let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, Some(Value::Object(storage)));
+    crate::delta::assert_agree(
+        &result,
+        &["bronze.events", "silver.events", "bronze.events_current"],
+        "an S3 lake",
+    );
+    let out = l.ingot(&["delta", "status"]);
+    assert_ok(&out);
+}

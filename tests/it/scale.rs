@@ -274,8 +274,16 @@ fn a_crash_at_every_cache_failpoint_then_rerun_equals_one_clean_run() {
 }
 
 /// The operations line `INGOT_STORE_STATS=1` makes `ingot` print.
+/// The store operations of one command, Delta publishing off: these tests hold ingot's own reads
+/// and writes flat; the Delta logs' are bounded by their hints and checkpoints (tests/it/delta.rs).
 fn store_ops(t: &TestLake, args: &[&str]) -> String {
-    let out = t.command().env("INGOT_STORE_STATS", "1").args(args).output().unwrap();
+    let out = t
+        .command()
+        .env("INGOT_STORE_STATS", "1")
+        .env("INGOT_DELTA", "off")
+        .args(args)
+        .output()
+        .unwrap();
     assert_ok(&out);
     stderr(&out)
         .lines()

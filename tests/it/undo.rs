@@ -83,6 +83,12 @@ fn undoing_the_last_run_gives_exactly_the_lake_before_it() {
     let mut original = before[2].clone();
     original.remove("status");
     assert!(original.remove("rolled_back_at").is_none_or(|v| v.is_null()));
+    // the undo's copy took the source's next slot
+    let (now, then) = (marked.remove("commit_seq"), original.remove("commit_seq"));
+    assert!(
+        now.as_ref().and_then(Value::as_i64) > then.as_ref().and_then(Value::as_i64),
+        "{now:?} {then:?}"
+    );
     assert_eq!(marked, original);
     assert_eq!(want_runs.len(), 2);
 

@@ -150,6 +150,13 @@ pub(super) async fn publish_delta(
     let total = &files.total;
     let table_rows = (out.prev_rows + total.rows).saturating_sub(out.old_rows + out.changed_rows);
     let mut m = base.manifest;
+    let new_data: Vec<String> = files.data.iter().map(|n| rel(n)).collect();
+    let published = super::publish::published(lake, &table, |mode| {
+        let (prev, new_data, deleted) = (&m, &new_data, &out.deleted);
+        let (table, build_id) = (&table, &build_id);
+        async move { crate::table::delta::publish::layer(lake, table, build_id, mode, prev, new_data, deleted).await }
+    })
+    .await;
     m.deltas.push(Delta {
         data: files.data,
         state: files.state,
@@ -159,6 +166,7 @@ pub(super) async fn publish_delta(
     });
     m.runs = Some(files.run_ids);
     m.rows = Some(table_rows);
+    m.published = published;
     put_manifest(lake, record, &m, &files.digest).await?;
     record.rows_written = total.written as i64;
     record.rows_rejected = total.rejected as i64;

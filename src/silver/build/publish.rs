@@ -163,12 +163,21 @@ pub(super) async fn publish_full(
         out.state.push(n);
     }
     let total = &out.total;
+    let rels: Vec<String> = out
+        .data
+        .iter()
+        .map(|n| layout::silver_file(&table, &build_id, n))
+        .collect();
     let m = Manifest {
         data: out.data.clone(),
         state: out.state.clone(),
         deltas: Vec::new(),
         runs: Some(run_ids),
         rows: Some(total.rows),
+        published: published(&ws.lake, &table, |mode| async move {
+            crate::table::delta::publish::whole(&ws.lake, mode, &rels).await
+        })
+        .await,
     };
     put_manifest(&ws.lake, record, &m, digest).await?;
     record.rows_written = total.written as i64;
@@ -181,5 +190,26 @@ pub(super) async fn publish_full(
         record: record.clone(),
         table_rows: total.rows,
         kept_rows: total.rows - total.written,
+    })
+}
+
+/// The snapshot as its Delta table will publish it (`make` it in the table's mode), or `None`
+/// with Delta publishing off; a failure is reported, not a failed build (the publish after the
+/// commit then reads the layers instead).
+pub(super) async fn published<F, Fut>(lake: &Lake, table: &str, make: F) -> Option<crate::table::silver::Published>
+where
+    F: FnOnce(crate::table::delta::Mode) -> Fut,
+    Fut: std::future::Future<Output = Result<crate::table::silver::Published>>,
+{
+    let result = async {
+        match crate::table::delta::builds::table_mode(lake, table).await? {
+            crate::table::delta::Mode::Off => Ok(None),
+            mode => make(mode).await.map(Some),
+        }
+    }
+    .await;
+    result.unwrap_or_else(|e| {
+        crate::table::delta::warn(&format!("silver/{table}: the snapshot's Delta files"), &e);
+        None
     })
 }

@@ -1,0 +1,66 @@
+//! The commit of a run or a build: its record put create-if-absent into the next slot of its
+//! log ([`crate::table::log`]), a checkpoint when one is due, then the Delta tables that follow
+//! the log ([`crate::table::delta`]). A put that finds its slot taken publishes nothing.
+
+use crate::error::{Error, Result};
+use crate::table::audit::{BuildRecord, RunRecord, parquet_bytes};
+use crate::table::lake::Lake;
+use crate::table::log::{checkpoint_after, put_record};
+
+/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another run of the source committed since this one started: nothing of this
+/// run is published.
+pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
+    commit_run_record(lake, record, None, "ingest.before_commit").await
+}
+
+/// [`commit_run`] of a record superseding `previous` (an undo, publish or discard), with the
+/// failpoint hit before the put; then the Delta tables follow ([`crate::table::delta::runs`]).
+pub async fn commit_run_record(
+    lake: &Lake,
+    record: &RunRecord,
+    previous: Option<&RunRecord>,
+    failpoint: &str,
+) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::table::failpoint::hit(failpoint)?;
+    if !put_record::<RunRecord>(lake, &record.source, record.seq, bytes).await? {
+        return Err(Error::Locked(format!(
+            "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
+             over); nothing of run {} was published: run the same command again",
+            record.source, record.run_id, record.run_id
+        )));
+    }
+    checkpoint_after::<RunRecord>(lake, &record.source, record.seq).await?;
+    crate::table::delta::runs::after_commit(lake, record, previous).await;
+    Ok(())
+}
+
+/// Commit a build: its record goes into the table's slot `record.seq`, create-if-absent. If the
+/// slot is taken, another build of the table committed since this one started: nothing of this
+/// build is published.
+pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
+    commit_build_record(lake, record, None, "build.before_commit").await
+}
+
+/// [`commit_build`] of a record superseding `previous` (an undo), with the failpoint hit before
+/// the put; then the Delta tables follow ([`crate::table::delta::builds`]).
+pub async fn commit_build_record(
+    lake: &Lake,
+    record: &BuildRecord,
+    previous: Option<&BuildRecord>,
+    failpoint: &str,
+) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::table::failpoint::hit(failpoint)?;
+    if !put_record::<BuildRecord>(lake, &record.table, record.seq, bytes).await? {
+        return Err(Error::Locked(format!(
+            "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
+             was published: run the same command again",
+            record.table, record.build_id, record.build_id
+        )));
+    }
+    checkpoint_after::<BuildRecord>(lake, &record.table, record.seq).await?;
+    crate::table::delta::builds::after_commit(lake, record, previous).await;
+    Ok(())
+}

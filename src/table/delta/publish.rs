@@ -1,0 +1,478 @@
+//! A silver snapshot as Delta readers see it ([`Published`] in the build's manifest): computed by
+//! the build before its commit, so every file the Delta table names is a file of a committed
+//! build that gc keeps with it ([`crate::table::silver::build_files`]).
+//!
+//! A whole snapshot publishes its parts. A delta layer publishes the previous build's files
+//! minus the rows of the keys it deletes, plus its own parts: with deletion vectors, each
+//! touched file gets the union of its old positions and the new ones, and the build writes one
+//! `deletion_vector_<uuid>.bin` in its folder holding every vector of the snapshot (so the
+//! current snapshot never depends on an older build's vector file); copy-on-write instead copies
+//! each touched file without those rows (`cow-NNNNN.parquet` in the build's folder).
+//!
+//! Hazard: a deletion vector counts physical rows of the file in file order; positions come from
+//! reading the file's fingerprint column in order, never from a plan that may reorder rows.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use delta_kernel::actions::deletion_vector_writer::{KernelDeletionVector, StreamingDeletionVectorWriter};
+use futures::StreamExt;
+use roaring::RoaringTreemap;
+
+use super::Mode;
+use crate::error::{Error, Result};
+use crate::hash::fp::{FpSet, Heads, for_each_fp};
+use crate::table::bronze::RunFileWriter;
+use crate::table::lake::{Lake, layout};
+use crate::table::parquet::object_reader;
+use crate::table::silver::{FP, Manifest, Published, PublishedDv, PublishedFile, key_schema};
+
+/// The magic number that opens a serialized deletion vector (Delta protocol).
+const DV_MAGIC: u32 = 1681511377;
+
+fn bad(rel: &str, e: impl std::fmt::Display) -> Error {
+    Error::RunFailed(format!("{rel}: {e}"))
+}
+
+/// A whole snapshot: its data files (lake-relative), unchanged.
+pub async fn whole(lake: &Lake, mode: Mode, data: &[String]) -> Result<Published> {
+    let mut files = Vec::with_capacity(data.len());
+    for rel in data {
+        files.push(PublishedFile {
+            path: rel.clone(),
+            rows: rows_of(lake, rel).await?,
+            dv: None,
+        });
+    }
+    Ok(Published {
+        mode: mode.as_str().to_string(),
+        files,
+    })
+}
+
+/// Rows of a Parquet file, from its footer.
+async fn rows_of(lake: &Lake, rel: &str) -> Result<u64> {
+    let builder = ParquetRecordBatchStreamBuilder::new(object_reader(lake, rel).await?)
+        .await
+        .map_err(|e| bad(rel, e))?;
+    Ok(builder.metadata().file_metadata().num_rows().max(0) as u64)
+}
+
+/// A file being published, with the positions deleted so far.
+struct Live {
+    path: String,
+    rows: u64,
+    deleted: RoaringTreemap,
+}
+
+/// The snapshot of a delta build of `table` (`build_id`): the previous build's published files
+/// (`prev`, lake-relative, computed from its layers when it has none) minus the rows of the keys
+/// in `deleted`, plus the new layer's `data` files.
+pub async fn layer(
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    mode: Mode,
+    prev: &Manifest,
+    data: &[String],
+    deleted: &FpSet,
+) -> Result<Published> {
+    let mut live = match &prev.published {
+        Some(p) if p.mode == mode.as_str() => from_published(lake, p).await?,
+        _ => from_layers(lake, prev).await?,
+    };
+    if !deleted.is_empty() {
+        let keys = Arc::new(deleted.clone());
+        let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), keys).await?;
+        for (f, hits) in live.iter_mut().zip(hits) {
+            f.deleted.extend(hits);
+        }
+    }
+    for rel in data {
+        live.push(Live {
+            path: rel.clone(),
+            rows: rows_of(lake, rel).await?,
+            deleted: RoaringTreemap::new(),
+        });
+    }
+    match mode {
+        Mode::CopyOnWrite => copy_without(lake, table, build_id, live).await,
+        _ => with_vectors(lake, table, build_id, live).await,
+    }
+}
+
+/// The files of `p` with their deletion vectors read back.
+async fn from_published(lake: &Lake, p: &Published) -> Result<Vec<Live>> {
+    let mut out = Vec::with_capacity(p.files.len());
+    let mut dv_files: std::collections::HashMap<String, Bytes> = std::collections::HashMap::new();
+    for f in &p.files {
+        let deleted = match &f.dv {
+            None => RoaringTreemap::new(),
+            Some(d) => {
+                if !dv_files.contains_key(&d.file) {
+                    let bytes = lake
+                        .get(&d.file)
+                        .await?
+                        .ok_or_else(|| bad(&d.file, "deletion-vector file missing"))?;
+                    dv_files.insert(d.file.clone(), bytes);
+                }
+                read_vector(&dv_files[&d.file], d).map_err(|e| bad(&d.file, e))?
+            }
+        };
+        out.push(Live {
+            path: f.path.clone(),
+            rows: f.rows,
+            deleted,
+        });
+    }
+    Ok(out)
+}
+
+/// One vector of a deletion-vector file: at `offset`, its size (4 bytes, big-endian), the magic
+/// number, the serialized 64-bit roaring bitmap, then a CRC-32.
+fn read_vector(file: &[u8], d: &PublishedDv) -> std::result::Result<RoaringTreemap, String> {
+    let at = usize::try_from(d.offset).map_err(|_| "negative offset".to_string())?;
+    let size = usize::try_from(d.size).map_err(|_| "negative size".to_string())?;
+    let body = file
+        .get(at + 4..at + 4 + size)
+        .ok_or_else(|| format!("vector at {at} of {size} bytes past the end"))?;
+    if body.len() < 4 || u32::from_le_bytes([body[0], body[1], body[2], body[3]]) != DV_MAGIC {
+        return Err(format!("no deletion vector at offset {at}"));
+    }
+    RoaringTreemap::deserialize_from(&body[4..]).map_err(|e| e.to_string())
+}
+
+/// The files of `m`'s layers, each with the positions of the keys later layers deleted.
+async fn from_layers(lake: &Lake, m: &Manifest) -> Result<Vec<Live>> {
+    let mut layers: Vec<&[String]> = vec![&m.data];
+    let mut deletions: Vec<FpSet> = Vec::new();
+    for d in &m.deltas {
+        layers.push(&d.data);
+        deletions.push(if d.deleted_keys == 0 {
+            FpSet::default()
+        } else {
+            read_keys(lake, &d.deleted).await?
+        });
+    }
+    let mut out = Vec::new();
+    for (i, files) in layers.iter().enumerate() {
+        let later: FpSet = deletions[i..].iter().flatten().copied().collect();
+        let deleted = if later.is_empty() {
+            vec![RoaringTreemap::new(); files.len()]
+        } else {
+            positions_of(lake, files.to_vec(), Arc::new(later)).await?
+        };
+        for (rel, deleted) in files.iter().zip(deleted) {
+            out.push(Live {
+                path: rel.clone(),
+                rows: rows_of(lake, rel).await?,
+                deleted,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The keys of a deletion file.
+async fn read_keys(lake: &Lake, rel: &str) -> Result<FpSet> {
+    let mut set = FpSet::default();
+    let builder = ParquetRecordBatchStreamBuilder::new(object_reader(lake, rel).await?)
+        .await
+        .map_err(|e| bad(rel, e))?;
+    if builder.schema().fields() != key_schema().fields() {
+        return Err(bad(rel, "not a deletion file of 16-byte keys"));
+    }
+    let mut stream = builder.build().map_err(|e| bad(rel, e))?;
+    while let Some(b) = stream.next().await {
+        let b = b.map_err(|e| bad(rel, e))?;
+        for_each_fp(b.column(0), |_, fp| {
+            if let Some(fp) = fp {
+                set.insert(fp);
+            }
+        })?;
+    }
+    Ok(set)
+}
+
+/// [`positions`] of `keys` in each of `files`, the files read side by side (one task per core).
+async fn positions_of(lake: &Lake, files: Vec<String>, keys: Arc<FpSet>) -> Result<Vec<RoaringTreemap>> {
+    let heads = Arc::new(Heads::of(&keys));
+    let width = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let tasks = files.into_iter().map(|rel| {
+        let (lake, keys, heads) = (lake.clone(), keys.clone(), heads.clone());
+        tokio::spawn(async move { positions(&lake, &rel, &keys, &heads).await })
+    });
+    let mut out = Vec::new();
+    let mut running = futures::stream::iter(tasks).buffered(width);
+    while let Some(done) = running.next().await {
+        out.push(done.map_err(|e| Error::Internal(format!("deletion positions: {e}")))??);
+    }
+    Ok(out)
+}
+
+/// The positions (0-based, in file order) of the rows of `rel` whose key is in `keys`.
+async fn positions(lake: &Lake, rel: &str, keys: &FpSet, heads: &Heads) -> Result<RoaringTreemap> {
+    let builder = ParquetRecordBatchStreamBuilder::new(object_reader(lake, rel).await?)
+        .await
+        .map_err(|e| bad(rel, e))?;
+    let Ok(at) = builder.schema().index_of(FP) else {
+        return Err(bad(rel, format!("no {FP} column")));
+    };
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [at]);
+    let mut stream = builder.with_projection(mask).build().map_err(|e| bad(rel, e))?;
+    let mut out = RoaringTreemap::new();
+    let mut base = 0u64;
+    while let Some(b) = stream.next().await {
+        let b = b.map_err(|e| bad(rel, e))?;
+        let column = b.column(0);
+        match column.as_any().downcast_ref::<datafusion::arrow::array::StringArray>() {
+            // the common case: hex text, most rows decided from their first characters
+            Some(text) => {
+                for i in 0..text.len() {
+                    if text.is_valid(i) && heads.may_contain_hex(text.value(i).as_bytes()) {
+                        if let Some(fp) = crate::hash::fp::fp_of_hex(text.value(i)) {
+                            if keys.contains(&fp) {
+                                out.insert(base + i as u64);
+                            }
+                        }
+                    }
+                }
+            }
+            None => for_each_fp(column, |i, fp| {
+                if fp.is_some_and(|fp| keys.contains(&fp)) {
+                    out.insert(base + i as u64);
+                }
+            })?,
+        }
+        base += b.num_rows() as u64;
+    }
+    Ok(out)
+}
+
+/// Deletion vectors: one file in the build's folder with a vector for every file that has
+/// deleted rows.
+async fn with_vectors(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>) -> Result<Published> {
+    let uuid = uuid::Uuid::new_v4();
+    let file = layout::silver_file(table, build_id, &format!("deletion_vector_{uuid}.bin"));
+    let mut buf: Vec<u8> = Vec::new();
+    let mut files = Vec::with_capacity(live.len());
+    {
+        let mut writer = StreamingDeletionVectorWriter::new(&mut buf);
+        for f in live {
+            let dv = if f.deleted.is_empty() {
+                None
+            } else {
+                let mut v = KernelDeletionVector::new();
+                v.add_deleted_row_indexes(f.deleted.iter());
+                let r = writer
+                    .write_deletion_vector(v)
+                    .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
+                Some(PublishedDv {
+                    file: file.clone(),
+                    uuid: uuid.to_string(),
+                    offset: r.offset,
+                    size: r.size_in_bytes,
+                    cardinality: r.cardinality,
+                })
+            };
+            files.push(PublishedFile {
+                path: f.path,
+                rows: f.rows,
+                dv,
+            });
+        }
+        writer
+            .finalize()
+            .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
+    }
+    if files.iter().any(|f| f.dv.is_some()) {
+        lake.put(&file, Bytes::from(buf)).await?;
+    }
+    Ok(Published {
+        mode: Mode::DeletionVectors.as_str().to_string(),
+        files,
+    })
+}
+
+/// Copy-on-write: every file with deleted rows copied without them into the build's folder.
+async fn copy_without(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>) -> Result<Published> {
+    let mut files = Vec::with_capacity(live.len());
+    let mut n = 0;
+    for f in live {
+        if f.deleted.is_empty() {
+            files.push(PublishedFile {
+                path: f.path,
+                rows: f.rows,
+                dv: None,
+            });
+            continue;
+        }
+        let rel = layout::silver_file(table, build_id, &format!("cow-{n:05}.parquet"));
+        n += 1;
+        let rows = copy_file(lake, &f.path, &rel, &f.deleted).await?;
+        files.push(PublishedFile {
+            path: rel,
+            rows,
+            dv: None,
+        });
+    }
+    Ok(Published {
+        mode: Mode::CopyOnWrite.as_str().to_string(),
+        files,
+    })
+}
+
+/// Copy the Parquet file `from` to `to` without the rows at `deleted`; the rows written.
+async fn copy_file(lake: &Lake, from: &str, to: &str, deleted: &RoaringTreemap) -> Result<u64> {
+    let builder = ParquetRecordBatchStreamBuilder::new(object_reader(lake, from).await?)
+        .await
+        .map_err(|e| bad(from, e))?;
+    let schema = builder.schema().clone();
+    let mut stream = builder.build().map_err(|e| bad(from, e))?;
+    let mut w = RunFileWriter::new(lake, to.to_string(), schema);
+    let mut base = 0u64;
+    let mut kept = 0u64;
+    while let Some(b) = stream.next().await {
+        let b: RecordBatch = b.map_err(|e| bad(from, e))?;
+        let n = b.num_rows() as u64;
+        let keep: BooleanArray = (0..n).map(|i| Some(!deleted.contains(base + i))).collect();
+        let out = filter_record_batch(&b, &keep)?;
+        kept += out.num_rows() as u64;
+        if out.num_rows() > 0 {
+            w.write(&out).await?;
+        }
+        base += n;
+    }
+    w.finish().await?;
+    Ok(kept)
+}
+
+/// The Delta `add` of a published file, in the table at `silver/<table>` (its path relative to
+/// that folder), with the file's size and time from the store.
+pub async fn add_of(lake: &Lake, table: &str, f: &PublishedFile) -> Result<deltalake_core::kernel::Add> {
+    use deltalake_core::kernel::{DeletionVectorDescriptor, StorageType};
+    let root = super::roots::silver(table);
+    let inside = f
+        .path
+        .strip_prefix(&format!("{root}/"))
+        .ok_or_else(|| Error::Internal(format!("{}: not a file of silver.{table}", f.path)))?;
+    let meta = super::runs::head(lake, &root, inside).await?;
+    let deletion_vector = match &f.dv {
+        None => None,
+        Some(d) => {
+            let uuid = uuid::Uuid::parse_str(&d.uuid).map_err(|e| bad(&d.file, e))?;
+            // the vector file sits in the build's folder: that folder is the path's prefix
+            let folder = d
+                .file
+                .strip_prefix(&format!("{root}/"))
+                .and_then(|p| p.rsplit_once('/'))
+                .map(|(dir, _)| format!("{dir}/"))
+                .unwrap_or_default();
+            Some(DeletionVectorDescriptor {
+                storage_type: StorageType::UuidRelativePath,
+                path_or_inline_dv: format!("{}{}", folder.trim_end_matches('/'), z85::encode(uuid.as_bytes())),
+                offset: Some(d.offset),
+                size_in_bytes: d.size,
+                cardinality: d.cardinality,
+            })
+        }
+    };
+    let physical = f.rows as i64;
+    Ok(deltalake_core::kernel::Add {
+        path: inside.to_string(),
+        size: meta.size as i64,
+        modification_time: meta.last_modified.timestamp_millis(),
+        data_change: true,
+        stats: Some(serde_json::json!({"numRecords": physical, "tightBounds": deletion_vector.is_none()}).to_string()),
+        deletion_vector,
+        ..Default::default()
+    })
+}
+
+/// The adds of a layered snapshot built without a published set (before Delta publishing, or
+/// with it off): every layer's files, each with an inline deletion vector (stored in the log:
+/// nothing is written into a committed build's folder).
+pub async fn inline(lake: &Lake, table: &str, m: &Manifest) -> Result<Vec<deltalake_core::kernel::Add>> {
+    use delta_kernel::actions::deletion_vector_writer::DeletionVector;
+    use deltalake_core::kernel::{DeletionVectorDescriptor, StorageType};
+    let mut out = Vec::new();
+    for f in from_layers(lake, m).await? {
+        let file = PublishedFile {
+            path: f.path.clone(),
+            rows: f.rows,
+            dv: None,
+        };
+        let mut add = add_of(lake, table, &file).await?;
+        if !f.deleted.is_empty() {
+            let cardinality = f.deleted.len() as i64;
+            let mut v = KernelDeletionVector::new();
+            v.add_deleted_row_indexes(f.deleted.iter());
+            let body = v
+                .serialize()
+                .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
+            let mut data = DV_MAGIC.to_le_bytes().to_vec();
+            data.extend_from_slice(&body);
+            let size = data.len();
+            while data.len() % 4 != 0 {
+                data.push(0);
+            }
+            add.deletion_vector = Some(DeletionVectorDescriptor {
+                storage_type: StorageType::Inline,
+                path_or_inline_dv: z85::encode(&data),
+                offset: None,
+                size_in_bytes: size as i32,
+                cardinality,
+            });
+            add.stats = Some(serde_json::json!({"numRecords": f.rows, "tightBounds": false}).to_string());
+        }
+        out.push(add);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_vector_reads_back_from_its_offset() {
+        let mut buf = Vec::new();
+        let mut results = Vec::new();
+        {
+            let mut w = StreamingDeletionVectorWriter::new(&mut buf);
+            for rows in [vec![0u64, 3, 7], vec![1u64 << 33, 5]] {
+                let mut v = KernelDeletionVector::new();
+                v.add_deleted_row_indexes(rows.iter().copied());
+                results.push(w.write_deletion_vector(v).unwrap());
+            }
+            w.finalize().unwrap();
+        }
+        let read = |i: usize| {
+            let r = &results[i];
+            read_vector(
+                &buf,
+                &PublishedDv {
+                    file: "f".into(),
+                    uuid: String::new(),
+                    offset: r.offset,
+                    size: r.size_in_bytes,
+                    cardinality: r.cardinality,
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(read(0).iter().collect::<Vec<_>>(), vec![0, 3, 7]);
+        assert_eq!(read(1).iter().collect::<Vec<_>>(), vec![5, 1u64 << 33]);
+        let bad = PublishedDv {
+            file: "f".into(),
+            uuid: String::new(),
+            offset: results[1].offset + 1,
+            size: results[1].size_in_bytes,
+            cardinality: 0,
+        };
+        assert!(read_vector(&buf, &bad).is_err());
+    }
+}

@@ -1,0 +1,438 @@
+//! The Delta tables a run's commit changes: `bronze/<source>` (the data files of the source's
+//! loaded runs), `audit/ingestion_run_log` (every source's latest record per run, partitioned
+//! by `commit_seq`, the record's slot) and the runs' part of `audit/row_failure_log`.
+//!
+//! Every record a source commits is one commit in each of the three (an empty one where the
+//! table does not change), with `txn` (`ingot:run:<source>`, slot), so a table's `txn` says
+//! exactly which slots it has. When it is behind, the table is compared whole with the source's
+//! log and repaired in one commit ([`sync_source`]).
+
+use std::collections::{BTreeSet, HashMap};
+
+use deltalake_core::kernel::{Add, Remove};
+use deltalake_core::protocol::{DeltaOperation, SaveMode};
+use object_store::{ObjectMeta, ObjectStoreExt};
+use serde_json::Value;
+
+use super::log::{self, Change, Outcome, Shape, Table};
+use super::schema::schema_string;
+use super::{COMMIT_SEQ, Finding, roots, run_app};
+use crate::error::{Error, Result};
+use crate::table::audit::{RunRecord, failure_log_schema, read_source_runs, run_log_schema};
+use crate::table::lake::{Lake, layout};
+
+/// The three tables a run's commit changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Bronze,
+    RunLog,
+    Failures,
+}
+
+pub const KINDS: [Kind; 3] = [Kind::Bronze, Kind::RunLog, Kind::Failures];
+
+impl Kind {
+    pub fn root(&self, source: &str) -> String {
+        match self {
+            Kind::Bronze => roots::bronze(source),
+            Kind::RunLog => roots::RUN_LOG.to_string(),
+            Kind::Failures => roots::FAILURE_LOG.to_string(),
+        }
+    }
+}
+
+/// A file of a Delta table as ingot's logs want it: its path in the table, rows, partition.
+#[derive(Debug, Clone)]
+pub(crate) struct Want {
+    pub path: String,
+    pub rows: Option<i64>,
+    pub commit_seq: Option<u64>,
+}
+
+/// The bronze data file of a run, in `bronze/<source>`.
+fn bronze_file(run_id: &str) -> String {
+    format!("run_id={run_id}/part-00000.parquet")
+}
+
+/// A record's file, in `audit/ingestion_run_log`.
+fn record_file(source: &str, seq: u64) -> String {
+    format!("{source}/{seq:010}.parquet")
+}
+
+/// A run's failure file, in `audit/row_failure_log`.
+fn failure_file(run_id: &str) -> String {
+    format!("run_id={run_id}/part-00000.parquet")
+}
+
+/// What `kind` holds of a run whose latest record is `r`.
+fn wants(kind: Kind, r: &RunRecord) -> Option<Want> {
+    match kind {
+        Kind::Bronze => r.has_data().then(|| Want {
+            path: bronze_file(&r.run_id),
+            rows: Some(r.rows_written()),
+            commit_seq: None,
+        }),
+        Kind::RunLog => Some(Want {
+            path: record_file(&r.source, r.seq),
+            rows: Some(1),
+            commit_seq: Some(r.seq),
+        }),
+        Kind::Failures => r.has_failures().then(|| Want {
+            path: failure_file(&r.run_id),
+            rows: Some(r.rows_failed),
+            commit_seq: None,
+        }),
+    }
+}
+
+/// The `add` of `want` in the table at `root`, with the file's size and time from `meta`.
+pub(crate) fn add_of(want: &Want, meta: &ObjectMeta) -> Add {
+    let mut partition_values = HashMap::new();
+    if let Some(seq) = want.commit_seq {
+        partition_values.insert(COMMIT_SEQ.to_string(), Some(seq.to_string()));
+    }
+    Add {
+        path: want.path.clone(),
+        partition_values,
+        size: meta.size as i64,
+        modification_time: meta.last_modified.timestamp_millis(),
+        data_change: true,
+        stats: want.rows.map(|n| serde_json::json!({ "numRecords": n }).to_string()),
+        ..Default::default()
+    }
+}
+
+fn remove_of(want: &Want) -> Remove {
+    let mut partition_values = HashMap::new();
+    if let Some(seq) = want.commit_seq {
+        partition_values.insert(COMMIT_SEQ.to_string(), Some(seq.to_string()));
+    }
+    Remove {
+        path: want.path.clone(),
+        data_change: true,
+        deletion_timestamp: Some(chrono::Utc::now().timestamp_millis()),
+        extended_file_metadata: Some(false),
+        partition_values: Some(partition_values),
+        ..Default::default()
+    }
+}
+
+/// The shape of `kind`'s table: bronze's from the contract fields its latest run was written
+/// under (`records`, in commit order), the logs' from their schemas.
+async fn shape(lake: &Lake, kind: Kind, source: &str, records: &[&RunRecord]) -> Result<Option<Shape>> {
+    let (schema, partition_columns) = match kind {
+        Kind::Bronze => match bronze_schema(lake, source, records).await? {
+            Some(s) => (s, vec![]),
+            None => return Ok(None),
+        },
+        Kind::RunLog => (
+            schema_string(&run_log_schema(), &[(COMMIT_SEQ, "long")])?,
+            vec![COMMIT_SEQ.to_string()],
+        ),
+        Kind::Failures => (schema_string(&failure_log_schema(), &[])?, vec![]),
+    };
+    Ok(Some(Shape {
+        schema,
+        partition_columns,
+        deletion_vectors: false,
+    }))
+}
+
+/// `bronze.<source>`'s schema as of the latest of `records` that recorded its contract fields
+/// (or, for a run from before they were recorded, its file's); `None` when no run says.
+async fn bronze_schema(lake: &Lake, source: &str, records: &[&RunRecord]) -> Result<Option<String>> {
+    for r in records.iter().rev() {
+        if let Some(fields) = r
+            .contract_fields
+            .as_deref()
+            .and_then(crate::table::evolve::parse_fields)
+        {
+            let mut arrow: Vec<datafusion::arrow::datatypes::Field> = fields
+                .iter()
+                .map(|f| datafusion::arrow::datatypes::Field::new(&f.name, f.ty.arrow_type(), true))
+                .collect();
+            arrow.extend(crate::spec::columns::meta_fields());
+            let schema = datafusion::arrow::datatypes::Schema::new(arrow);
+            return schema_string(&schema, &[]).map(Some);
+        }
+        if r.has_data() {
+            let schema = crate::table::parquet::footer_schema(lake, &layout::bronze_data(source, &r.run_id)).await?;
+            return schema_string(&schema, &[]).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+/// After `record` was committed (superseding `previous`, the latest record of its run before it):
+/// one commit in each of the run's Delta tables (best effort, see [`super::warn`]).
+pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&RunRecord>) {
+    if !super::enabled() {
+        return;
+    }
+    // three tables, three logs: committed side by side
+    let done = futures::future::join_all(KINDS.map(|kind| publish(lake, kind, record, previous))).await;
+    for (kind, result) in KINDS.iter().zip(done) {
+        if let Err(e) = result {
+            super::warn(
+                &format!(
+                    "{} after run {} of {}",
+                    kind.root(&record.source),
+                    record.run_id,
+                    record.source
+                ),
+                &e,
+            );
+        }
+    }
+}
+
+async fn publish(lake: &Lake, kind: Kind, record: &RunRecord, previous: Option<&RunRecord>) -> Result<()> {
+    let root = kind.root(&record.source);
+    let t = Table::new(lake, &root);
+    let Some(shape) = shape(lake, kind, &record.source, &[record]).await? else {
+        // a bronze table with no schema yet (no run has data): nothing to publish until one has
+        return Ok(());
+    };
+    let now = wants(kind, record);
+    let before = previous.and_then(|p| wants(kind, p));
+    let mut adds = Vec::new();
+    let mut removes = Vec::new();
+    let same = matches!((&now, &before), (Some(a), Some(b)) if a.path == b.path);
+    if !same {
+        if let Some(w) = &now {
+            let meta = head(lake, &root, &w.path).await?;
+            adds.push(add_of(w, &meta));
+        }
+        if let Some(w) = &before {
+            removes.push(remove_of(w));
+        }
+    }
+    let change = Change {
+        app: run_app(&record.source),
+        slot: record.seq as i64,
+        operation: operation(&adds, &removes),
+        adds,
+        removes,
+        info: info(record),
+    };
+    if log::append(t, &shape, change).await? == Outcome::Lagging {
+        sync_source(lake, kind, &record.source, false).await?;
+    }
+    Ok(())
+}
+
+/// The Delta operation a commit of these adds and removes is.
+pub(crate) fn operation(adds: &[Add], removes: &[Remove]) -> DeltaOperation {
+    if removes.is_empty() || !adds.is_empty() {
+        DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        }
+    } else {
+        DeltaOperation::Delete { predicate: None }
+    }
+}
+
+fn info(record: &RunRecord) -> HashMap<String, Value> {
+    HashMap::from([(
+        "ingot".to_string(),
+        serde_json::json!({
+            "log": "ingestion_run_log",
+            "source": record.source.as_str(),
+            "slot": record.seq,
+            "run_id": record.run_id.as_str(),
+            "status": record.status.as_str(),
+        }),
+    )])
+}
+
+/// The object at `rel` (in the table at `root`), which must exist: the table names it.
+pub(crate) async fn head(lake: &Lake, root: &str, rel: &str) -> Result<ObjectMeta> {
+    let full = format!("{root}/{rel}");
+    match lake.store.head(&lake.path(&full)).await {
+        Ok(m) => Ok(m),
+        Err(e) => Err(Error::RunFailed(format!(
+            "{}: cannot publish a file that is not there: {e}",
+            lake.url(&full)
+        ))),
+    }
+}
+
+/// Every object under `root`, by its path in the table.
+pub(crate) async fn listing(lake: &Lake, root: &str) -> Result<HashMap<String, ObjectMeta>> {
+    let prefix = format!("{root}/");
+    let mut out = HashMap::new();
+    for meta in lake.list(root).await? {
+        if let Some(rel) = lake.relative(&meta.location) {
+            if let Some(inside) = rel.strip_prefix(&prefix) {
+                if !inside.starts_with("_delta_log/") {
+                    out.insert(inside.to_string(), meta);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What `kind` must hold of `source`, from its log.
+fn desired(kind: Kind, runs: &[RunRecord]) -> Vec<Want> {
+    runs.iter().filter_map(|r| wants(kind, r)).collect()
+}
+
+/// Which files of `kind`'s table are the source's: all of bronze; its folder of the run log;
+/// its runs' failure files.
+fn owner(kind: Kind, source: &str, runs: &[RunRecord]) -> Box<dyn Fn(&str) -> bool + Send + Sync> {
+    match kind {
+        Kind::Bronze => Box::new(|_| true),
+        Kind::RunLog => {
+            let prefix = format!("{source}/");
+            Box::new(move |p: &str| p.starts_with(&prefix))
+        }
+        Kind::Failures => {
+            let ids: BTreeSet<String> = runs.iter().map(|r| failure_file(&r.run_id)).collect();
+            Box::new(move |p: &str| ids.contains(p))
+        }
+    }
+}
+
+/// Make `kind`'s table hold exactly what the source's log says, in one commit with `txn` at the
+/// log's last slot (no commit when it does). Unless `thorough`, a table whose `txn` has the last
+/// slot is taken as up to date without reading it. Returns the version committed, if any.
+pub async fn sync_source(lake: &Lake, kind: Kind, source: &str, thorough: bool) -> Result<Option<i64>> {
+    let runs = read_source_runs(lake, source).await?;
+    let Some(last) = runs.iter().map(|r| r.seq).max() else {
+        return Ok(None);
+    };
+    let root = kind.root(source);
+    if !thorough && log::has_slot(Table::new(lake, &root), &run_app(source), last as i64).await? {
+        return Ok(None);
+    }
+    let refs: Vec<&RunRecord> = runs.iter().collect();
+    let Some(shape) = shape(lake, kind, source, &refs).await? else {
+        return Ok(None);
+    };
+    let files = listing(lake, &root).await?;
+    let mut adds = Vec::new();
+    for w in desired(kind, &runs) {
+        let meta = files.get(&w.path).ok_or_else(|| {
+            Error::RunFailed(format!(
+                "{}: named by the run log of {source} but missing (`ingot doctor` says more)",
+                lake.url(&format!("{root}/{}", w.path))
+            ))
+        })?;
+        adds.push(add_of(&w, meta));
+    }
+    let change = Change {
+        app: run_app(source),
+        slot: last as i64,
+        operation: DeltaOperation::Write {
+            mode: SaveMode::Overwrite,
+            partition_by: None,
+            predicate: None,
+        },
+        adds,
+        removes: Vec::new(),
+        info: HashMap::from([(
+            "ingot".to_string(),
+            serde_json::json!({"log": "ingestion_run_log", "source": source, "slot": last, "sync": true}),
+        )]),
+    };
+    let owns = owner(kind, source, &runs);
+    log::replace(Table::new(lake, &root), &shape, change, &*owns).await
+}
+
+/// The sources of the lake (folders of the run log).
+pub(crate) async fn sources(lake: &Lake) -> Result<Vec<String>> {
+    lake.list_dirs(layout::RUN_LOG).await
+}
+
+/// [`sync_source`] for every source and table; what was repaired, for people.
+pub async fn sync_all(lake: &Lake) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for source in sources(lake).await? {
+        for kind in KINDS {
+            if let Some(v) = sync_source(lake, kind, &source, true).await? {
+                out.push(format!(
+                    "{}: {source}'s runs published as version {v}",
+                    kind.root(&source)
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every difference between the run tables and the run log.
+pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
+    let mut out = Vec::new();
+    let sources = sources(lake).await?;
+    let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
+    for kind in [Kind::RunLog, Kind::Failures] {
+        shared.insert(kind, log::load(Table::new(lake, &kind.root(""))).await?);
+    }
+    for source in &sources {
+        let runs = read_source_runs(lake, source).await?;
+        let Some(last) = runs.iter().map(|r| r.seq).max() else {
+            continue;
+        };
+        for kind in KINDS {
+            let root = kind.root(source);
+            let own;
+            let loaded = match kind {
+                Kind::Bronze => {
+                    own = log::load(Table::new(lake, &root)).await?;
+                    own.as_ref()
+                }
+                _ => shared.get(&kind).and_then(Option::as_ref),
+            };
+            let want = desired(kind, &runs);
+            if kind == Kind::Bronze && want.is_empty() && loaded.is_none() {
+                continue;
+            }
+            let Some(l) = loaded else {
+                out.push(Finding::lag(
+                    &root,
+                    format!("no Delta table yet; {source}'s runs are not published"),
+                ));
+                continue;
+            };
+            let txn = l.txn(&run_app(source)).await?;
+            if txn < last as i64 {
+                // behind: the difference is what the next command of the source publishes
+                out.push(Finding::lag(
+                    &root,
+                    format!("lags: has {source}'s run log through slot {txn}, the log is at slot {last}"),
+                ));
+                continue;
+            }
+            if txn > last as i64 {
+                out.push(Finding::wrong(
+                    &root,
+                    format!("ahead: says {source}'s slot {txn} is published, the log is at slot {last}"),
+                ));
+            }
+            let owns = owner(kind, source, &runs);
+            let have: BTreeSet<String> = l
+                .files
+                .iter()
+                .map(|v| v.path().to_string())
+                .filter(|p| owns(p))
+                .collect();
+            let want: BTreeSet<String> = want.into_iter().map(|w| w.path).collect();
+            for p in want.difference(&have) {
+                out.push(Finding::wrong(
+                    &root,
+                    format!("{p}: named by {source}'s run log, missing from the Delta table"),
+                ));
+            }
+            for p in have.difference(&want) {
+                out.push(Finding::wrong(
+                    &root,
+                    format!("{p}: in the Delta table, but not in {source}'s committed state"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}

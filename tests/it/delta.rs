@@ -1,0 +1,651 @@
+//! Delta Lake tables read by other engines: DuckDB's `delta_scan` (the PyPI package
+//! duckdb-ext-delta, loaded offline) and the `deltalake` package, installed into the venv
+//! `.venv-test-delta` by this test. Every table of a lake driven through first ingests and
+//! builds, a corrected re-delivery and a delta build, an undo and the build after it, and gc is
+//! read by both and compared with `ingot sql` on the same table, row by row and column by column
+//! (tests/py/delta_compare.py); silver at an older Delta version equals `ingot sql --as-of`; the
+//! documented query of a source's current versions equals `bronze.<source>_current`. Then the
+//! careless days: a crash between ingot's commit and the Delta commit, a lost or lying hint,
+//! publishing twice, copy-on-write for readers without deletion vectors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+use crate::util::{TestLake, assert_ok, python_venv, repo, stderr, stdout};
+
+const PACKAGES: &[&str] = &[
+    "duckdb==1.4.4",
+    "duckdb-ext-delta==1.4.4.20260205",
+    "duckdb-ext-httpfs==1.4.4.20260205",
+    "deltalake==1.6.6",
+    "pyarrow==26.0.1",
+];
+
+pub fn python() -> PathBuf {
+    python_venv(
+        ".venv-test-delta",
+        "import duckdb, deltalake, pyarrow, glob, os; \
+         assert len(glob.glob(os.path.join(os.path.dirname(duckdb.__file__), '..', 'duckdb_ext', 'extensions', '*', '*', '*.duckdb_extension'))) >= 2",
+        PACKAGES,
+    )
+}
+
+const CONTRACT: &str = "\
+source: events
+version: 1
+format: csv
+fields:
+  - {name: id, type: string, required: true}
+  - {name: grp, type: string}
+  - {name: day, type: date, required: true}
+  - {name: val, type: int64}
+  - {name: amount, type: 'decimal(10,2)'}
+  - {name: seen, type: timestamp}
+natural_key: {version: 1, fields: [id]}
+";
+
+const RULES: &str = "\
+table: events
+source: events
+version: 1
+steps:
+  - set: val2
+    expr: \"val * 2\"
+  - filter: \"val IS NULL OR val >= 0\"
+validate:
+  - name: small
+    check: \"val IS NULL OR val < 1000\"
+    reason: \"too big\"
+anomalies:
+  - name: big
+    when: \"val > 800\"
+";
+
+/// A lake of the `events` source and table, with extra environment for every command.
+pub struct Events {
+    pub t: TestLake,
+    rules: PathBuf,
+}
+
+impl Events {
+    pub fn new(envs: &[(&str, &str)]) -> Events {
+        Events::on(TestLake::new(), envs)
+    }
+
+    /// The events source and table on `t` (a local or an S3 lake).
+    pub fn on(mut t: TestLake, envs: &[(&str, &str)]) -> Events {
+        std::fs::write(t.contracts().join("events.yaml"), CONTRACT).unwrap();
+        let rules = t.dir.path().join("rules");
+        std::fs::create_dir_all(rules.join("events")).unwrap();
+        std::fs::write(rules.join("events/v1.yaml"), RULES).unwrap();
+        // delta builds whenever they can
+        t.envs.push(("INGOT_SILVER_DELTA_LIMIT".into(), "1".into()));
+        for (k, v) in envs {
+            t.envs.push((k.to_string(), v.to_string()));
+        }
+        Events { t, rules }
+    }
+
+    pub fn ingot(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().unwrap()
+    }
+
+    pub fn command(&self) -> Command {
+        let mut c = self.t.command();
+        c.arg("--rules").arg(&self.rules);
+        c
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.ingot(args);
+        assert_ok(&out);
+        assert!(
+            !stderr(&out).contains("warning: delta"),
+            "ingot {args:?} warned about Delta: {}",
+            stderr(&out)
+        );
+        stdout(&out)
+    }
+
+    /// Write a landing file of `rows` (id, grp, day, val) and ingest it.
+    pub fn deliver(&self, name: &str, rows: &[(usize, i64)]) -> PathBuf {
+        let dir = self.t.dir.path().join("landing");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut body = String::from("id,grp,day,val,amount,seen\n");
+        for (id, val) in rows {
+            body.push_str(&format!(
+                "e{id},g{},2026-11-{:02},{val},{}.{:02},2026-11-01T{:02}:00:00.25Z\n",
+                id % 5,
+                1 + id % 27,
+                id * 3,
+                id % 100,
+                id % 24
+            ));
+        }
+        let file = dir.join(name);
+        std::fs::write(&file, body).unwrap();
+        self.ok(&["ingest", "events", file.to_str().unwrap()]);
+        file
+    }
+
+    pub fn lake(&self) -> PathBuf {
+        self.t.lake()
+    }
+
+    /// The latest build id of events.
+    pub fn latest_build(&self) -> String {
+        let b = self.t.query(
+            "SELECT build_id FROM audit.silver_build_log WHERE status = 'succeeded' ORDER BY commit_seq DESC LIMIT 1",
+        );
+        b[0]["build_id"].as_str().unwrap().to_string()
+    }
+
+    pub fn manifest(&self, build: &str) -> Value {
+        let m = self
+            .lake()
+            .join(format!("silver/events/build_id={build}/manifest.json"));
+        serde_json::from_slice(&std::fs::read(m).unwrap()).unwrap()
+    }
+}
+
+/// One comparison for tests/py/delta_compare.py.
+pub struct Check {
+    pub name: String,
+    /// The query whose `ingot sql` answer is the truth.
+    pub sql: String,
+    pub as_of: Option<String>,
+    pub read: Value,
+    pub key: Vec<&'static str>,
+}
+
+impl Check {
+    pub fn table(name: &str, sql: &str, table: String, readers: &[&str], key: &[&'static str]) -> Check {
+        Check {
+            name: name.to_string(),
+            sql: sql.to_string(),
+            as_of: None,
+            read: json!({"table": table, "readers": readers}),
+            key: key.to_vec(),
+        }
+    }
+}
+
+/// Every table of a lake (sources and silver tables named), each read through `readers`.
+pub fn lake_checks(lake: &str, sources: &[&str], tables: &[&str], readers: &[&str]) -> Vec<Check> {
+    let mut out = vec![
+        Check::table(
+            "audit.ingestion_run_log",
+            "SELECT * FROM audit.ingestion_run_log",
+            format!("{lake}/audit/ingestion_run_log"),
+            readers,
+            &["run_id"],
+        ),
+        Check::table(
+            "audit.row_failure_log",
+            "SELECT * FROM audit.row_failure_log",
+            format!("{lake}/audit/row_failure_log"),
+            readers,
+            &["run_id", "source_row_number", "rule", "raw_payload"],
+        ),
+    ];
+    if !tables.is_empty() {
+        out.push(Check::table(
+            "audit.silver_build_log",
+            "SELECT * FROM audit.silver_build_log",
+            format!("{lake}/audit/silver_build_log"),
+            readers,
+            &["build_id"],
+        ));
+    }
+    for s in sources {
+        out.push(Check::table(
+            &format!("bronze.{s}"),
+            &format!("SELECT * FROM bronze.{s}"),
+            format!("{lake}/bronze/{s}"),
+            readers,
+            &["natural_key_fingerprint", "ingestion_run_id"],
+        ));
+        // the documented query of the current versions (docs/guide.md#delta-lake-tables)
+        let query = current_query(lake, s);
+        out.push(Check {
+            name: format!("bronze.{s}_current"),
+            sql: format!("SELECT * FROM bronze.{s}_current"),
+            as_of: None,
+            read: json!({"query": query, "readers": ["duckdb"]}),
+            key: vec!["natural_key_fingerprint"],
+        });
+    }
+    for t in tables {
+        out.push(Check::table(
+            &format!("silver.{t}"),
+            &format!("SELECT * FROM silver.{t}"),
+            format!("{lake}/silver/{t}"),
+            readers,
+            &["natural_key_fingerprint"],
+        ));
+    }
+    out
+}
+
+/// The query docs/guide.md gives for a source's current versions, over the Delta tables.
+pub fn current_query(lake: &str, source: &str) -> String {
+    format!(
+        "WITH runs AS (
+           SELECT run_id, commit_seq, previous_natural_key_version FROM {{table:{lake}/audit/ingestion_run_log}}
+           WHERE source = '{source}' AND status IN ('succeeded', 'succeeded_with_failures')),
+         since AS (SELECT coalesce(max(commit_seq), 0) AS seq FROM runs WHERE previous_natural_key_version IS NOT NULL)
+         SELECT b.* FROM {{table:{lake}/bronze/{source}}} b JOIN runs r ON b.ingestion_run_id = r.run_id
+         WHERE r.commit_seq >= (SELECT seq FROM since)
+         QUALIFY row_number() OVER (PARTITION BY b.natural_key_fingerprint ORDER BY r.commit_seq DESC) = 1
+             AND NOT coalesce(b.is_deleted, false)"
+    )
+}
+
+/// Run the checks: ingot's answer of each (`ingot sql --format parquet`) against every reader's.
+/// Returns `{check: {reader: {rows, want_rows, ok, diff}}}`.
+pub fn compare(command: &dyn Fn() -> Command, dir: &Path, checks: &[Check], storage: Option<Value>) -> Value {
+    let out_dir = dir.join(format!("compare-{}", uuid_like()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let mut spec = Vec::new();
+    for (i, c) in checks.iter().enumerate() {
+        let want = out_dir.join(format!("{i}.parquet"));
+        let mut cmd = command();
+        cmd.arg("sql")
+            .arg(&c.sql)
+            .args(["--format", "parquet", "--output"])
+            .arg(&want);
+        if let Some(b) = &c.as_of {
+            cmd.args(["--as-of", b]);
+        }
+        let out = cmd.output().unwrap();
+        assert_ok(&out);
+        spec.push(json!({"name": c.name, "want": want, "read": c.read, "key": c.key}));
+    }
+    let spec_file = out_dir.join("spec.json");
+    std::fs::write(
+        &spec_file,
+        json!({"checks": spec, "storage_options": storage}).to_string(),
+    )
+    .unwrap();
+    let out = Command::new(python())
+        .arg(repo().join("tests/py/delta_compare.py"))
+        .arg(&spec_file)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+/// Every reader of every check agreed with ingot, and the tables named in `nonempty` had rows.
+pub fn assert_agree(result: &Value, nonempty: &[&str], context: &str) {
+    let mut bad = Vec::new();
+    for (name, readers) in result.as_object().unwrap() {
+        for (reader, r) in readers.as_object().unwrap() {
+            if r["ok"] != json!(true) {
+                bad.push(format!("{name} via {reader}: {}", r["diff"]));
+            }
+            if nonempty.contains(&name.as_str()) && r["want_rows"].as_u64().unwrap_or(0) == 0 {
+                bad.push(format!("{name}: no rows to compare"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{context}:\n{}", bad.join("\n"));
+}
+
+fn events_checks(l: &Events, readers: &[&str]) -> Vec<Check> {
+    lake_checks(l.lake().to_str().unwrap(), &["events"], &["events"], readers)
+}
+
+fn check_events(l: &Events, readers: &[&str], context: &str) {
+    let cmd = || l.command();
+    let result = compare(&cmd, l.t.dir.path(), &events_checks(l, readers), None);
+    assert_agree(
+        &result,
+        &[
+            "bronze.events",
+            "silver.events",
+            "audit.ingestion_run_log",
+            "bronze.events_current",
+        ],
+        context,
+    );
+    // doctor finds nothing wrong with the Delta tables (a silver table older than an undo is
+    // another matter, which its next build settles)
+    let out = l.ingot(&["doctor"]);
+    let report = stdout(&out);
+    assert!(
+        !report
+            .lines()
+            .any(|l| l.starts_with("delta") || l.starts_with("files:") || l.starts_with("logs:")),
+        "{context}: doctor: {report}"
+    );
+    let out = l.ingot(&["delta", "status"]);
+    assert!(out.status.success(), "{context}: delta status: {}", stdout(&out));
+}
+
+/// The first delivery, 60 records (some rejected: val >= 1000 fails the rules' check; some
+/// filtered), then a corrected re-delivery of 3 of them plus 5 new ones.
+pub fn first_and_corrected(l: &Events) {
+    let first: Vec<(usize, i64)> = (0..60).map(|i| (i, ((i * 37) % 1100) as i64 - 5)).collect();
+    l.deliver("d1.csv", &first);
+    l.ok(&["build", "events"]);
+    let mut second = first.clone();
+    for i in [3usize, 17, 42] {
+        second[i].1 += 1;
+    }
+    second.extend((60..65).map(|i| (i, i as i64)));
+    l.deliver("d2.csv", &second);
+}
+
+#[test]
+fn every_table_reads_the_same_through_duckdb_and_deltalake_through_a_lakes_life() {
+    let l = Events::new(&[]);
+    let readers = ["duckdb", "deltalake"];
+    // (a) first ingest and build
+    first_and_corrected_step_a(&l);
+    check_events(&l, &readers, "after the first ingest and build");
+    let first_build = l.latest_build();
+    // (b) a corrected re-delivery and a delta build: deletion vectors on the old files
+    let second: Vec<(usize, i64)> = {
+        let mut s: Vec<(usize, i64)> = (0..60).map(|i| (i, ((i * 37) % 1100) as i64 - 5)).collect();
+        for i in [3usize, 17, 42] {
+            s[i].1 += 1;
+        }
+        s.extend((60..65).map(|i| (i, i as i64)));
+        s
+    };
+    l.deliver("d2.csv", &second);
+    l.ok(&["build", "events"]);
+    let b2 = l.latest_build();
+    let m = l.manifest(&b2);
+    assert_eq!(m["deltas"].as_array().map(Vec::len), Some(1), "a delta build: {m}");
+    let published = &m["published"]["files"];
+    assert!(
+        published
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["dv"]["cardinality"].as_i64().unwrap_or(0) >= 3),
+        "the old file has a deletion vector of the 3 corrected rows: {m}"
+    );
+    check_events(&l, &readers, "after a corrected re-delivery and a delta build");
+    // time travel: silver at the Delta version of the first build equals --as-of it
+    let version = delta_version_of(&l.lake().join("silver/events"), &first_build);
+    let cmd = || l.command();
+    let as_of = Check {
+        name: "silver.events as of the first build".into(),
+        sql: "SELECT * FROM silver.events".into(),
+        as_of: Some(first_build.clone()),
+        read: json!({"table": l.lake().join("silver/events"), "version": version, "readers": readers}),
+        key: vec!["natural_key_fingerprint"],
+    };
+    let now = Check::table(
+        "silver.events now (must differ from the first build)",
+        "SELECT * FROM silver.events",
+        l.lake().join("silver/events").to_str().unwrap().to_string(),
+        &["duckdb"],
+        &["natural_key_fingerprint"],
+    );
+    let mut now_vs_then = now;
+    now_vs_then.as_of = Some(first_build.clone());
+    let result = compare(&cmd, l.t.dir.path(), &[as_of, now_vs_then], None);
+    assert_eq!(
+        result["silver.events as of the first build"]["duckdb"]["ok"],
+        json!(true),
+        "{result}"
+    );
+    assert_eq!(
+        result["silver.events as of the first build"]["deltalake"]["ok"],
+        json!(true),
+        "{result}"
+    );
+    assert_eq!(
+        result["silver.events now (must differ from the first build)"]["duckdb"]["ok"],
+        json!(false),
+        "the comparison tells two versions apart: {result}"
+    );
+    // (c) undo of the re-delivery, and the build after it
+    let runs =
+        l.t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'events' ORDER BY commit_seq");
+    let redelivery = runs.last().unwrap()["run_id"].as_str().unwrap().to_string();
+    l.ok(&["undo", &redelivery]);
+    check_events(&l, &readers, "after the undo of a run");
+    l.ok(&["build", "events"]);
+    check_events(&l, &readers, "after the build that follows the undo");
+    // an undo of a build: silver is the previous snapshot again
+    l.ok(&["undo", &l.latest_build()]);
+    check_events(&l, &readers, "after the undo of a build");
+    // (d) gc of everything nothing reads any more
+    l.ok(&["build", "events", "--full"]);
+    l.ok(&["gc", "--grace", "0s", "--retain", "0s"]);
+    check_events(&l, &readers, "after gc");
+    let log = std::fs::read_to_string(last_commit(&l.lake().join("silver/events"))).unwrap();
+    assert!(log.contains("VACUUM END"), "gc says so in the Delta log: {log}");
+}
+
+fn first_and_corrected_step_a(l: &Events) {
+    let first: Vec<(usize, i64)> = (0..60).map(|i| (i, ((i * 37) % 1100) as i64 - 5)).collect();
+    l.deliver("d1.csv", &first);
+    l.ok(&["build", "events"]);
+}
+
+/// The Delta version whose commit published `build` (its commitInfo names it).
+fn delta_version_of(table: &Path, build: &str) -> i64 {
+    let mut found = None;
+    for e in std::fs::read_dir(table.join("_delta_log")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+            if first["commitInfo"]["ingot"]["build_id"] == json!(build) {
+                let v: i64 = p.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+                found = Some(found.map_or(v, |f: i64| f.min(v)));
+            }
+        }
+    }
+    found.unwrap_or_else(|| panic!("no Delta commit of build {build}"))
+}
+
+fn last_commit(table: &Path) -> PathBuf {
+    let mut commits: Vec<PathBuf> = std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    commits.sort();
+    commits.pop().unwrap()
+}
+
+fn commits(table: &Path) -> usize {
+    std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json"))
+        .count()
+}
+
+#[test]
+fn copy_on_write_tables_read_in_readers_without_deletion_vectors() {
+    let l = Events::new(&[("INGOT_DELTA", "copy-on-write")]);
+    first_and_corrected(&l);
+    l.ok(&["build", "events"]);
+    let m = l.manifest(&l.latest_build());
+    assert_eq!(m["deltas"].as_array().map(Vec::len), Some(1), "a delta build: {m}");
+    let files = m["published"]["files"].as_array().unwrap().clone();
+    assert!(files.iter().all(|f| f["dv"].is_null()), "no deletion vectors: {m}");
+    assert!(
+        files.iter().any(|f| f["path"].as_str().unwrap().contains("/cow-")),
+        "the touched file was copied without the replaced rows: {m}"
+    );
+    // deltalake's pyarrow path (what Polars and pandas use) refuses deletion vectors: here it reads
+    check_events(&l, &["duckdb", "deltalake", "deltalake_pyarrow"], "copy-on-write");
+    let protocol =
+        std::fs::read_to_string(l.lake().join("silver/events/_delta_log/00000000000000000000.json")).unwrap();
+    assert!(!protocol.contains("deletionVectors"), "{protocol}");
+    // gc keeps the copies the current snapshot names
+    l.ok(&["gc", "--grace", "0s", "--retain", "0s"]);
+    check_events(&l, &["duckdb", "deltalake_pyarrow"], "copy-on-write after gc");
+}
+
+#[test]
+fn a_crash_between_ingots_commit_and_the_delta_commit_leaves_the_log_behind_and_the_next_command_heals_it() {
+    let l = Events::new(&[]);
+    first_and_corrected_step_a(&l);
+    let before = commits(&l.lake().join("bronze/events"));
+    // the second delivery commits in ingot, then the process dies before its Delta commit
+    let file = l.t.dir.path().join("landing/crash.csv");
+    std::fs::write(
+        &file,
+        "id,grp,day,val,amount,seen\nx1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
+    )
+    .unwrap();
+    let out = l
+        .command()
+        .env("INGOT_FAILPOINT", "delta.before_commit")
+        .args(["ingest", "events", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the failpoint aborts the process");
+    let runs =
+        l.t.query("SELECT status FROM audit.ingestion_run_log WHERE file_path LIKE '%crash.csv'");
+    assert_eq!(runs.len(), 1, "ingot's commit stands: {runs:?}");
+    assert_eq!(
+        commits(&l.lake().join("bronze/events")),
+        before,
+        "the Delta log is behind, never ahead"
+    );
+    // doctor and delta status say so
+    let status = l.ingot(&["delta", "status"]);
+    assert!(!status.status.success(), "{}", stdout(&status));
+    assert!(stdout(&status).contains("lags"), "{}", stdout(&status));
+    let doctor = l.ingot(&["doctor"]);
+    assert_ok(&doctor);
+    assert!(
+        stdout(&doctor).contains("delta behind: bronze/events"),
+        "{}",
+        stdout(&doctor)
+    );
+    // the next command of the source brings it up to date in one commit
+    l.deliver("d3.csv", &[(100, 7)]);
+    check_events(&l, &["duckdb", "deltalake"], "after the crash and the next ingest");
+    // a crash after the Delta commit, before its hint: the next commit reads the log, not the hint
+    let out = l
+        .command()
+        .env("INGOT_FAILPOINT", "delta.after_commit")
+        .args(["build", "events"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    l.ok(&["delta", "sync"]);
+    check_events(&l, &["duckdb", "deltalake"], "after a crash after the Delta commit");
+}
+
+#[test]
+fn publishing_twice_changes_nothing_and_a_lost_or_lying_hint_is_not_trusted() {
+    let l = Events::new(&[]);
+    first_and_corrected(&l);
+    l.ok(&["build", "events"]);
+    let tables = [
+        "bronze/events",
+        "silver/events",
+        "audit/ingestion_run_log",
+        "audit/row_failure_log",
+    ];
+    let count =
+        |l: &Events| -> BTreeMap<&str, usize> { tables.iter().map(|t| (*t, commits(&l.lake().join(t)))).collect() };
+    let before = count(&l);
+    let out = l.ok(&["delta", "sync"]);
+    assert!(out.contains("delta sync: 0 table commits"), "{out}");
+    assert_eq!(count(&l), before, "a second publish is a no-op");
+    // the hints are caches: removed, the next commit reads the whole table
+    std::fs::remove_dir_all(l.lake().join("_cache/delta")).unwrap();
+    l.deliver("d3.csv", &[(200, 1), (201, 2)]);
+    check_events(&l, &["duckdb", "deltalake"], "after the hints were removed");
+    // a hint that claims a version the log does not have
+    let hint = l.lake().join("_cache/delta/bronze/events.json");
+    let mut h: Value = serde_json::from_slice(&std::fs::read(&hint).unwrap()).unwrap();
+    h["version"] = json!(h["version"].as_i64().unwrap() + 5);
+    std::fs::write(&hint, h.to_string()).unwrap();
+    l.deliver("d4.csv", &[(300, 1)]);
+    check_events(&l, &["duckdb", "deltalake"], "after a lying hint");
+    // a hostile edit: a commit that removes a committed run's file, with no txn; the table is not
+    // behind, it differs: a doctor violation, repaired by `ingot delta sync`
+    let bronze = l.lake().join("bronze/events");
+    let next = commits(&bronze);
+    let run =
+        l.t.query("SELECT run_id FROM audit.ingestion_run_log WHERE source = 'events' AND rows_inserted > 0 LIMIT 1");
+    let run = run[0]["run_id"].as_str().unwrap();
+    std::fs::write(
+        bronze.join(format!("_delta_log/{next:020}.json")),
+        format!(
+            "{{\"commitInfo\":{{\"operation\":\"DELETE\"}}}}\n{{\"remove\":{{\"path\":\"run_id={run}/part-00000.parquet\",\"dataChange\":true,\"deletionTimestamp\":1}}}}\n"
+        ),
+    )
+    .unwrap();
+    let doctor = l.ingot(&["doctor"]);
+    assert!(!doctor.status.success(), "{}", stdout(&doctor));
+    assert!(
+        stdout(&doctor).contains("missing from the Delta table"),
+        "{}",
+        stdout(&doctor)
+    );
+    let out = l.ok(&["delta", "sync"]);
+    assert!(out.contains("delta sync: 1 table commit"), "{out}");
+    check_events(&l, &["duckdb", "deltalake"], "after a hostile Delta commit and a sync");
+    // INGOT_DELTA=off: nothing published; the next command with Delta on catches up
+    let file = l.t.dir.path().join("landing/off.csv");
+    std::fs::write(
+        &file,
+        "id,grp,day,val,amount,seen\noff1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
+    )
+    .unwrap();
+    let out = l
+        .command()
+        .env("INGOT_DELTA", "off")
+        .args(["ingest", "events", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(!l.ingot(&["delta", "status"]).status.success());
+    l.deliver("d5.csv", &[(400, 1)]);
+    check_events(&l, &["duckdb", "deltalake"], "after commands with Delta off");
+}
+
+#[test]
+fn the_demo_lake_reads_the_same_through_other_engines() {
+    let t = TestLake::new();
+    let out = t
+        .command()
+        .arg("--rules")
+        .arg(repo().join("rules"))
+        .arg("--landing")
+        .arg(repo().join("data/landing"))
+        .arg("run")
+        .output()
+        .unwrap();
+    assert!(out.status.success() || out.status.code() == Some(4), "{}", stderr(&out));
+    let sources = crate::util::demo_sources();
+    let tables = crate::util::demo_tables();
+    let s: Vec<&str> = sources.iter().map(String::as_str).collect();
+    let ts: Vec<&str> = tables.iter().map(String::as_str).collect();
+    let checks = lake_checks(t.lake().to_str().unwrap(), &s, &ts, &["duckdb", "deltalake"]);
+    let cmd = || {
+        let mut c = t.command();
+        c.arg("--rules").arg(repo().join("rules"));
+        c
+    };
+    let result = compare(&cmd, t.dir.path(), &checks, None);
+    let mut nonempty: Vec<String> = s.iter().map(|s| format!("bronze.{s}")).collect();
+    nonempty.extend(ts.iter().map(|t| format!("silver.{t}")));
+    nonempty.push("audit.row_failure_log".into());
+    let nonempty: Vec<&str> = nonempty.iter().map(String::as_str).collect();
+    assert_agree(&result, &nonempty, "the demo lake");
+}
