@@ -197,7 +197,14 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     check_silver_current(ws, &catalog, &tables, &damaged, &mut out).await?;
     // 7. delta: every Delta table holds what the logs committed
     if crate::table::delta::enabled() {
-        for f in crate::table::delta::check(lake).await? {
+        let findings = crate::table::delta::check(lake).await.unwrap_or_else(|e| {
+            vec![crate::table::delta::Finding {
+                table: "delta".into(),
+                what: format!("cannot be checked: {e}"),
+                lags: false,
+            }]
+        });
+        for f in findings {
             if f.lags {
                 report.delta_lags.push(format!("{}: {}", f.table, f.what));
             } else {

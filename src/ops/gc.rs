@@ -173,10 +173,11 @@ impl Owner {
 /// lock, with the build log read again under it.
 pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
     // a Delta table that lags may still name files the logs let go: bring it up to date first
-    if crate::table::delta::enabled() && !opts.dry_run {
-        if let Err(e) = crate::table::delta::sync(lake, crate::table::delta::Mode::DeletionVectors).await {
-            crate::table::delta::warn("before gc", &e);
-        }
+    if crate::table::delta::enabled()
+        && !opts.dry_run
+        && let Err(e) = crate::table::delta::sync(lake, crate::table::delta::Mode::DeletionVectors).await
+    {
+        crate::table::delta::warn("before gc", &e);
     }
     let mut listed = Vec::new();
     for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/row_hash"] {

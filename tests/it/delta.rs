@@ -600,6 +600,33 @@ fn publishing_twice_changes_nothing_and_a_lost_or_lying_hint_is_not_trusted() {
     let out = l.ok(&["delta", "sync"]);
     assert!(out.contains("delta sync: 1 table commit"), "{out}");
     check_events(&l, &["duckdb", "deltalake"], "after a hostile Delta commit and a sync");
+    // a hostile file in a Delta log: every command still commits ingot's state and warns,
+    // doctor names the file; moved away, the next command publishes what the table lacks
+    let junk = bronze.join(format!("_delta_log/{:020}.json", commits(&bronze)));
+    std::fs::write(&junk, "this is not a Delta commit\n").unwrap();
+    let file = l.t.dir.path().join("landing/junk.csv");
+    std::fs::write(
+        &file,
+        "id,grp,day,val,amount,seen\nj1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
+    )
+    .unwrap();
+    let out = l
+        .command()
+        .args(["ingest", "events", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(stderr(&out).contains("not a Delta commit"), "{}", stderr(&out));
+    let doctor = l.ingot(&["doctor"]);
+    assert!(!doctor.status.success(), "{}", stdout(&doctor));
+    assert!(
+        stdout(&doctor).contains(junk.file_name().unwrap().to_str().unwrap()),
+        "{}",
+        stdout(&doctor)
+    );
+    std::fs::remove_file(&junk).unwrap();
+    l.deliver("d6.csv", &[(500, 1)]);
+    check_events(&l, &["duckdb", "deltalake"], "after a hostile file was moved away");
     // INGOT_DELTA=off: nothing published; the next command with Delta on catches up
     let file = l.t.dir.path().join("landing/off.csv");
     std::fs::write(
@@ -648,4 +675,83 @@ fn the_demo_lake_reads_the_same_through_other_engines() {
     nonempty.push("audit.row_failure_log".into());
     let nonempty: Vec<&str> = nonempty.iter().map(String::as_str).collect();
     assert_agree(&result, &nonempty, "the demo lake");
+}
+
+/// The source's own run tables read the same after a contract gains a column (older runs' files
+/// lack it: null), after a rekey (the current versions are the rekey run's and later), and after a
+/// held run is published behind a later run (it counts from its publish: commit order, not clocks).
+#[test]
+fn a_contract_that_gains_a_column_a_rekey_and_a_held_run_read_the_same_through_other_engines() {
+    let l = Events::new(&[]);
+    first_and_corrected_step_a(&l);
+    // the contract gains an optional column; the next delivery has it
+    let gained = CONTRACT.replace(
+        "  - {name: seen, type: timestamp}\n",
+        "  - {name: seen, type: timestamp}\n  - {name: channel, type: string}\n",
+    );
+    std::fs::write(l.t.contracts().join("events.yaml"), &gained).unwrap();
+    let file = l.t.dir.path().join("landing/gained.csv");
+    std::fs::write(
+        &file,
+        "id,grp,day,val,amount,seen,channel\ne1,g1,2026-11-02,9,1.00,2026-11-01T00:00:00Z,web\nn1,g2,2026-11-03,4,2.00,2026-11-01T00:00:00Z,phone\n",
+    )
+    .unwrap();
+    l.ok(&["ingest", "events", file.to_str().unwrap()]);
+    let schema = std::fs::read_to_string(last_commit(&l.lake().join("bronze/events"))).unwrap();
+    assert!(
+        schema.contains("metaData") && schema.contains("channel"),
+        "the schema follows: {schema}"
+    );
+    check_events(&l, &["duckdb", "deltalake"], "after a contract gained a column");
+    // a new natural key: the rekey run writes every current record again
+    let rekeyed = gained.replace(
+        "natural_key: {version: 1, fields: [id]}",
+        "natural_key: {version: 2, fields: [id, day]}",
+    );
+    std::fs::write(l.t.contracts().join("events.yaml"), &rekeyed).unwrap();
+    l.ok(&["rekey", "events"]);
+    l.ok(&["build", "events", "--full"]);
+    check_events(&l, &["duckdb", "deltalake"], "after a rekey");
+}
+
+#[test]
+fn a_held_run_counts_from_its_publish_in_the_delta_tables() {
+    let t = TestLake::new();
+    std::fs::write(
+        t.contracts().join("accounts.yaml"),
+        "source: accounts\nversion: 1\nformat: csv\ndelivery: full\nhold:\n  max_delete_fraction: 0.5\nfields:\n  \
+         - {name: id, type: int64, required: true}\n  - {name: balance, type: int64}\nnatural_key: {version: 1, fields: [id]}\n",
+    )
+    .unwrap();
+    let dir = t.dir.path().join("landing");
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, rows: std::ops::Range<i64>, balance: i64| {
+        let mut body = String::from("id,balance\n");
+        for i in rows {
+            body.push_str(&format!("{i},{}\n", balance + i));
+        }
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    assert_ok(&t.ingest("accounts", &write("a.csv", 0..10, 100)));
+    // a truncated snapshot: held (exit 4)
+    let held = t.ingest("accounts", &write("b.csv", 0..3, 200));
+    assert_eq!(held.status.code(), Some(4), "{}", stdout(&held));
+    let id = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE status = 'held'");
+    let id = id[0]["run_id"].as_str().unwrap().to_string();
+    // the held run is published as is: its versions and tombstones count from now
+    let out = t.run(&["publish", &id]);
+    assert_ok(&out);
+    assert_ok(&t.ingest("accounts", &write("c.csv", 0..3, 300)));
+    let checks = lake_checks(t.lake().to_str().unwrap(), &["accounts"], &[], &["duckdb", "deltalake"]);
+    let cmd = || t.command();
+    let result = compare(&cmd, t.dir.path(), &checks, None);
+    assert_agree(
+        &result,
+        &["bronze.accounts", "bronze.accounts_current"],
+        "a published held run",
+    );
+    let out = t.run(&["delta", "status"]);
+    assert_ok(&out);
 }

@@ -320,7 +320,13 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
     let mut out = Vec::new();
     let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
     for kind in [Kind::BuildLog, Kind::Failures] {
-        shared.insert(kind, log::load(Table::new(lake, &kind.root(""))).await?);
+        let root = kind.root("");
+        match log::load(Table::new(lake, &root)).await {
+            Ok(l) => {
+                shared.insert(kind, l);
+            }
+            Err(e) => out.push(Finding::wrong(&root, format!("unreadable: {e}"))),
+        }
     }
     for table in tables(lake).await? {
         let builds = read_table_builds(lake, &table).await?;
@@ -331,11 +337,20 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
             let root = kind.root(&table);
             let own;
             let loaded = match kind {
-                Kind::Silver => {
-                    own = log::load(Table::new(lake, &root)).await?;
-                    own.as_ref()
-                }
-                _ => shared.get(&kind).and_then(Option::as_ref),
+                Kind::Silver => match log::load(Table::new(lake, &root)).await {
+                    Ok(l) => {
+                        own = l;
+                        own.as_ref()
+                    }
+                    Err(e) => {
+                        out.push(Finding::wrong(&root, format!("unreadable: {e}")));
+                        continue;
+                    }
+                },
+                _ => match shared.get(&kind) {
+                    Some(l) => l.as_ref(),
+                    None => continue,
+                },
             };
             let want: BTreeSet<String> = match kind {
                 Kind::Silver => match current(&builds) {

@@ -117,13 +117,13 @@ impl Fold {
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let action: Value = serde_json::from_str(line)
                 .map_err(|e| Error::RunFailed(format!("Delta commit {version}: not JSON: {e}")))?;
-            if let Some(txn) = action.get("txn") {
-                if let (Some(app), Some(v)) = (
+            if let Some(txn) = action.get("txn")
+                && let (Some(app), Some(v)) = (
                     txn.get("appId").and_then(Value::as_str),
                     txn.get("version").and_then(Value::as_i64),
-                ) {
-                    self.txns.insert(app.to_string(), v);
-                }
+                )
+            {
+                self.txns.insert(app.to_string(), v);
             }
             if let Some(m) = action.get("metaData") {
                 self.metadata = Some(m.clone());
@@ -174,10 +174,18 @@ pub async fn fold(t: Table<'_>) -> Result<Option<Fold>> {
 
 /// Read the commits after `f.version` into it.
 async fn forward(t: Table<'_>, f: &mut Fold) -> Result<()> {
-    while let Some(bytes) = t.lake.get(&t.commit_rel(f.version + 1)).await? {
-        f.apply(f.version + 1, &bytes)?;
+    loop {
+        let rel = t.commit_rel(f.version + 1);
+        let Some(bytes) = t.lake.get(&rel).await? else {
+            return Ok(());
+        };
+        f.apply(f.version + 1, &bytes).map_err(|e| {
+            Error::RunFailed(format!(
+                "{}: not a Delta commit ({e}); nothing can be committed after it: move it away, then `ingot delta sync`",
+                t.lake.url(&rel)
+            ))
+        })?;
     }
-    Ok(())
 }
 
 /// Keep `f` as the table's hint (not synced: a lost or older hint only costs a longer read).
@@ -373,10 +381,11 @@ fn now_ms() -> i64 {
 /// A checkpoint at `version` when it is a multiple of [`CHECKPOINT_EVERY`] (best effort: a
 /// missing checkpoint only makes readers replay more commits).
 async fn maybe_checkpoint(t: Table<'_>, version: i64) {
-    if version > 0 && version % CHECKPOINT_EVERY == 0 {
-        if let Err(e) = checkpoint(t, version).await {
-            crate::table::delta::warn(&format!("checkpoint of {} at version {version}", t.root), &e);
-        }
+    if version > 0
+        && version % CHECKPOINT_EVERY == 0
+        && let Err(e) = checkpoint(t, version).await
+    {
+        crate::table::delta::warn(&format!("checkpoint of {} at version {version}", t.root), &e);
     }
 }
 
@@ -426,7 +435,12 @@ pub async fn load(t: Table<'_>) -> Result<Option<Loaded>> {
         return Ok(None);
     }
     let mut table = DeltaTable::new(t.log_store()?);
-    table.load().await.map_err(|e| t.err("unreadable", e))?;
+    if let Err(e) = table.load().await {
+        // name the commit that does not read, if one does not
+        let mut f = Fold::absent();
+        forward(t, &mut f).await?;
+        return Err(t.err("unreadable", e));
+    }
     let state = table.snapshot().map_err(|e| t.err("unreadable", e))?;
     let version = i64::try_from(state.version()).map_err(|e| t.err("version", e))?;
     let files = state.log_data().iter().collect();

@@ -232,12 +232,11 @@ async fn positions(lake: &Lake, rel: &str, keys: &FpSet, heads: &Heads) -> Resul
             // the common case: hex text, most rows decided from their first characters
             Some(text) => {
                 for i in 0..text.len() {
-                    if text.is_valid(i) && heads.may_contain_hex(text.value(i).as_bytes()) {
-                        if let Some(fp) = crate::hash::fp::fp_of_hex(text.value(i)) {
-                            if keys.contains(&fp) {
-                                out.insert(base + i as u64);
-                            }
-                        }
+                    if text.is_valid(i)
+                        && heads.may_contain_hex(text.value(i).as_bytes())
+                        && crate::hash::fp::fp_of_hex(text.value(i)).is_some_and(|fp| keys.contains(&fp))
+                    {
+                        out.insert(base + i as u64);
                     }
                 }
             }
@@ -416,7 +415,7 @@ pub async fn inline(lake: &Lake, table: &str, m: &Manifest) -> Result<Vec<deltal
             let mut data = DV_MAGIC.to_le_bytes().to_vec();
             data.extend_from_slice(&body);
             let size = data.len();
-            while data.len() % 4 != 0 {
+            while !data.len().is_multiple_of(4) {
                 data.push(0);
             }
             add.deletion_vector = Some(DeletionVectorDescriptor {

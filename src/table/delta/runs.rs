@@ -264,12 +264,11 @@ pub(crate) async fn listing(lake: &Lake, root: &str) -> Result<HashMap<String, O
     let prefix = format!("{root}/");
     let mut out = HashMap::new();
     for meta in lake.list(root).await? {
-        if let Some(rel) = lake.relative(&meta.location) {
-            if let Some(inside) = rel.strip_prefix(&prefix) {
-                if !inside.starts_with("_delta_log/") {
-                    out.insert(inside.to_string(), meta);
-                }
-            }
+        if let Some(rel) = lake.relative(&meta.location)
+            && let Some(inside) = rel.strip_prefix(&prefix)
+            && !inside.starts_with("_delta_log/")
+        {
+            out.insert(inside.to_string(), meta);
         }
     }
     Ok(out)
@@ -369,7 +368,13 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
     let sources = sources(lake).await?;
     let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
     for kind in [Kind::RunLog, Kind::Failures] {
-        shared.insert(kind, log::load(Table::new(lake, &kind.root(""))).await?);
+        let root = kind.root("");
+        match log::load(Table::new(lake, &root)).await {
+            Ok(l) => {
+                shared.insert(kind, l);
+            }
+            Err(e) => out.push(Finding::wrong(&root, format!("unreadable: {e}"))),
+        }
     }
     for source in &sources {
         let runs = read_source_runs(lake, source).await?;
@@ -380,11 +385,21 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
             let root = kind.root(source);
             let own;
             let loaded = match kind {
-                Kind::Bronze => {
-                    own = log::load(Table::new(lake, &root)).await?;
-                    own.as_ref()
-                }
-                _ => shared.get(&kind).and_then(Option::as_ref),
+                Kind::Bronze => match log::load(Table::new(lake, &root)).await {
+                    Ok(l) => {
+                        own = l;
+                        own.as_ref()
+                    }
+                    Err(e) => {
+                        out.push(Finding::wrong(&root, format!("unreadable: {e}")));
+                        continue;
+                    }
+                },
+                _ => match shared.get(&kind) {
+                    Some(l) => l.as_ref(),
+                    // unreadable, said above
+                    None => continue,
+                },
             };
             let want = desired(kind, &runs);
             if kind == Kind::Bronze && want.is_empty() && loaded.is_none() {
