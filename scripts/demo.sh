@@ -109,4 +109,12 @@ run failures --run "$DAY_ONE" --format csv
 say "15. Housekeeping: files no committed run reads any more (the undone run's), what gc would remove"
 run gc --dry-run --grace 0s
 
+say "16. Other engines: every layer is a Delta Lake table beside the files (docs/delta.md)"
+run delta status
+printf '$ ls %s/silver/bookings/_delta_log\n' "$LAKE"
+ls "$LAKE/silver/bookings/_delta_log"
+echo "   -> one Delta commit per build (and undo); DuckDB reads the same rows with"
+echo "      SELECT * FROM delta_scan('$LAKE/silver/bookings'), Spark with"
+echo "      spark.read.format(\"delta\").load(...), Python with deltalake.DeltaTable(...).scan()"
+
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""

@@ -473,6 +473,48 @@ fn commits(table: &Path) -> usize {
 }
 
 #[test]
+fn checkpoints_every_few_versions_read_the_same_and_commits_go_on_after_them() {
+    let l = Events::new(&[("INGOT_DELTA_CHECKPOINT_EVERY", "3")]);
+    first_and_corrected(&l);
+    l.ok(&["build", "events"]);
+    for i in 0..4 {
+        l.deliver(&format!("more{i}.csv"), &[(300 + i, i as i64)]);
+        l.ok(&["build", "events"]);
+    }
+    for table in ["bronze/events", "silver/events", "audit/ingestion_run_log"] {
+        let log = l.lake().join(table).join("_delta_log");
+        let checkpoints = std::fs::read_dir(&log)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".checkpoint.")
+            })
+            .count();
+        assert!(checkpoints >= 1, "{table}: {checkpoints} checkpoints");
+        assert!(log.join("_last_checkpoint").exists(), "{table}");
+    }
+    check_events(&l, &["duckdb", "deltalake"], "with checkpoints");
+    // a log whose JSON commits before the last checkpoint are gone still reads (readers start
+    // at the checkpoint) and takes commits
+    let log = l.lake().join("bronze/events/_delta_log");
+    let last: Value = serde_json::from_slice(&std::fs::read(log.join("_last_checkpoint")).unwrap()).unwrap();
+    let at = last["version"].as_i64().unwrap();
+    for v in 0..at {
+        std::fs::remove_file(log.join(format!("{v:020}.json"))).unwrap();
+    }
+    std::fs::remove_dir_all(l.lake().join("_cache/delta")).unwrap();
+    l.deliver("after.csv", &[(400, 1)]);
+    check_events(
+        &l,
+        &["duckdb", "deltalake"],
+        "after the commits before the checkpoint are gone",
+    );
+}
+
+#[test]
 fn copy_on_write_tables_read_in_readers_without_deletion_vectors() {
     let l = Events::new(&[("INGOT_DELTA", "copy-on-write")]);
     first_and_corrected(&l);

@@ -26,8 +26,15 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::table::lake::Lake;
 
-/// A checkpoint every this many versions, so a reader never replays a long log.
-pub const CHECKPOINT_EVERY: i64 = 100;
+/// A checkpoint every this many versions, so a reader never replays a long log:
+/// `INGOT_DELTA_CHECKPOINT_EVERY`, default 100.
+pub fn checkpoint_every() -> i64 {
+    std::env::var("INGOT_DELTA_CHECKPOINT_EVERY")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(100)
+}
 
 /// One Delta table of the lake, by its lake-relative root (`bronze/bookings`).
 #[derive(Clone, Copy)]
@@ -162,7 +169,7 @@ pub async fn fold(t: Table<'_>) -> Result<Option<Fold>> {
             f
         }
         _ => {
-            if t.lake.exists(&t.commit_rel(0)).await? {
+            if exists(t).await? {
                 return Ok(None);
             }
             Fold::absent()
@@ -170,6 +177,12 @@ pub async fn fold(t: Table<'_>) -> Result<Option<Fold>> {
     };
     forward(t, &mut f).await?;
     Ok(Some(f))
+}
+
+/// Is there a Delta table at `t`: anything in its `_delta_log` (its first commits may be gone
+/// after a checkpoint; a table is never taken for new while a log is there).
+async fn exists(t: Table<'_>) -> Result<bool> {
+    Ok(!t.lake.list_names(&format!("{}/_delta_log", t.root)).await?.is_empty())
 }
 
 /// Read the commits after `f.version` into it.
@@ -216,7 +229,6 @@ impl Shape {
 
     fn configuration(&self) -> BTreeMap<String, String> {
         let mut c = BTreeMap::new();
-        c.insert("delta.checkpointInterval".to_string(), CHECKPOINT_EVERY.to_string());
         if self.deletion_vectors {
             c.insert("delta.enableDeletionVectors".to_string(), "true".to_string());
         }
@@ -378,11 +390,11 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// A checkpoint at `version` when it is a multiple of [`CHECKPOINT_EVERY`] (best effort: a
+/// A checkpoint at `version` when it is a multiple of [`checkpoint_every`] (best effort: a
 /// missing checkpoint only makes readers replay more commits).
 async fn maybe_checkpoint(t: Table<'_>, version: i64) {
     if version > 0
-        && version % CHECKPOINT_EVERY == 0
+        && version % checkpoint_every() == 0
         && let Err(e) = checkpoint(t, version).await
     {
         crate::table::delta::warn(&format!("checkpoint of {} at version {version}", t.root), &e);
@@ -431,7 +443,7 @@ impl Loaded {
 
 /// Read the whole table at its latest version (`None`: no table).
 pub async fn load(t: Table<'_>) -> Result<Option<Loaded>> {
-    if !t.lake.exists(&t.commit_rel(0)).await? {
+    if !exists(t).await? {
         return Ok(None);
     }
     let mut table = DeltaTable::new(t.log_store()?);
