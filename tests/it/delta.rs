@@ -797,3 +797,40 @@ fn a_held_run_counts_from_its_publish_in_the_delta_tables() {
     let out = t.run(&["delta", "status"]);
     assert_ok(&out);
 }
+
+/// gc repairs a lagging table (a run committed with Delta off) and, before its Delta commit, the
+/// next run of the source commits and publishes: gc's repair, read before that run, must not take
+/// the run's files out of the tables again.
+#[test]
+fn gc_repairing_a_lagging_table_beside_an_ingest_never_drops_what_the_ingest_published() {
+    let l = Events::new(&[]);
+    first_and_corrected_step_a(&l);
+    let file = l.t.dir.path().join("landing/off.csv");
+    std::fs::write(
+        &file,
+        "id,grp,day,val,amount,seen\noff1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
+    )
+    .unwrap();
+    let out = l
+        .command()
+        .env("INGOT_DELTA", "off")
+        .args(["ingest", "events", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let marker = l.t.dir.path().join("gc-reached");
+    let gc = l
+        .command()
+        .env("INGOT_FAILPOINT", "delta.before_commit:sleep:2500")
+        .env("INGOT_FAILPOINT_MARKER", &marker)
+        .args(["gc", "--grace", "0s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::util::wait_for_marker(&marker, "gc's first Delta commit");
+    l.deliver("next.csv", &[(700, 3), (701, 4)]);
+    let gc = gc.wait_with_output().unwrap();
+    assert_ok(&gc);
+    check_events(&l, &["duckdb", "deltalake"], "after gc's repair beside an ingest");
+}

@@ -530,16 +530,14 @@ pub async fn replace(
             .collect();
         let mut actions = shape.actions(&f, now_ms())?;
         let txn = f.txn(&change.app).unwrap_or(0);
-        if actions.is_empty() && removes.is_empty() && adds.is_empty() && txn >= change.slot {
+        // another writer published a later slot of this app: what this one read is older
+        if txn > change.slot || (actions.is_empty() && removes.is_empty() && adds.is_empty() && txn >= change.slot) {
             save(t, &f).await;
             return Ok(None);
         }
         actions.extend(removes);
         actions.extend(adds);
-        let slot = Change {
-            slot: change.slot.max(txn),
-            ..change.clone()
-        };
+        let slot = change.clone();
         let version = f.version + 1;
         let bytes = bytes_of(actions, &slot)?;
         crate::table::failpoint::hit("delta.before_commit")?;
