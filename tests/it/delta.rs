@@ -834,3 +834,99 @@ fn gc_repairing_a_lagging_table_beside_an_ingest_never_drops_what_the_ingest_pub
     assert_ok(&gc);
     check_events(&l, &["duckdb", "deltalake"], "after gc's repair beside an ingest");
 }
+
+/// A lake made without Delta publishing (as before it existed): ingests, a delta build with
+/// layers, an undo; `ingot delta sync` publishes every table, the layered snapshot with deletion
+/// vectors kept in the log (nothing is written into the committed builds' folders), and the
+/// next commands go on from there.
+#[test]
+fn a_lake_made_without_delta_is_published_whole_by_delta_sync() {
+    let mut l = Events::new(&[("INGOT_DELTA", "off")]);
+    first_and_corrected(&l);
+    l.ok(&["build", "events"]);
+    let m = l.manifest(&l.latest_build());
+    assert_eq!(m["deltas"].as_array().map(Vec::len), Some(1), "a delta build: {m}");
+    assert!(m["published"].is_null(), "made without Delta: {m}");
+    assert!(!l.lake().join("bronze/events/_delta_log").exists());
+    let before: Vec<PathBuf> = crate::util::files_under(&l.lake().join("silver"));
+    // from here on, Delta publishing as by default
+    l.t.envs.retain(|(k, _)| k != "INGOT_DELTA");
+    let out = l.ingot(&["delta", "sync"]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains("silver/events"), "{}", stdout(&out));
+    let mut after: Vec<PathBuf> = crate::util::files_under(&l.lake().join("silver"));
+    after.retain(|p| !p.to_string_lossy().contains("_delta_log"));
+    let (mut a, mut b) = (after.clone(), before.clone());
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "no file written outside the Delta logs");
+    let log = std::fs::read_to_string(last_commit(&l.lake().join("silver/events"))).unwrap();
+    assert!(log.contains("\"storageType\":\"i\""), "inline deletion vectors: {log}");
+    check_events(&l, &["duckdb", "deltalake"], "a lake published by delta sync");
+    l.deliver("d3.csv", &[(90, 1)]);
+    l.ok(&["build", "events"]);
+    check_events(&l, &["duckdb", "deltalake"], "the next ingest and build after it");
+}
+
+/// Ingests of two sources at once commit to the shared audit tables at once: each takes the next
+/// free version (the loser of a put reads the winner's commit and goes on); nothing is lost or
+/// published twice.
+#[test]
+fn ingests_of_two_sources_at_once_share_the_audit_tables_without_losing_a_commit() {
+    let l = Events::new(&[]);
+    std::fs::write(
+        l.t.contracts().join("others.yaml"),
+        CONTRACT.replace("source: events", "source: others"),
+    )
+    .unwrap();
+    let dir = l.t.dir.path().join("landing");
+    std::fs::create_dir_all(&dir).unwrap();
+    for round in 0..6 {
+        let mut children = Vec::new();
+        for source in ["events", "others"] {
+            let file = dir.join(format!("{source}-{round}.csv"));
+            std::fs::write(
+                &file,
+                format!(
+                    "id,grp,day,val,amount,seen\n{source}{round},g1,2026-11-02,{round},1.00,2026-11-01T00:00:00Z\nbad{round},g1,not-a-date,1,1.00,2026-11-01T00:00:00Z\n"
+                ),
+            )
+            .unwrap();
+            children.push(
+                l.command()
+                    .args(["ingest", source, file.to_str().unwrap()])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert_ok(&out);
+            assert!(!stderr(&out).contains("warning: delta"), "{}", stderr(&out));
+        }
+    }
+    let checks = lake_checks(
+        l.lake().to_str().unwrap(),
+        &["events", "others"],
+        &[],
+        &["duckdb", "deltalake"],
+    );
+    let cmd = || l.command();
+    let result = compare(&cmd, l.t.dir.path(), &checks, None);
+    assert_agree(
+        &result,
+        &[
+            "audit.ingestion_run_log",
+            "audit.row_failure_log",
+            "bronze.events",
+            "bronze.others",
+        ],
+        "two sources at once",
+    );
+    let out = l.ingot(&["delta", "status"]);
+    assert_ok(&out);
+    // 12 runs, each one commit in the shared run log (after the table's creation)
+    assert_eq!(commits(&l.lake().join("audit/ingestion_run_log")), 12);
+}

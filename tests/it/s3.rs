@@ -759,11 +759,20 @@ fn delta_tables_on_an_s3_lake_read_the_same_through_duckdb_and_deltalake() {
     let t = s3_lake(&moto, "deltas");
     let l = crate::delta::Events::on(t, &[]);
     crate::delta::first_and_corrected(&l);
+    let first_build = l.latest_build();
     l.ok(&["build", "events"]);
     let m =
         l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE mode = 'incremental'");
     assert_eq!(m[0]["n"], Value::from(1), "{m:?}");
-    let checks = crate::delta::lake_checks("s3://deltas/lake", &["events"], &["events"], &["duckdb", "deltalake"]);
+    let mut checks = crate::delta::lake_checks("s3://deltas/lake", &["events"], &["events"], &["duckdb", "deltalake"]);
+    // silver as of the first build: its Delta version is the first after the table's creation
+    checks.push(crate::delta::Check {
+        name: "silver.events as of the first build".into(),
+        sql: "SELECT * FROM silver.events".into(),
+        as_of: Some(first_build),
+        read: serde_json::json!({"table": "s3://deltas/lake/silver/events", "version": 0, "readers": ["duckdb", "deltalake"]}),
+        key: vec!["natural_key_fingerprint"],
+    });
     let storage: serde_json::Map<String, Value> = moto.envs().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     let cmd = || l.command();
     let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, Some(Value::Object(storage)));
