@@ -508,13 +508,6 @@ async fn remove_if(
     Ok(())
 }
 
-/// Is `name` a staging file of an unfinished write to the local disk (`<name>#<digits>`, which
-/// the object store writes, then renames into place; it lists none of them)?
-fn is_staging(name: &str) -> bool {
-    name.rsplit_once('#')
-        .is_some_and(|(base, n)| !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// Remove the staging files that killed writes left on a local lake, once older than the grace
 /// period (a write still in progress renames its file well within it).
 fn remove_staging_leftovers(root: &std::path::Path, now: i64, grace: i64, report: &mut GcReport) -> Result<()> {
@@ -533,7 +526,11 @@ fn remove_staging_leftovers(root: &std::path::Path, now: i64, grace: i64, report
                 stack.push(path);
                 continue;
             }
-            if !entry.file_name().to_str().is_some_and(is_staging) {
+            if !entry
+                .file_name()
+                .to_str()
+                .is_some_and(crate::table::durable::is_staging_name)
+            {
                 continue;
             }
             let modified = meta

@@ -223,6 +223,13 @@ impl DurableLocal {
     }
 }
 
+/// Is `name` a staging file of an unfinished write (`<name>#<digits>`, written, then renamed or
+/// linked into place)? No listing shows one; `gc` removes leftovers of killed writes.
+pub fn is_staging_name(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(base, n)| !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A new staging file `<dest>#<n>` (creating the directories), like `LocalFileSystem`'s.
 fn new_staged(dest: &FsPath) -> object_store::Result<(File, PathBuf)> {
     let mut n = 1u32;
@@ -434,11 +441,8 @@ fn names_after(dir: &FsPath, prefix: &Path, offset: &Path) -> Option<Vec<Path>> 
         if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._=-#".contains(&b)) {
             return None;
         }
-        // a staging file (`<name>#<digits>`) is no object, as in `LocalFileSystem`'s listings
-        if name
-            .split_once('#')
-            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        {
+        // a staging file is no object, as in `LocalFileSystem`'s listings
+        if is_staging_name(&name) {
             continue;
         }
         let path = Path::parse(format!("{}/{name}", prefix.as_ref())).ok()?;

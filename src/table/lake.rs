@@ -372,8 +372,10 @@ impl Lake {
         for e in entries {
             let e = e.map_err(|e| Error::io(dir.display(), e))?;
             // the entry's type comes with the directory read (no stat on ext4, xfs, btrfs)
+            // a staging file of an unfinished write is no object (as in the store's listings)
             if e.file_type().is_ok_and(|t| t.is_file())
                 && let Some(name) = e.file_name().to_str()
+                && !super::durable::is_staging_name(name)
             {
                 out.push(name.to_string());
             }

@@ -930,3 +930,25 @@ fn ingests_of_two_sources_at_once_share_the_audit_tables_without_losing_a_commit
     // 12 runs, each one commit in the shared run log (after the table's creation)
     assert_eq!(commits(&l.lake().join("audit/ingestion_run_log")), 12);
 }
+
+/// Power lost while the first commit of a table was being written leaves only its staging file
+/// (`00000000000000000000.json#<n>`, maybe torn) in `_delta_log`: that is no table yet, not an
+/// unreadable one; the next command creates the table and readers never see the leftover.
+#[test]
+fn a_torn_first_commit_left_in_delta_log_is_no_table_and_the_next_command_creates_it() {
+    let l = Events::new(&[]);
+    l.deliver("d1.csv", &[(0, 1), (1, 2)]);
+    let log = l.lake().join("silver/events/_delta_log");
+    assert!(!log.exists(), "no build yet");
+    std::fs::create_dir_all(&log).unwrap();
+    std::fs::write(log.join("00000000000000000000.json#1"), "{\"commitInfo\":{\"ti").unwrap();
+    let doctor = l.ingot(&["doctor"]);
+    assert_ok(&doctor);
+    assert!(!stdout(&doctor).contains("unreadable"), "{}", stdout(&doctor));
+    l.ok(&["build", "events"]);
+    assert!(log.join("00000000000000000000.json").exists(), "the table was created");
+    check_events(&l, &["duckdb", "deltalake"], "after a torn first commit");
+    let doctor = l.ingot(&["doctor"]);
+    assert_ok(&doctor);
+    assert!(!stdout(&doctor).contains("delta"), "{}", stdout(&doctor));
+}
