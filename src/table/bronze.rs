@@ -20,6 +20,7 @@ use datafusion::parquet::basic::{Compression, Encoding, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 
@@ -185,8 +186,14 @@ pub struct RunFileWriter {
     /// Close a row group once its encoded size passes this (a writer holds its open row group in
     /// memory; silver builds run one writer per partition at once).
     row_group_bytes: Option<usize>,
+    /// The writer's memory in DataFusion's pool ([`RunFileWriter::with_budget`]).
+    budget: Option<MemoryReservation>,
     pub rows: u64,
 }
+
+/// The smallest budget [`RunFileWriter::with_budget`] settles for (taken even past the pool's
+/// limit: a writer cannot spill).
+const MIN_BUDGET: usize = 2 << 20;
 
 impl RunFileWriter {
     pub fn new(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
@@ -197,6 +204,7 @@ impl RunFileWriter {
             uncompressed: false,
             writer: None,
             row_group_bytes: None,
+            budget: None,
             rows: 0,
         }
     }
@@ -213,12 +221,37 @@ impl RunFileWriter {
         self
     }
 
+    /// Account for the writer's memory in DataFusion's memory pool, as `name`: `bytes`, or as
+    /// much as the pool has left (halving down to 2 MiB, which it takes even past the limit).
+    /// Half of it bounds the open row group, half the upload of the closed one (parts of a sixth:
+    /// one filling, two in flight), so operators running beside the writer spill instead of the
+    /// process outgrowing `--memory-limit`. Without a budget a writer holds up to a row group
+    /// plus object_store's default of 8 parts of 10 MiB in flight, none of it in the pool.
+    pub fn with_budget(mut self, pool: &Arc<dyn MemoryPool>, name: &str, bytes: usize) -> RunFileWriter {
+        let budget = MemoryConsumer::new(name).register(pool);
+        let mut want = bytes.max(MIN_BUDGET);
+        while want > MIN_BUDGET && budget.try_grow(want).is_err() {
+            want /= 2;
+        }
+        if budget.size() == 0 {
+            budget.grow(MIN_BUDGET);
+        }
+        self.row_group_bytes = Some(budget.size() / 2);
+        self.budget = Some(budget);
+        self
+    }
+
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         if self.writer.is_none() {
-            let w = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
+            let (store, path) = (self.lake.store.clone(), self.lake.path(&self.rel));
+            let w = match &self.budget {
+                // parts of a sixth of the budget, one filling and two in flight: the upload's half
+                Some(b) => BufWriter::with_capacity(store, path, (b.size() / 6).max(1 << 20)).with_max_concurrency(2),
+                None => BufWriter::new(store, path),
+            };
             self.writer = Some(AsyncArrowWriter::try_new(
                 w,
                 self.schema.clone(),
@@ -621,5 +654,66 @@ mod tests {
             "a full block takes a pooled one"
         );
         assert_eq!(spool.take().concat(), &data[..SPOOL_BLOCK + 1]);
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::execution::memory_pool::GreedyMemoryPool;
+
+    use super::*;
+
+    /// Incompressible values (no encoding or zstd shrinks them below 8 bytes).
+    fn scrambled(i: i64) -> i64 {
+        i.wrapping_mul(0x9E37_79B9_7F4A_7C15u64 as i64).rotate_left(29)
+    }
+
+    fn batch(schema: &SchemaRef, from: i64, n: i64) -> RecordBatch {
+        let col: ArrayRef = Arc::new(Int64Array::from_iter_values((from..from + n).map(scrambled)));
+        RecordBatch::try_new(schema.clone(), vec![col]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_budgeted_writer_takes_what_the_pool_has_bounds_its_row_groups_by_it_and_gives_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(10 << 20));
+        // 48 MiB asked of a 10 MiB pool: halved until it fits (6 MiB), row groups of 3 MiB
+        let mut w = RunFileWriter::new(&lake, "t/a.parquet".into(), schema.clone()).with_budget(&pool, "w", 48 << 20);
+        assert_eq!(pool.reserved(), 6 << 20);
+        assert_eq!(w.row_group_bytes, Some(3 << 20));
+        // a second writer finds 4 MiB left and takes 3 MiB; a third finds 1 MiB and still takes
+        // the minimum, past the limit (a writer cannot spill), so the pool shows it
+        let w2 = RunFileWriter::new(&lake, "t/b.parquet".into(), schema.clone()).with_budget(&pool, "w2", 48 << 20);
+        assert_eq!(pool.reserved(), 9 << 20);
+        let w3 = RunFileWriter::new(&lake, "t/c.parquet".into(), schema.clone()).with_budget(&pool, "w3", 48 << 20);
+        assert_eq!(pool.reserved(), (9 << 20) + MIN_BUDGET);
+        drop((w2, w3));
+        assert_eq!(pool.reserved(), 6 << 20);
+        // 2M distinct int64s (16 MB plain) cannot stay in one 3 MiB row group
+        let rows = 2_000_000i64;
+        for k in 0..(rows / 100_000) {
+            w.write(&batch(&schema, k * 100_000, 100_000)).await.unwrap();
+        }
+        assert_eq!(w.finish().await.unwrap(), rows as u64);
+        assert_eq!(pool.reserved(), 0, "finishing gives the budget back");
+        let bytes = std::fs::read(dir.path().join("t/a.parquet")).unwrap();
+        let reader = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .unwrap();
+        assert!(reader.metadata().num_row_groups() > 2, "{} row groups", reader.metadata().num_row_groups());
+        let mut next = 0i64;
+        for b in reader.build().unwrap() {
+            let b = b.unwrap();
+            for v in b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values() {
+                assert_eq!(*v, scrambled(next));
+                next += 1;
+            }
+        }
+        assert_eq!(next, rows, "every row read back in order");
     }
 }

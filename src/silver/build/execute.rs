@@ -325,6 +325,7 @@ async fn write_outputs(
             failed_at: record.started_at,
         }),
         fail_w: fail_w.clone(),
+        pool: env.ctx.runtime_env().memory_pool.clone(),
     });
     let mut out = Outputs {
         failures: failures_rel,

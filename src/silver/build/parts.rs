@@ -15,6 +15,7 @@ use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Int32Type, Int64Type, Schema, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::dataframe::DataFrame;
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit};
 use datafusion::physical_expr::PhysicalExpr;
@@ -51,6 +52,12 @@ pub(super) const ROW_GROUP_BYTES: usize = 24 << 20;
 /// A writer of one build-scoped Parquet file with bounded row groups.
 pub(super) fn part_writer(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
     RunFileWriter::new(lake, rel, schema).with_row_group_bytes(ROW_GROUP_BYTES)
+}
+
+/// A part writer of the output pass, which runs beside the plan's operators: its row group and
+/// upload buffers are taken from the build's memory pool ([`RunFileWriter::with_budget`]).
+pub(super) fn pooled_part_writer(lake: &Lake, rel: String, schema: SchemaRef, pool: &Arc<dyn MemoryPool>) -> RunFileWriter {
+    RunFileWriter::new(lake, rel, schema).with_budget(pool, "silver part writer", 2 * ROW_GROUP_BYTES)
 }
 
 /// Evaluates the flag projection on batches with the columns of `base`.
@@ -322,13 +329,15 @@ pub(super) struct PartCtx {
     pub(super) actions: Arc<HashMap<String, Action>>,
     pub(super) failures: Arc<Failures>,
     pub(super) fail_w: Arc<tokio::sync::Mutex<RunFileWriter>>,
+    /// The build's memory pool, which the part writers take their buffers from.
+    pub(super) pool: Arc<dyn MemoryPool>,
 }
 
 impl PartCtx {
     /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
     pub(super) async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = part_writer(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = pooled_part_writer(&self.lake, rel, self.flagger.schema.clone(), &self.pool);
         let mut out = PartOut::default();
         while let Some(b) = stream.next().await {
             let (b, f) = self.flagger.apply(&b?)?;
@@ -351,9 +360,9 @@ impl PartCtx {
         state_part: String,
     ) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = part_writer(&self.lake, rel, self.flagger.schema.clone());
+        let mut w = pooled_part_writer(&self.lake, rel, self.flagger.schema.clone(), &self.pool);
         let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
-        let mut sw = part_writer(&self.lake, state_rel, state_schema());
+        let mut sw = pooled_part_writer(&self.lake, state_rel, state_schema(), &self.pool);
         let mut out = PartOut::default();
         let width = self.width;
         while let Some(b) = stream.next().await {
