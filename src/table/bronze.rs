@@ -12,6 +12,7 @@ use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
 };
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, ArrowRowGroupWriterFactory, compute_leaves,
 };
@@ -20,7 +21,6 @@ use datafusion::parquet::basic::{Compression, Encoding, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 
@@ -705,7 +705,11 @@ mod budget_tests {
             bytes::Bytes::from(bytes),
         )
         .unwrap();
-        assert!(reader.metadata().num_row_groups() > 2, "{} row groups", reader.metadata().num_row_groups());
+        assert!(
+            reader.metadata().num_row_groups() > 2,
+            "{} row groups",
+            reader.metadata().num_row_groups()
+        );
         let mut next = 0i64;
         for b in reader.build().unwrap() {
             let b = b.unwrap();

@@ -15,8 +15,8 @@ use datafusion::arrow::compute::{cast as arrow_cast, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Int32Type, Int64Type, Schema, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::dataframe::DataFrame;
-use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::logical_expr::{Expr, ExprSchemable, JoinType, lit};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
@@ -56,7 +56,12 @@ pub(super) fn part_writer(lake: &Lake, rel: String, schema: SchemaRef) -> RunFil
 
 /// A part writer of the output pass, which runs beside the plan's operators: its row group and
 /// upload buffers are taken from the build's memory pool ([`RunFileWriter::with_budget`]).
-pub(super) fn pooled_part_writer(lake: &Lake, rel: String, schema: SchemaRef, pool: &Arc<dyn MemoryPool>) -> RunFileWriter {
+pub(super) fn pooled_part_writer(
+    lake: &Lake,
+    rel: String,
+    schema: SchemaRef,
+    pool: &Arc<dyn MemoryPool>,
+) -> RunFileWriter {
     RunFileWriter::new(lake, rel, schema).with_budget(pool, "silver part writer", 2 * ROW_GROUP_BYTES)
 }
 
