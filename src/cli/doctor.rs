@@ -37,6 +37,9 @@ pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
             "delta behind: {l}; the next command of it or `ingot delta sync` publishes the rest (not a violation)"
         );
     }
+    for l in &report.delta_differs {
+        crate::show!("delta differs: {l} (not a violation: see \"What is not published\" in docs/delta.md)");
+    }
     for o in &report.orphans {
         crate::show!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
     }

@@ -64,6 +64,9 @@ pub struct DoctorReport {
     /// Delta tables behind the logs (a notice each: the next command of the source or table, or
     /// `ingot delta sync`, publishes what they lack).
     pub delta_lags: Vec<String>,
+    /// Fields of `bronze/<source>` Delta tables that other engines read differently from ingot in
+    /// some runs (renamed or cast since they were written; a notice each, see docs/delta.md).
+    pub delta_differs: Vec<String>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -204,6 +207,29 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
                 lags: false,
             }]
         });
+        for contract in catalog.contracts.contracts.values() {
+            let of_source: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| r.source == contract.source && r.has_data())
+                .collect();
+            for (field, stored, ids) in crate::table::evolve::read_differently(contract, &of_source) {
+                let seen = if stored.starts_with("column") {
+                    "null"
+                } else {
+                    "the stored values"
+                };
+                report.delta_differs.push(format!(
+                    "bronze/{}: field \"{field}\" is stored as {stored} in {} run{} ({}{}): Delta readers see {seen} there, \
+                     ingot reads it under the contract {}",
+                    contract.source,
+                    ids.len(),
+                    if ids.len() == 1 { "" } else { "s" },
+                    ids[0],
+                    if ids.len() > 1 { ", ..." } else { "" },
+                    contract.path.display()
+                ));
+            }
+        }
         for f in findings {
             if f.lags {
                 report.delta_lags.push(format!("{}: {}", f.table, f.what));

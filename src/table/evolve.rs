@@ -303,6 +303,47 @@ pub fn stored_files(
     Ok((segments, excluded))
 }
 
+/// What a reader of a run's own file by column name (a Delta reader of `bronze/<source>`) gets
+/// differently from `contract`'s reading, per current field: `(field, stored as, runs)`, where
+/// "stored as" is the column's old name (a `renamed_from` rename: such a reader sees null) or
+/// its stored type (a widening or `older_values: cast`: such a reader sees the stored values).
+/// Each distinct definition is compared once.
+pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> Vec<(&'a str, String, Vec<&'a str>)> {
+    let mut per_definition: HashMap<Option<&str>, Vec<(&str, String)>> = HashMap::new();
+    let mut out: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+    for r in runs {
+        let definition = r.contract_fields.as_deref();
+        let differences = per_definition.entry(definition).or_insert_with(|| {
+            let probe = StoredRun {
+                run_id: String::new(),
+                source: contract.source.clone(),
+                url: String::new(),
+                definition: definition.map(str::to_string),
+                past: definition.and_then(parse_fields),
+            };
+            contract
+                .fields
+                .iter()
+                .zip(probe.sources(contract))
+                .filter_map(|(f, s)| {
+                    let p = s?;
+                    if p.name != f.name {
+                        Some((f.name.as_str(), format!("column \"{}\"", p.name)))
+                    } else if p.ty != f.ty {
+                        Some((f.name.as_str(), p.ty.name()))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        });
+        for (field, how) in differences.iter() {
+            out.entry((*field, how.clone())).or_default().push(r.run_id.as_str());
+        }
+    }
+    out.into_iter().map(|((f, how), ids)| (f, how, ids)).collect()
+}
+
 /// One message per field whose stored values some runs cannot be read as, naming the runs:
 /// `(field, message)`.
 pub fn unreadable_runs<'a>(contract: &'a Contract, stored: &'a [StoredRun]) -> Vec<(&'a str, String)> {

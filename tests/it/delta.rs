@@ -952,3 +952,67 @@ fn a_torn_first_commit_left_in_delta_log_is_no_table_and_the_next_command_create
     assert_ok(&doctor);
     assert!(!stdout(&doctor).contains("delta"), "{}", stdout(&doctor));
 }
+
+/// A field renamed or widened since older runs were written: ingot reads those runs under the new
+/// contract, a Delta reader reads their files by column name (docs/delta.md, "What is not
+/// published"). `ingot doctor` names each such field, how it is stored and in how many runs; an
+/// added field, and runs written under the new contract, are no such difference.
+#[test]
+fn doctor_names_the_fields_other_engines_read_differently_after_a_rename_or_a_widening() {
+    let l = Events::new(&[]);
+    first_and_corrected_step_a(&l);
+    let differs = |l: &Events| -> Vec<String> {
+        let out = l.ingot(&["doctor"]);
+        assert_ok(&out);
+        stdout(&out)
+            .lines()
+            .filter(|x| x.starts_with("delta differs:"))
+            .map(str::to_string)
+            .collect()
+    };
+    // a field added is read as null by ingot and by any reader alike
+    let gained = CONTRACT.replace(
+        "  - {name: seen, type: timestamp}\n",
+        "  - {name: seen, type: timestamp}\n  - {name: channel, type: string}\n",
+    );
+    std::fs::write(l.t.contracts().join("events.yaml"), &gained).unwrap();
+    assert_eq!(differs(&l), Vec::<String>::new());
+    let changed = gained
+        .replace(
+            "  - {name: grp, type: string}\n",
+            "  - {name: group_name, type: string, renamed_from: grp}\n",
+        )
+        .replace("type: 'decimal(10,2)'", "type: 'decimal(12,2)'");
+    std::fs::write(l.t.contracts().join("events.yaml"), &changed).unwrap();
+    let lines = differs(&l);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let run = l.t.query("SELECT run_id FROM audit.ingestion_run_log")[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        lines.iter().any(
+            |x| x.contains("bronze/events: field \"amount\" is stored as decimal(10,2) in 1 run (")
+                && x.contains(&run)
+                && x.contains("Delta readers see the stored values")
+        ),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(
+            |x| x.contains("field \"group_name\" is stored as column \"grp\" in 1 run (")
+                && x.contains("Delta readers see null")
+                && x.contains("events.yaml")
+        ),
+        "{lines:#?}"
+    );
+    // a run under the new contract reads the same everywhere: still the one older run
+    let file = l.t.dir.path().join("landing/renamed.csv");
+    std::fs::write(
+        &file,
+        "id,group_name,day,val,amount,seen,channel\nr1,g9,2026-11-05,3,1.50,2026-11-01T00:00:00Z,web\n",
+    )
+    .unwrap();
+    l.ok(&["ingest", "events", file.to_str().unwrap()]);
+    assert_eq!(differs(&l), lines, "the new run adds no difference");
+}
