@@ -21,11 +21,8 @@ import time
 from silver_duckdb import snapshot_relation
 
 
-def duckdb_run(lake: str, build_id: str, query_file: str, out_csv: str, runs: int) -> int:
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"CREATE VIEW lineitem AS {snapshot_relation(lake, build_id)}")
+def timed(con, query_file: str, out_csv: str, runs: int) -> int:
+    """Run the query of `query_file` on `con` `runs` times; print the best time, write the rows."""
     query = open(query_file).read()
     best, rows, names = math.inf, None, None
     for _ in range(runs):
@@ -40,6 +37,14 @@ def duckdb_run(lake: str, build_id: str, query_file: str, out_csv: str, runs: in
         w.writerows(rows)
     print(f"best {best:.4f}")
     return 0
+
+
+def duckdb_run(lake: str, build_id: str, query_file: str, out_csv: str, runs: int) -> int:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW lineitem AS {snapshot_relation(lake, build_id)}")
+    return timed(con, query_file, out_csv, runs)
 
 
 def delta_run(table: str, query_file: str, out_csv: str, runs: int) -> int:
@@ -58,20 +63,7 @@ def delta_run(table: str, query_file: str, out_csv: str, runs: int) -> int:
     con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     con.execute(f"LOAD '{os.path.realpath(ext[0])}'")
     con.execute(f"CREATE VIEW lineitem AS SELECT * FROM delta_scan('{table}')")
-    query = open(query_file).read()
-    best, rows, names = math.inf, None, None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        cur = con.execute(query)
-        rows = cur.fetchall()
-        best = min(best, time.perf_counter() - t0)
-        names = [d[0] for d in cur.description]
-    with open(out_csv, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(names)
-        w.writerows(rows)
-    print(f"best {best:.4f}")
-    return 0
+    return timed(con, query_file, out_csv, runs)
 
 
 def same(a: str, b: str) -> int:

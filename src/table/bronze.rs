@@ -611,6 +611,10 @@ impl ParallelFileWriter {
 mod tests {
     use std::io::Write;
 
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::execution::memory_pool::GreedyMemoryPool;
+
     use super::*;
 
     /// Writes of every size, across block boundaries, come out of the spool whole and in order,
@@ -655,15 +659,6 @@ mod tests {
         );
         assert_eq!(spool.take().concat(), &data[..SPOOL_BLOCK + 1]);
     }
-}
-
-#[cfg(test)]
-mod budget_tests {
-    use datafusion::arrow::array::Int64Array;
-    use datafusion::arrow::datatypes::Field;
-    use datafusion::execution::memory_pool::GreedyMemoryPool;
-
-    use super::*;
 
     /// Incompressible values (no encoding or zstd shrinks them below 8 bytes).
     fn scrambled(i: i64) -> i64 {

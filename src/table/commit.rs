@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::table::audit::{BuildRecord, RunRecord, parquet_bytes};
 use crate::table::lake::Lake;
-use crate::table::log::{checkpoint_after, put_record};
+use crate::table::log::{Record, checkpoint_after, put_record};
 
 /// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
 /// slot is taken, another run of the source committed since this one started: nothing of this
@@ -22,16 +22,14 @@ pub async fn commit_run_record(
     previous: Option<&RunRecord>,
     failpoint: &str,
 ) -> Result<()> {
-    let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::table::failpoint::hit(failpoint)?;
-    if !put_record::<RunRecord>(lake, &record.source, record.seq, bytes).await? {
-        return Err(Error::Locked(format!(
+    put_committed(lake, &record.source, record, failpoint, || {
+        format!(
             "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
              over); nothing of run {} was published: run the same command again",
             record.source, record.run_id, record.run_id
-        )));
-    }
-    checkpoint_after::<RunRecord>(lake, &record.source, record.seq).await?;
+        )
+    })
+    .await?;
     crate::table::delta::runs::after_commit(lake, record, previous).await;
     Ok(())
 }
@@ -51,16 +49,31 @@ pub async fn commit_build_record(
     previous: Option<&BuildRecord>,
     failpoint: &str,
 ) -> Result<()> {
-    let bytes = parquet_bytes(&record.to_batch()?)?;
-    crate::table::failpoint::hit(failpoint)?;
-    if !put_record::<BuildRecord>(lake, &record.table, record.seq, bytes).await? {
-        return Err(Error::Locked(format!(
+    put_committed(lake, &record.table, record, failpoint, || {
+        format!(
             "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
              was published: run the same command again",
             record.table, record.build_id, record.build_id
-        )));
-    }
-    checkpoint_after::<BuildRecord>(lake, &record.table, record.seq).await?;
+        )
+    })
+    .await?;
     crate::table::delta::builds::after_commit(lake, record, previous).await;
     Ok(())
+}
+
+/// Put `record` into its slot of `name`'s log, create-if-absent, with `failpoint` hit before the
+/// put, then a checkpoint when one is due; a taken slot is [`Error::Locked`] saying `taken()`.
+async fn put_committed<T: Record>(
+    lake: &Lake,
+    name: &str,
+    record: &T,
+    failpoint: &str,
+    taken: impl FnOnce() -> String,
+) -> Result<()> {
+    let bytes = parquet_bytes(&record.to_batch()?)?;
+    crate::table::failpoint::hit(failpoint)?;
+    if !put_record::<T>(lake, name, record.seq(), bytes).await? {
+        return Err(Error::Locked(taken()));
+    }
+    checkpoint_after::<T>(lake, name, record.seq()).await
 }

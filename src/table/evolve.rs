@@ -111,6 +111,18 @@ impl StoredRun {
         }
     }
 
+    /// A run of `contract`'s source recorded with `definition`, without a file: for what is
+    /// decided by the recorded fields alone.
+    fn probe(contract: &Contract, definition: Option<&str>) -> StoredRun {
+        StoredRun {
+            run_id: String::new(),
+            source: contract.source.clone(),
+            url: String::new(),
+            definition: definition.map(str::to_string),
+            past: definition.and_then(parse_fields),
+        }
+    }
+
     /// A segment of runs ([`crate::table::segments`]): read like one run of its recorded fields.
     pub fn segment(lake: &Lake, source: &str, segment: &crate::table::segments::Segment) -> StoredRun {
         StoredRun {
@@ -225,16 +237,9 @@ fn unreadable_by_field<'a>(
         {
             continue;
         }
-        let problems = per_definition.entry(definition).or_insert_with(|| {
-            let probe = StoredRun {
-                run_id: String::new(),
-                source: contract.source.clone(),
-                url: String::new(),
-                definition: definition.map(str::to_string),
-                past: definition.and_then(parse_fields),
-            };
-            probe.unreadable(contract)
-        });
+        let problems = per_definition
+            .entry(definition)
+            .or_insert_with(|| StoredRun::probe(contract, definition).unreadable(contract));
         previous = Some((definition, problems.is_empty()));
         for (field, ty) in problems.iter() {
             by_field.entry((*field, ty.name())).or_default().push(id);
@@ -314,13 +319,7 @@ pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> V
     for r in runs {
         let definition = r.contract_fields.as_deref();
         let differences = per_definition.entry(definition).or_insert_with(|| {
-            let probe = StoredRun {
-                run_id: String::new(),
-                source: contract.source.clone(),
-                url: String::new(),
-                definition: definition.map(str::to_string),
-                past: definition.and_then(parse_fields),
-            };
+            let probe = StoredRun::probe(contract, definition);
             contract
                 .fields
                 .iter()

@@ -131,6 +131,23 @@ impl Events {
         file
     }
 
+    /// Ingest one new record with `INGOT_DELTA=off`: committed, not published (the tables lag).
+    pub fn ingest_with_delta_off(&self) {
+        let file = self.t.dir.path().join("landing/off.csv");
+        std::fs::write(
+            &file,
+            "id,grp,day,val,amount,seen\noff1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
+        )
+        .unwrap();
+        let out = self
+            .command()
+            .env("INGOT_DELTA", "off")
+            .args(["ingest", "events", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+    }
+
     pub fn lake(&self) -> PathBuf {
         self.t.lake()
     }
@@ -670,19 +687,7 @@ fn publishing_twice_changes_nothing_and_a_lost_or_lying_hint_is_not_trusted() {
     l.deliver("d6.csv", &[(500, 1)]);
     check_events(&l, &["duckdb", "deltalake"], "after a hostile file was moved away");
     // INGOT_DELTA=off: nothing published; the next command with Delta on catches up
-    let file = l.t.dir.path().join("landing/off.csv");
-    std::fs::write(
-        &file,
-        "id,grp,day,val,amount,seen\noff1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
-    )
-    .unwrap();
-    let out = l
-        .command()
-        .env("INGOT_DELTA", "off")
-        .args(["ingest", "events", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_ok(&out);
+    l.ingest_with_delta_off();
     assert!(!l.ingot(&["delta", "status"]).status.success());
     l.deliver("d5.csv", &[(400, 1)]);
     check_events(&l, &["duckdb", "deltalake"], "after commands with Delta off");
@@ -805,19 +810,7 @@ fn a_held_run_counts_from_its_publish_in_the_delta_tables() {
 fn gc_repairing_a_lagging_table_beside_an_ingest_never_drops_what_the_ingest_published() {
     let l = Events::new(&[]);
     first_and_corrected_step_a(&l);
-    let file = l.t.dir.path().join("landing/off.csv");
-    std::fs::write(
-        &file,
-        "id,grp,day,val,amount,seen\noff1,g1,2026-11-02,5,1.00,2026-11-01T00:00:00Z\n",
-    )
-    .unwrap();
-    let out = l
-        .command()
-        .env("INGOT_DELTA", "off")
-        .args(["ingest", "events", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_ok(&out);
+    l.ingest_with_delta_off();
     let marker = l.t.dir.path().join("gc-reached");
     let gc = l
         .command()

@@ -320,12 +320,8 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
     let mut out = Vec::new();
     let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
     for kind in [Kind::BuildLog, Kind::Failures] {
-        let root = kind.root("");
-        match log::load(Table::new(lake, &root)).await {
-            Ok(l) => {
-                shared.insert(kind, l);
-            }
-            Err(e) => out.push(Finding::wrong(&root, format!("unreadable: {e}"))),
+        if let Some(l) = super::load_checked(lake, &kind.root(""), &mut out).await {
+            shared.insert(kind, l);
         }
     }
     for table in tables(lake).await? {
@@ -337,18 +333,16 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
             let root = kind.root(&table);
             let own;
             let loaded = match kind {
-                Kind::Silver => match log::load(Table::new(lake, &root)).await {
-                    Ok(l) => {
+                Kind::Silver => match super::load_checked(lake, &root, &mut out).await {
+                    Some(l) => {
                         own = l;
                         own.as_ref()
                     }
-                    Err(e) => {
-                        out.push(Finding::wrong(&root, format!("unreadable: {e}")));
-                        continue;
-                    }
+                    None => continue,
                 },
                 _ => match shared.get(&kind) {
                     Some(l) => l.as_ref(),
+                    // unreadable, said above
                     None => continue,
                 },
             };
@@ -359,70 +353,32 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
                         .await?
                         .0
                         .into_iter()
-                        .map(|a| identity(&a))
+                        .map(|a| log::identity(&a.path, a.deletion_vector.as_ref()))
                         .collect(),
                 },
                 _ => builds.iter().filter_map(|b| wants(kind, b)).map(|w| w.path).collect(),
             };
-            let Some(l) = loaded else {
-                out.push(Finding::lag(
-                    &root,
-                    format!("no Delta table yet; {table}'s builds are not published"),
-                ));
-                continue;
-            };
-            let txn = l.txn(&build_app(&table)).await?;
-            if txn < last as i64 {
-                out.push(Finding::lag(
-                    &root,
-                    format!("lags: has {table}'s build log through slot {txn}, the log is at slot {last}"),
-                ));
-                continue;
-            }
-            if txn > last as i64 {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("ahead: says {table}'s slot {txn} is published, the log is at slot {last}"),
-                ));
-            }
             let owns = owner(kind, &table, &builds);
-            let have: BTreeSet<String> = l
-                .files
-                .iter()
-                .filter(|v| owns(&v.path()))
-                .map(|v| match kind {
-                    Kind::Silver => identity_of(&v.path(), v.deletion_vector_descriptor().as_ref()),
-                    _ => v.path().to_string(),
-                })
-                .collect();
-            for p in want.difference(&have) {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("{p}: in {table}'s current build, missing from the Delta table"),
-                ));
-            }
-            for p in have.difference(&want) {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("{p}: in the Delta table, not in {table}'s current build"),
-                ));
-            }
+            let expected = super::Expected {
+                owner: &table,
+                log: "build",
+                app: build_app(&table),
+                last,
+                state: format!("{table}'s current build"),
+                want,
+            };
+            let have = |l: &log::Loaded| {
+                l.files
+                    .iter()
+                    .filter(|v| owns(&v.path()))
+                    .map(|v| match kind {
+                        Kind::Silver => log::identity(&v.path(), v.deletion_vector_descriptor().as_ref()),
+                        _ => v.path().to_string(),
+                    })
+                    .collect()
+            };
+            super::compare(&root, loaded, expected, have, &mut out).await?;
         }
     }
     Ok(out)
-}
-
-/// A file and its deletion vector, as compared.
-fn identity(a: &Add) -> String {
-    identity_of(&a.path, a.deletion_vector.as_ref())
-}
-
-fn identity_of(path: &str, dv: Option<&deltalake_core::kernel::DeletionVectorDescriptor>) -> String {
-    match dv {
-        None => path.to_string(),
-        Some(d) => format!(
-            "{path} (deletion vector {} of {} rows)",
-            d.path_or_inline_dv, d.cardinality
-        ),
-    }
 }

@@ -325,19 +325,27 @@ pub async fn append(t: Table<'_>, shape: &Shape, change: Change) -> Result<Outco
         let mut actions = shape.actions(&f, now_ms())?;
         actions.extend(change.removes.iter().cloned().map(Action::Remove));
         actions.extend(change.adds.iter().cloned().map(Action::Add));
-        let version = f.version + 1;
-        let bytes = bytes_of(actions, &change)?;
-        crate::table::failpoint::hit("delta.before_commit")?;
-        if t.lake.put_create(&t.commit_rel(version), bytes.clone()).await? {
-            crate::table::failpoint::hit("delta.after_commit")?;
-            f.apply(version, &bytes)?;
-            save(t, &f).await;
-            maybe_checkpoint(t, version).await;
+        if let Some(version) = put_next(t, &mut f, bytes_of(actions, &change)?).await? {
             return Ok(Outcome::Committed(version));
         }
         // another writer took the version: read what it did, then decide again
         forward(t, &mut f).await?;
     }
+}
+
+/// Put `bytes` as the commit of the version after `f`'s, create-if-absent; when it lands, fold it
+/// into `f`, save the hint and checkpoint when due. `None`: another writer took that version.
+async fn put_next(t: Table<'_>, f: &mut Fold, bytes: Bytes) -> Result<Option<i64>> {
+    let version = f.version + 1;
+    crate::table::failpoint::hit("delta.before_commit")?;
+    if !t.lake.put_create(&t.commit_rel(version), bytes.clone()).await? {
+        return Ok(None);
+    }
+    crate::table::failpoint::hit("delta.after_commit")?;
+    f.apply(version, &bytes)?;
+    save(t, f).await;
+    maybe_checkpoint(t, version).await;
+    Ok(Some(version))
 }
 
 fn bytes_of(actions: Vec<Action>, change: &Change) -> Result<Bytes> {
@@ -372,14 +380,10 @@ pub async fn note(t: Table<'_>, operation: DeltaOperation, info: HashMap<String,
         return Ok(None);
     }
     loop {
-        let version = f.version + 1;
         let bytes = CommitData::new(Vec::new(), operation.clone(), info.clone(), Vec::new())
             .get_bytes()
             .map_err(|e| Error::Internal(format!("Delta commit: {e}")))?;
-        if t.lake.put_create(&t.commit_rel(version), bytes.clone()).await? {
-            f.apply(version, &bytes)?;
-            save(t, &f).await;
-            maybe_checkpoint(t, version).await;
+        if let Some(version) = put_next(t, &mut f, bytes).await? {
             return Ok(Some(version));
         }
         forward(t, &mut f).await?;
@@ -468,10 +472,19 @@ pub async fn load(t: Table<'_>) -> Result<Option<Loaded>> {
 }
 
 /// A file's identity in a table: its path and deletion vector.
-fn identity(path: &str, dv: Option<&deltalake_core::kernel::DeletionVectorDescriptor>) -> String {
+pub(crate) fn identity(path: &str, dv: Option<&deltalake_core::kernel::DeletionVectorDescriptor>) -> String {
     match dv {
         None => path.to_string(),
-        Some(d) => format!("{path}#{}@{:?}", d.path_or_inline_dv, d.offset),
+        Some(d) => match d.offset {
+            Some(at) => format!(
+                "{path} (deletion vector {} at {at}, {} rows)",
+                d.path_or_inline_dv, d.cardinality
+            ),
+            None => format!(
+                "{path} (deletion vector {}, {} rows)",
+                d.path_or_inline_dv, d.cardinality
+            ),
+        },
     }
 }
 
@@ -537,15 +550,7 @@ pub async fn replace(
         }
         actions.extend(removes);
         actions.extend(adds);
-        let slot = change.clone();
-        let version = f.version + 1;
-        let bytes = bytes_of(actions, &slot)?;
-        crate::table::failpoint::hit("delta.before_commit")?;
-        if t.lake.put_create(&t.commit_rel(version), bytes.clone()).await? {
-            crate::table::failpoint::hit("delta.after_commit")?;
-            f.apply(version, &bytes)?;
-            save(t, &f).await;
-            maybe_checkpoint(t, version).await;
+        if let Some(version) = put_next(t, &mut f, bytes_of(actions, &change)?).await? {
             return Ok(Some(version));
         }
     }

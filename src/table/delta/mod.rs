@@ -146,6 +146,80 @@ impl Finding {
     }
 }
 
+/// The Delta table at `root` as loaded (`Some(None)`: no table yet); `None` when it does not
+/// read, which is a finding.
+pub(crate) async fn load_checked(lake: &Lake, root: &str, out: &mut Vec<Finding>) -> Option<Option<log::Loaded>> {
+    match log::load(log::Table::new(lake, root)).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            out.push(Finding::wrong(root, format!("unreadable: {e}")));
+            None
+        }
+    }
+}
+
+/// What one log (a source's runs, a table's builds) says a Delta table must hold.
+pub(crate) struct Expected<'a> {
+    /// The source or table, and what its log records ("run", "build").
+    pub owner: &'a str,
+    pub log: &'a str,
+    /// The log's `txn` app id and its last slot.
+    pub app: String,
+    pub last: u64,
+    /// Where the wanted files come from, for people ("bookings's current build").
+    pub state: String,
+    /// The files (as compared) the table must hold of this log.
+    pub want: std::collections::BTreeSet<String>,
+}
+
+/// The differences between the Delta table at `root` (`loaded`; `None`: no table yet) and what
+/// `e` wants of it; `have` gives the table's files of this log, as compared. A table whose `txn`
+/// is behind the log only lags: the difference is what the next command publishes.
+pub(crate) async fn compare(
+    root: &str,
+    loaded: Option<&log::Loaded>,
+    e: Expected<'_>,
+    have: impl Fn(&log::Loaded) -> std::collections::BTreeSet<String>,
+    out: &mut Vec<Finding>,
+) -> Result<()> {
+    let Some(l) = loaded else {
+        out.push(Finding::lag(
+            root,
+            format!("no Delta table yet; {}'s {}s are not published", e.owner, e.log),
+        ));
+        return Ok(());
+    };
+    let txn = l.txn(&e.app).await?;
+    let (owner, last, log_name) = (e.owner, e.last, e.log);
+    if txn < last as i64 {
+        out.push(Finding::lag(
+            root,
+            format!("lags: has {owner}'s {log_name} log through slot {txn}, the log is at slot {last}"),
+        ));
+        return Ok(());
+    }
+    if txn > last as i64 {
+        out.push(Finding::wrong(
+            root,
+            format!("ahead: says {owner}'s slot {txn} is published, the log is at slot {last}"),
+        ));
+    }
+    let have = have(l);
+    for p in e.want.difference(&have) {
+        out.push(Finding::wrong(
+            root,
+            format!("{p}: in {}, missing from the Delta table", e.state),
+        ));
+    }
+    for p in have.difference(&e.want) {
+        out.push(Finding::wrong(
+            root,
+            format!("{p}: in the Delta table, not in {}", e.state),
+        ));
+    }
+    Ok(())
+}
+
 /// Every difference between a Delta table and the ingot state it follows (`ingot delta status`,
 /// `ingot doctor`).
 pub async fn check(lake: &Lake) -> Result<Vec<Finding>> {

@@ -368,12 +368,8 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
     let sources = sources(lake).await?;
     let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
     for kind in [Kind::RunLog, Kind::Failures] {
-        let root = kind.root("");
-        match log::load(Table::new(lake, &root)).await {
-            Ok(l) => {
-                shared.insert(kind, l);
-            }
-            Err(e) => out.push(Finding::wrong(&root, format!("unreadable: {e}"))),
+        if let Some(l) = super::load_checked(lake, &kind.root(""), &mut out).await {
+            shared.insert(kind, l);
         }
     }
     for source in &sources {
@@ -385,15 +381,12 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
             let root = kind.root(source);
             let own;
             let loaded = match kind {
-                Kind::Bronze => match log::load(Table::new(lake, &root)).await {
-                    Ok(l) => {
+                Kind::Bronze => match super::load_checked(lake, &root, &mut out).await {
+                    Some(l) => {
                         own = l;
                         own.as_ref()
                     }
-                    Err(e) => {
-                        out.push(Finding::wrong(&root, format!("unreadable: {e}")));
-                        continue;
-                    }
+                    None => continue,
                 },
                 _ => match shared.get(&kind) {
                     Some(l) => l.as_ref(),
@@ -401,52 +394,27 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
                     None => continue,
                 },
             };
-            let want = desired(kind, &runs);
+            let want: BTreeSet<String> = desired(kind, &runs).into_iter().map(|w| w.path).collect();
             if kind == Kind::Bronze && want.is_empty() && loaded.is_none() {
                 continue;
             }
-            let Some(l) = loaded else {
-                out.push(Finding::lag(
-                    &root,
-                    format!("no Delta table yet; {source}'s runs are not published"),
-                ));
-                continue;
-            };
-            let txn = l.txn(&run_app(source)).await?;
-            if txn < last as i64 {
-                // behind: the difference is what the next command of the source publishes
-                out.push(Finding::lag(
-                    &root,
-                    format!("lags: has {source}'s run log through slot {txn}, the log is at slot {last}"),
-                ));
-                continue;
-            }
-            if txn > last as i64 {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("ahead: says {source}'s slot {txn} is published, the log is at slot {last}"),
-                ));
-            }
             let owns = owner(kind, source, &runs);
-            let have: BTreeSet<String> = l
-                .files
-                .iter()
-                .map(|v| v.path().to_string())
-                .filter(|p| owns(p))
-                .collect();
-            let want: BTreeSet<String> = want.into_iter().map(|w| w.path).collect();
-            for p in want.difference(&have) {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("{p}: named by {source}'s run log, missing from the Delta table"),
-                ));
-            }
-            for p in have.difference(&want) {
-                out.push(Finding::wrong(
-                    &root,
-                    format!("{p}: in the Delta table, but not in {source}'s committed state"),
-                ));
-            }
+            let expected = super::Expected {
+                owner: source,
+                log: "run",
+                app: run_app(source),
+                last,
+                state: format!("{source}'s committed runs"),
+                want,
+            };
+            let have = |l: &log::Loaded| {
+                l.files
+                    .iter()
+                    .map(|v| v.path().to_string())
+                    .filter(|p| owns(p))
+                    .collect()
+            };
+            super::compare(&root, loaded, expected, have, &mut out).await?;
         }
     }
     Ok(out)
