@@ -207,16 +207,18 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
                 lags: false,
             }]
         });
+        let mut by_source: std::collections::HashMap<&str, Vec<&RunRecord>> = std::collections::HashMap::new();
+        for r in runs.iter().filter(|r| r.has_data()) {
+            by_source.entry(r.source.as_str()).or_default().push(r);
+        }
         for contract in catalog.contracts.contracts.values() {
-            let of_source: Vec<&RunRecord> = runs
-                .iter()
-                .filter(|r| r.source == contract.source && r.has_data())
-                .collect();
-            for (field, stored, ids) in crate::table::evolve::read_differently(contract, &of_source) {
-                let seen = if stored.starts_with("column") {
-                    "null"
-                } else {
-                    "the stored values"
+            let Some(of_source) = by_source.get(contract.source.as_str()) else {
+                continue;
+            };
+            for (field, stored, ids) in crate::table::evolve::read_differently(contract, of_source) {
+                let seen = match stored {
+                    crate::table::evolve::Stored::Column(_) => "null",
+                    crate::table::evolve::Stored::Type(_) => "the stored values",
                 };
                 report.delta_differs.push(format!(
                     "bronze/{}: field \"{field}\" is stored as {stored} in {} run{} ({}{}): Delta readers see {seen} there, \

@@ -308,14 +308,30 @@ pub fn stored_files(
     Ok((segments, excluded))
 }
 
+/// How runs stored a current field that a reader by column name reads differently from ingot.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stored {
+    /// Under its old name (a `renamed_from` rename): such a reader sees null.
+    Column(String),
+    /// As another type (a widening or `older_values: cast`): such a reader sees the stored values.
+    Type(String),
+}
+
+impl std::fmt::Display for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stored::Column(name) => write!(f, "column \"{name}\""),
+            Stored::Type(ty) => f.write_str(ty),
+        }
+    }
+}
+
 /// What a reader of a run's own file by column name (a Delta reader of `bronze/<source>`) gets
-/// differently from `contract`'s reading, per current field: `(field, stored as, runs)`, where
-/// "stored as" is the column's old name (a `renamed_from` rename: such a reader sees null) or
-/// its stored type (a widening or `older_values: cast`: such a reader sees the stored values).
+/// differently from `contract`'s reading, per current field: `(field, how it is stored, runs)`.
 /// Each distinct definition is compared once.
-pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> Vec<(&'a str, String, Vec<&'a str>)> {
-    let mut per_definition: HashMap<Option<&str>, Vec<(&str, String)>> = HashMap::new();
-    let mut out: BTreeMap<(&str, String), Vec<&str>> = BTreeMap::new();
+pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> Vec<(&'a str, Stored, Vec<&'a str>)> {
+    let mut per_definition: HashMap<Option<&str>, Vec<(&str, Stored)>> = HashMap::new();
+    let mut out: BTreeMap<(&str, Stored), Vec<&str>> = BTreeMap::new();
     for r in runs {
         let definition = r.contract_fields.as_deref();
         let differences = per_definition.entry(definition).or_insert_with(|| {
@@ -327,9 +343,9 @@ pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> V
                 .filter_map(|(f, s)| {
                     let p = s?;
                     if p.name != f.name {
-                        Some((f.name.as_str(), format!("column \"{}\"", p.name)))
+                        Some((f.name.as_str(), Stored::Column(p.name.clone())))
                     } else if p.ty != f.ty {
-                        Some((f.name.as_str(), p.ty.name()))
+                        Some((f.name.as_str(), Stored::Type(p.ty.name())))
                     } else {
                         None
                     }
