@@ -31,7 +31,8 @@ pub async fn run(cli: &Cli, args: &DeltaArgs) -> Result<ExitStatus> {
                 Mode::Off => Mode::DeletionVectors,
                 m => m,
             };
-            let done = crate::table::delta::sync(&ws.lake, mode).await?;
+            let contracts = crate::spec::contract::ContractSet::readable(&ws.contracts_dir);
+            let done = crate::table::delta::sync(&ws.lake, mode, &contracts).await?;
             for line in &done {
                 crate::show!("{line}");
             }
@@ -43,7 +44,8 @@ pub async fn run(cli: &Cli, args: &DeltaArgs) -> Result<ExitStatus> {
             Ok(ExitStatus::Success)
         }
         DeltaAction::Status => {
-            let problems = crate::table::delta::check(&ws.lake).await?;
+            let contracts = crate::spec::contract::ContractSet::readable(&ws.contracts_dir);
+            let problems = crate::table::delta::check(&ws.lake, &contracts).await?;
             for f in &problems {
                 crate::show!("{}: {}", f.table, f.what);
             }

@@ -13,7 +13,8 @@ pub struct DoctorArgs {
 pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
     let ws = cli.workspace()?;
     if args.fix {
-        for line in crate::table::delta::sync(&ws.lake, crate::table::delta::Mode::DeletionVectors).await? {
+        let contracts = crate::spec::contract::ContractSet::readable(&ws.contracts_dir);
+        for line in crate::table::delta::sync(&ws.lake, crate::table::delta::Mode::DeletionVectors, &contracts).await? {
             crate::show!("fixed: {line}");
         }
     }
@@ -36,9 +37,6 @@ pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
         crate::show!(
             "delta behind: {l}; the next command of it or `ingot delta sync` publishes the rest (not a violation)"
         );
-    }
-    for l in &report.delta_differs {
-        crate::show!("delta differs: {l} (not a violation: see \"What is not published\" in docs/delta.md)");
     }
     for o in &report.orphans {
         crate::show!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");

@@ -26,7 +26,8 @@ pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
         grace: parse_duration(&args.grace).map_err(|e| prefix("--grace", e))?,
         retain: parse_duration(&args.retain).map_err(|e| prefix("--retain", e))?,
     };
-    let report = crate::ops::gc::gc(&ws.lake, &opts).await?;
+    let contracts = crate::spec::contract::ContractSet::readable(&ws.contracts_dir);
+    let report = crate::ops::gc::gc(&ws.lake, &opts, &contracts).await?;
     let verb = if report.dry_run { "would remove" } else { "removed" };
     for r in &report.removed {
         crate::show!("{verb} {} ({} bytes): {}", r.path, r.bytes, r.reason);

@@ -220,7 +220,7 @@ pub async fn ingest_file(
             record.rows_deleted = 0;
             record.rows_superseded = 0;
             record.finished_at = ws.now_micros().max(record.started_at);
-            commit_run(&ws.lake, &record).await.map(|_| record)
+            commit_run(&ws.lake, &record, Some(&contract)).await.map(|_| record)
         }
         Err(e) => Err(e),
     };
@@ -274,7 +274,7 @@ async fn run(
             record.error = None;
             record.finished_at = ws.now_micros().max(record.started_at);
             record.ignored_columns = None;
-            commit_run(&ws.lake, record).await?;
+            commit_run(&ws.lake, record, Some(contract)).await?;
             return Ok(());
         }
         (FileDigest::ready(file_hash), lines)
@@ -301,7 +301,7 @@ async fn run(
     result?;
     before.check(path)?;
     crate::ingest::replay::keep_run_files(&ws.lake, contract, path, record, opts).await?;
-    commit_run(&ws.lake, record).await
+    commit_run(&ws.lake, record, Some(contract)).await
 }
 
 /// Load the file (after the duplicate check): build the index, run the pass(es), fill the

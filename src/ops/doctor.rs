@@ -64,9 +64,6 @@ pub struct DoctorReport {
     /// Delta tables behind the logs (a notice each: the next command of the source or table, or
     /// `ingot delta sync`, publishes what they lack).
     pub delta_lags: Vec<String>,
-    /// Fields of `bronze/<source>` Delta tables that other engines read differently from ingot in
-    /// some runs (renamed or cast since they were written; a notice each, see docs/delta.md).
-    pub delta_differs: Vec<String>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -200,38 +197,15 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     check_silver_current(ws, &catalog, &tables, &damaged, &mut out).await?;
     // 7. delta: every Delta table holds what the logs committed
     if crate::table::delta::enabled() {
-        let findings = crate::table::delta::check(lake).await.unwrap_or_else(|e| {
-            vec![crate::table::delta::Finding {
-                table: "delta".into(),
-                what: format!("cannot be checked: {e}"),
-                lags: false,
-            }]
-        });
-        let mut by_source: std::collections::HashMap<&str, Vec<&RunRecord>> = std::collections::HashMap::new();
-        for r in runs.iter().filter(|r| r.has_data()) {
-            by_source.entry(r.source.as_str()).or_default().push(r);
-        }
-        for contract in catalog.contracts.contracts.values() {
-            let Some(of_source) = by_source.get(contract.source.as_str()) else {
-                continue;
-            };
-            for (field, stored, ids) in crate::table::evolve::read_differently(contract, of_source) {
-                let seen = match stored {
-                    crate::table::evolve::Stored::Column(_) => "null",
-                    crate::table::evolve::Stored::Type(_) => "the stored values",
-                };
-                report.delta_differs.push(format!(
-                    "bronze/{}: field \"{field}\" is stored as {stored} in {} run{} ({}{}): Delta readers see {seen} there, \
-                     ingot reads it under the contract {}",
-                    contract.source,
-                    ids.len(),
-                    if ids.len() == 1 { "" } else { "s" },
-                    ids[0],
-                    if ids.len() > 1 { ", ..." } else { "" },
-                    contract.path.display()
-                ));
-            }
-        }
+        let findings = crate::table::delta::check(lake, &catalog.contracts.contracts)
+            .await
+            .unwrap_or_else(|e| {
+                vec![crate::table::delta::Finding {
+                    table: "delta".into(),
+                    what: format!("cannot be checked: {e}"),
+                    lags: false,
+                }]
+            });
         for f in findings {
             if f.lags {
                 report.delta_lags.push(format!("{}: {}", f.table, f.what));

@@ -78,6 +78,11 @@ pub fn owner_of(rel: &str) -> Option<Owner> {
     let parts: Vec<&str> = rel.split('/').collect();
     match parts.as_slice() {
         ["bronze", _source, dir, _file] => dir.strip_prefix("run_id=").map(|id| Owner::Run(id.to_string())),
+        // a run's conformed copy, published in its source's Delta table (crate::table::delta::conform)
+        ["bronze", source, ..] => {
+            crate::table::delta::conform::copy_of(rel.strip_prefix(&format!("bronze/{source}/"))?)
+                .map(|(id, _)| Owner::Run(id.to_string()))
+        }
         ["audit", "row_failure_log", dir, _file] => {
             if let Some(id) = dir.strip_prefix("run_id=") {
                 Some(Owner::Run(id.to_string()))
@@ -164,6 +169,37 @@ impl Owner {
     }
 }
 
+/// The key of the conformed copies each bronze Delta table is published under, read once per
+/// source ([`crate::table::delta::log::Fold::conformed_to`]).
+#[derive(Default)]
+struct PublishedCopies(HashMap<String, Option<Option<String>>>);
+
+impl PublishedCopies {
+    /// Is `rel` anything but a conformed copy under another key than its table's (a table
+    /// whose log does not read keeps its copies)?
+    async fn current(&mut self, lake: &Lake, rel: &str) -> bool {
+        let Some((source, inside)) = rel.strip_prefix("bronze/").and_then(|r| r.split_once('/')) else {
+            return true;
+        };
+        let Some((_, key)) = crate::table::delta::conform::copy_of(inside) else {
+            return true;
+        };
+        if !self.0.contains_key(source) {
+            let root = crate::table::delta::roots::bronze(source);
+            let fold = crate::table::delta::log::fold(crate::table::delta::log::Table::new(lake, &root)).await;
+            let table = match fold {
+                Ok(Some(f)) => Some(f.conformed_to().map(str::to_string)),
+                _ => None,
+            };
+            self.0.insert(source.to_string(), table);
+        }
+        match &self.0[source] {
+            Some(has) => has.as_deref() == Some(key),
+            None => true,
+        }
+    }
+}
+
 /// Remove (or with `dry_run` list) what nothing reads any more; see the module documentation.
 ///
 /// The order makes it safe beside running writers: the files are listed first, then the live
@@ -171,11 +207,15 @@ impl Owner {
 /// (its runs and builds are kept) or had committed before the logs were read. Snapshots, which
 /// an undo can make current again, are decided and deleted table by table under the table's
 /// lock, with the build log read again under it.
-pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
+///
+/// `contracts`: the sources' contracts, which bronze's Delta tables are published under (see
+/// [`crate::table::delta::conform`]); conformed copies of runs gc keeps go too once their table
+/// is published under another contract.
+pub async fn gc(lake: &Lake, opts: &GcOptions, contracts: &crate::table::delta::Contracts) -> Result<GcReport> {
     // a Delta table that lags may still name files the logs let go: bring it up to date first
     if crate::table::delta::enabled()
         && !opts.dry_run
-        && let Err(e) = crate::table::delta::sync(lake, crate::table::delta::Mode::DeletionVectors).await
+        && let Err(e) = crate::table::delta::sync(lake, crate::table::delta::Mode::DeletionVectors, contracts).await
     {
         crate::table::delta::warn("before gc", &e);
     }
@@ -205,6 +245,7 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
         ..Default::default()
     };
     let mut snapshots: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
+    let mut published = PublishedCopies::default();
     {
         let latest = latest_builds(&builds_all);
         let builds = by_id(&builds_all);
@@ -214,7 +255,12 @@ pub async fn gc(lake: &Lake, opts: &GcOptions) -> Result<GcReport> {
                 continue;
             }
             let verdict = match &f.owner {
-                Owner::Run(id) => run_verdict(runs.get(id)),
+                Owner::Run(id) => match run_verdict(runs.get(id)) {
+                    Verdict::Keep if !published.current(lake, &f.rel).await => {
+                        Verdict::Remove("conformed copy of an earlier contract", None)
+                    }
+                    v => v,
+                },
                 Owner::Build { table: Some(table), .. } => {
                     snapshots.entry(table.clone()).or_default().push(f);
                     continue;

@@ -152,7 +152,9 @@ async fn decide(ws: &Workspace, id: &str, publish: bool) -> Result<Decided> {
         } else {
             "discard.before_commit"
         };
-        commit_run_record(&ws.lake, &record, Some(now), point).await?;
+        // bronze's Delta table follows under the source's contract, when it has a readable one
+        let contract = crate::spec::contract::ContractSet::load_one(&ws.contracts_dir, &source).ok();
+        commit_run_record(&ws.lake, &record, Some(now), point, contract.as_deref()).await?;
         Ok(if publish {
             Decided::Published(record)
         } else {

@@ -289,7 +289,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         RunStatus::Succeeded
     };
     record.finished_at = ws.now_micros().max(record.started_at);
-    commit_run_record(&ws.lake, &record, None, "rekey.before_commit").await?;
+    commit_run_record(&ws.lake, &record, None, "rekey.before_commit", Some(contract)).await?;
     Ok(Rekeyed::Run(Box::new(record)))
 }
 

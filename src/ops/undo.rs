@@ -161,7 +161,9 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         record.status = RunStatus::RolledBack;
         record.rolled_back_at = Some(ws.now_micros().max(record.finished_at.saturating_add(1)));
         record.seq = next_seq(&runs, &run.source);
-        commit_run_record(&ws.lake, &record, Some(now), "undo.before_commit").await?;
+        // bronze's Delta table follows under the source's contract, when it has a readable one
+        let contract = crate::spec::contract::ContractSet::load_one(&ws.contracts_dir, &run.source).ok();
+        commit_run_record(&ws.lake, &record, Some(now), "undo.before_commit", contract.as_deref()).await?;
         crate::table::failpoint::hit("undo.after_commit")?;
         Ok(Undone::Run(record))
     }

@@ -3,24 +3,27 @@
 //! the log ([`crate::table::delta`]). A put that finds its slot taken publishes nothing.
 
 use crate::error::{Error, Result};
+use crate::spec::contract::Contract;
 use crate::table::audit::{BuildRecord, RunRecord, parquet_bytes};
 use crate::table::lake::Lake;
 use crate::table::log::{Record, checkpoint_after, put_record};
 
 /// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
 /// slot is taken, another run of the source committed since this one started: nothing of this
-/// run is published.
-pub async fn commit_run(lake: &Lake, record: &RunRecord) -> Result<()> {
-    commit_run_record(lake, record, None, "ingest.before_commit").await
+/// run is published. `contract`: the source's, which bronze's Delta table is published under.
+pub async fn commit_run(lake: &Lake, record: &RunRecord, contract: Option<&Contract>) -> Result<()> {
+    commit_run_record(lake, record, None, "ingest.before_commit", contract).await
 }
 
 /// [`commit_run`] of a record superseding `previous` (an undo, publish or discard), with the
-/// failpoint hit before the put; then the Delta tables follow ([`crate::table::delta::runs`]).
+/// failpoint hit before the put; then the Delta tables follow ([`crate::table::delta::runs`]),
+/// bronze's conformed to `contract` when the command has a readable one.
 pub async fn commit_run_record(
     lake: &Lake,
     record: &RunRecord,
     previous: Option<&RunRecord>,
     failpoint: &str,
+    contract: Option<&Contract>,
 ) -> Result<()> {
     put_committed(lake, &record.source, record, failpoint, || {
         format!(
@@ -30,7 +33,7 @@ pub async fn commit_run_record(
         )
     })
     .await?;
-    crate::table::delta::runs::after_commit(lake, record, previous).await;
+    crate::table::delta::runs::after_commit(lake, record, previous, contract).await;
     Ok(())
 }
 

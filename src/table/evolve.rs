@@ -43,6 +43,31 @@ pub fn hash_layout(contract: &Contract) -> String {
     h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// What a copy of a run's stored rows conformed to `contract` depends on: every field's name,
+/// type, `renamed_from` and `older_values` (16 hex digits of their SHA-256). Names the folder of
+/// the conformed copies a `bronze/<source>` Delta table publishes ([`crate::table::delta::conform`]).
+pub fn conform_key(contract: &Contract) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for f in &contract.fields {
+        h.update(format!(
+            "{} {} {:?} {}\n",
+            f.name,
+            f.ty.name(),
+            f.renamed_from,
+            f.cast_older
+        ));
+    }
+    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Does a reader by column name read a run recorded with `definition` exactly as `contract`
+/// does (every current field under its own name and type, or absent)? Runs recorded before
+/// fields were recorded (`None`) do.
+pub fn reads_as_stored(contract: &Contract, definition: Option<&str>) -> bool {
+    StoredRun::probe(contract, definition).plain(contract)
+}
+
 /// One field of a run's recorded `contract_fields`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PastField {
@@ -306,57 +331,6 @@ pub fn stored_files(
         .collect();
     segments.extend(own_files(lake, &rest));
     Ok((segments, excluded))
-}
-
-/// How runs stored a current field that a reader by column name reads differently from ingot.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Stored {
-    /// Under its old name (a `renamed_from` rename): such a reader sees null.
-    Column(String),
-    /// As another type (a widening or `older_values: cast`): such a reader sees the stored values.
-    Type(String),
-}
-
-impl std::fmt::Display for Stored {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stored::Column(name) => write!(f, "column \"{name}\""),
-            Stored::Type(ty) => f.write_str(ty),
-        }
-    }
-}
-
-/// What a reader of a run's own file by column name (a Delta reader of `bronze/<source>`) gets
-/// differently from `contract`'s reading, per current field: `(field, how it is stored, runs)`.
-/// Each distinct definition is compared once.
-pub fn read_differently<'a>(contract: &'a Contract, runs: &[&'a RunRecord]) -> Vec<(&'a str, Stored, Vec<&'a str>)> {
-    let mut per_definition: HashMap<Option<&str>, Vec<(&str, Stored)>> = HashMap::new();
-    let mut out: BTreeMap<(&str, Stored), Vec<&str>> = BTreeMap::new();
-    for r in runs {
-        let definition = r.contract_fields.as_deref();
-        let differences = per_definition.entry(definition).or_insert_with(|| {
-            let probe = StoredRun::probe(contract, definition);
-            contract
-                .fields
-                .iter()
-                .zip(probe.sources(contract))
-                .filter_map(|(f, s)| {
-                    let p = s?;
-                    if p.name != f.name {
-                        Some((f.name.as_str(), Stored::Column(p.name.clone())))
-                    } else if p.ty != f.ty {
-                        Some((f.name.as_str(), Stored::Type(p.ty.name())))
-                    } else {
-                        None
-                    }
-                })
-                .collect()
-        });
-        for (field, how) in differences.iter() {
-            out.entry((*field, how.clone())).or_default().push(r.run_id.as_str());
-        }
-    }
-    out.into_iter().map(|((f, how), ids)| (f, how, ids)).collect()
 }
 
 /// One message per field whose stored values some runs cannot be read as, naming the runs:

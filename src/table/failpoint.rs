@@ -49,9 +49,10 @@ pub const CACHE: &[&str] = &[
 /// Every failpoint of a compaction (after its segment files, before and after their manifest).
 pub const COMPACT: &[&str] = &["compact.before_manifest", "compact.after_manifest"];
 
-/// Every failpoint of publishing a Delta commit (after ingot's commit): before its log put, and
-/// after it (before the hint of where the log stands).
-pub const DELTA: &[&str] = &["delta.before_commit", "delta.after_commit"];
+/// Every failpoint of publishing a Delta commit (after ingot's commit): while writing a run's
+/// conformed copy (its rows read, nothing put yet), before its log put, and after it (before
+/// the hint of where the log stands).
+pub const DELTA: &[&str] = &["delta.conform", "delta.before_commit", "delta.after_commit"];
 
 /// Every failpoint.
 pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA];

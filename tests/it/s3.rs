@@ -458,7 +458,7 @@ fn sixteen_writers_racing_for_one_commit_slot_leave_exactly_one_record_every_rou
                     let lake = lake.clone();
                     let id = format!("round{round}-writer{w:02}");
                     tokio::spawn(async move {
-                        let r = ingot::table::audit::commit_run(&lake, &record(&id, round)).await;
+                        let r = ingot::table::audit::commit_run(&lake, &record(&id, round), None).await;
                         let msg = r.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
                         (id, r.is_ok(), msg)
                     })
@@ -775,11 +775,27 @@ fn delta_tables_on_an_s3_lake_read_the_same_through_duckdb_and_deltalake() {
     });
     let storage: serde_json::Map<String, Value> = moto.envs().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     let cmd = || l.command();
-    let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, Some(Value::Object(storage)));
+    let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, Some(Value::Object(storage.clone())));
     crate::delta::assert_agree(
         &result,
         &["bronze.events", "silver.events", "bronze.events_current"],
         "an S3 lake",
+    );
+    let out = l.ingot(&["delta", "status"]);
+    assert_ok(&out);
+    // a field renamed, widened and cast: the older runs are published as conformed copies
+    crate::delta::change_contract(&l);
+    crate::delta::deliver_under_changed_contract(&l);
+    let checks: Vec<crate::delta::Check> =
+        crate::delta::lake_checks("s3://deltas/lake", &["events"], &[], &["duckdb", "deltalake"])
+            .into_iter()
+            .filter(|c| c.name.starts_with("bronze."))
+            .collect();
+    let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, Some(Value::Object(storage)));
+    crate::delta::assert_agree(
+        &result,
+        &["bronze.events", "bronze.events_current"],
+        "an S3 lake after a rename, a widening and a cast",
     );
     let out = l.ingot(&["delta", "status"]);
     assert_ok(&out);

@@ -446,6 +446,15 @@ impl ContractSet {
         self.contracts.keys().map(String::as_str).collect()
     }
 
+    /// Every contract of `dir` that loads without a problem, by source (the others are left out:
+    /// what a command that only follows contracts, such as Delta publishing, can use).
+    pub fn readable(dir: &Path) -> BTreeMap<String, Arc<Contract>> {
+        let mut problems = Problems::default();
+        let mut set = ContractSet::load(dir, &mut problems).contracts;
+        set.retain(|_, c| !problems.items.iter().any(|p| p.file == c.path));
+        set
+    }
+
     /// Load just the contract for `source`, failing with every problem of its file.
     pub fn load_one(dir: &Path, source: &str) -> Result<Arc<Contract>> {
         let path = dir.join(format!("{source}.yaml"));

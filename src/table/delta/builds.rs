@@ -143,6 +143,7 @@ fn log_shape(kind: Kind) -> Result<Shape> {
         schema,
         partition_columns,
         deletion_vectors: false,
+        conformed: None,
     })
 }
 
@@ -226,7 +227,7 @@ pub async fn sync_table(lake: &Lake, kind: Kind, table: &str, thorough: bool) ->
     let root = kind.root(table);
     if !thorough
         && kind != Kind::Silver
-        && log::has_slot(Table::new(lake, &root), &build_app(table), last as i64).await?
+        && log::has_slot(Table::new(lake, &root), &build_app(table), last as i64, None).await?
     {
         return Ok(None);
     }
@@ -246,6 +247,7 @@ pub async fn sync_table(lake: &Lake, kind: Kind, table: &str, thorough: bool) ->
                 schema: schema_string(&schema, &[])?,
                 partition_columns: vec![],
                 deletion_vectors: mode == Mode::DeletionVectors,
+                conformed: None,
             };
             (adds, shape)
         }

@@ -143,6 +143,16 @@ impl Fold {
         Ok(())
     }
 
+    /// The key of the conformed copies the table's files were chosen under (its property
+    /// [`super::conform::CONFORMED_TO`]), if it says one.
+    pub fn conformed_to(&self) -> Option<&str> {
+        self.metadata
+            .as_ref()?
+            .get("configuration")?
+            .get(super::conform::CONFORMED_TO)?
+            .as_str()
+    }
+
     /// Does the table's protocol have the deletion-vector feature?
     pub fn has_deletion_vectors(&self) -> bool {
         self.protocol
@@ -215,6 +225,9 @@ pub struct Shape {
     pub schema: String,
     pub partition_columns: Vec<String>,
     pub deletion_vectors: bool,
+    /// A bronze table published under its contract: the key of its conformed copies
+    /// ([`super::conform`]), kept as the table property [`super::conform::CONFORMED_TO`].
+    pub conformed: Option<String>,
 }
 
 impl Shape {
@@ -231,6 +244,9 @@ impl Shape {
         let mut c = BTreeMap::new();
         if self.deletion_vectors {
             c.insert("delta.enableDeletionVectors".to_string(), "true".to_string());
+        }
+        if let Some(key) = &self.conformed {
+            c.insert(super::conform::CONFORMED_TO.to_string(), key.clone());
         }
         c
     }
@@ -308,12 +324,16 @@ pub enum Outcome {
 }
 
 /// Append `change` as the next commit of `t`, if the table has this app's slot before it
-/// (`change.slot - 1`); see [`Outcome`].
+/// (`change.slot - 1`); see [`Outcome`]. A table whose files were chosen under other conformed
+/// copies than `shape`'s ([`Shape::conformed`]) is compared whole: [`Outcome::Lagging`].
 pub async fn append(t: Table<'_>, shape: &Shape, change: Change) -> Result<Outcome> {
     let Some(mut f) = fold(t).await? else {
         return Ok(Outcome::Lagging);
     };
     loop {
+        if f.metadata.is_some() && f.conformed_to() != shape.conformed.as_deref() {
+            return Ok(Outcome::Lagging);
+        }
         match f.txn(&change.app) {
             Some(v) if v >= change.slot => {
                 save(t, &f).await;
@@ -355,12 +375,13 @@ fn bytes_of(actions: Vec<Action>, change: &Change) -> Result<Bytes> {
         .map_err(|e| Error::Internal(format!("Delta commit: {e}")))
 }
 
-/// Does `t` have `app`'s slot `slot` already (its hint, checked and brought forward, says so)?
-/// `false` when it does not or cannot tell.
-pub async fn has_slot(t: Table<'_>, app: &str, slot: i64) -> Result<bool> {
+/// Does `t` have `app`'s slot `slot` already, its files chosen under the conformed copies
+/// `conformed` ([`Shape::conformed`]; its hint, checked and brought forward, says so)? `false`
+/// when it does not or cannot tell.
+pub async fn has_slot(t: Table<'_>, app: &str, slot: i64, conformed: Option<&str>) -> Result<bool> {
     Ok(match fold(t).await? {
         Some(f) => {
-            let ok = f.txn(app) == Some(slot);
+            let ok = f.txn(app) == Some(slot) && f.conformed_to() == conformed;
             if ok {
                 save(t, &f).await;
             }

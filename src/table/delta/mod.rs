@@ -14,13 +14,19 @@
 //! against the log before it is trusted; a Delta failure never fails the ingot command.
 
 pub mod builds;
+pub mod conform;
 pub mod log;
 pub mod publish;
 pub mod runs;
 pub mod schema;
 
 use crate::error::{Error, Result};
+use crate::spec::contract::Contract;
 use crate::table::lake::Lake;
+
+/// The contracts a command has, by source: bronze tables are published conformed to them
+/// ([`conform`]); a source without one is published as its runs stored it.
+pub type Contracts = std::collections::BTreeMap<String, std::sync::Arc<Contract>>;
 
 /// How silver tables publish a delta layer's deletions (docs/guide.md#delta-lake-tables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,8 +117,8 @@ pub fn warn(what: &str, e: &Error) {
 
 /// Bring every Delta table of the lake up to date with the logs (`ingot delta sync`,
 /// `ingot doctor --fix`): what [`check`] reports is repaired.
-pub async fn sync(lake: &Lake, mode: Mode) -> Result<Vec<String>> {
-    let mut done = runs::sync_all(lake).await?;
+pub async fn sync(lake: &Lake, mode: Mode, contracts: &Contracts) -> Result<Vec<String>> {
+    let mut done = runs::sync_all(lake, contracts).await?;
     done.extend(builds::sync_all(lake, mode).await?);
     Ok(done)
 }
@@ -222,8 +228,8 @@ pub(crate) async fn compare(
 
 /// Every difference between a Delta table and the ingot state it follows (`ingot delta status`,
 /// `ingot doctor`).
-pub async fn check(lake: &Lake) -> Result<Vec<Finding>> {
-    let mut out = runs::check_all(lake).await?;
+pub async fn check(lake: &Lake, contracts: &Contracts) -> Result<Vec<Finding>> {
+    let mut out = runs::check_all(lake, contracts).await?;
     out.extend(builds::check_all(lake).await?);
     Ok(out)
 }

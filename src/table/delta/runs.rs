@@ -14,10 +14,12 @@ use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use object_store::{ObjectMeta, ObjectStoreExt};
 use serde_json::Value;
 
+use super::conform::{Conform, copy_path};
 use super::log::{self, Change, Outcome, Shape, Table};
 use super::schema::schema_string;
 use super::{COMMIT_SEQ, Finding, roots, run_app};
 use crate::error::{Error, Result};
+use crate::spec::contract::Contract;
 use crate::table::audit::{RunRecord, failure_log_schema, read_source_runs, run_log_schema};
 use crate::table::lake::{Lake, layout};
 
@@ -64,11 +66,15 @@ fn failure_file(run_id: &str) -> String {
     format!("run_id={run_id}/part-00000.parquet")
 }
 
-/// What `kind` holds of a run whose latest record is `r`.
-fn wants(kind: Kind, r: &RunRecord) -> Option<Want> {
+/// What `kind` holds of a run whose latest record is `r` (a bronze table published under
+/// `conform`: the run's conformed copy where it has one).
+fn wants(kind: Kind, r: &RunRecord, conform: Option<&Conform>) -> Option<Want> {
     match kind {
         Kind::Bronze => r.has_data().then(|| Want {
-            path: bronze_file(&r.run_id),
+            path: match conform {
+                Some(c) => c.path(r, bronze_file(&r.run_id)),
+                None => bronze_file(&r.run_id),
+            },
             rows: Some(r.rows_written()),
             commit_seq: None,
         }),
@@ -117,24 +123,33 @@ fn remove_of(want: &Want) -> Remove {
     }
 }
 
-/// The shape of `kind`'s table: bronze's from the contract fields its latest run was written
-/// under (`records`, in commit order), the logs' from their schemas.
-async fn shape(lake: &Lake, kind: Kind, source: &str, records: &[&RunRecord]) -> Result<Option<Shape>> {
-    let (schema, partition_columns) = match kind {
-        Kind::Bronze => match bronze_schema(lake, source, records).await? {
+/// The shape of `kind`'s table: bronze's the contract's bronze schema when published under it
+/// (`conform`), else from the contract fields its latest run was written under (`records`, in
+/// commit order); the logs' from their schemas.
+async fn shape(
+    lake: &Lake,
+    kind: Kind,
+    source: &str,
+    records: &[&RunRecord],
+    conform: Option<&Conform<'_>>,
+) -> Result<Option<Shape>> {
+    let (schema, partition_columns) = match (kind, conform) {
+        (Kind::Bronze, Some(c)) => (schema_string(&c.contract.bronze_schema(), &[])?, vec![]),
+        (Kind::Bronze, None) => match bronze_schema(lake, source, records).await? {
             Some(s) => (s, vec![]),
             None => return Ok(None),
         },
-        Kind::RunLog => (
+        (Kind::RunLog, _) => (
             schema_string(&run_log_schema(), &[(COMMIT_SEQ, "long")])?,
             vec![COMMIT_SEQ.to_string()],
         ),
-        Kind::Failures => (schema_string(&failure_log_schema(), &[])?, vec![]),
+        (Kind::Failures, _) => (schema_string(&failure_log_schema(), &[])?, vec![]),
     };
     Ok(Some(Shape {
         schema,
         partition_columns,
         deletion_vectors: false,
+        conformed: conform.map(|c| c.key.clone()),
     }))
 }
 
@@ -164,13 +179,15 @@ async fn bronze_schema(lake: &Lake, source: &str, records: &[&RunRecord]) -> Res
 }
 
 /// After `record` was committed (superseding `previous`, the latest record of its run before it):
-/// one commit in each of the run's Delta tables (best effort, see [`super::warn`]).
-pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&RunRecord>) {
+/// one commit in each of the run's Delta tables (best effort, see [`super::warn`]). `contract`:
+/// the source's, when the command has a readable one (bronze is published conformed to it,
+/// [`super::conform`]).
+pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&RunRecord>, contract: Option<&Contract>) {
     if !super::enabled() {
         return;
     }
     // three tables, three logs: committed side by side
-    let done = futures::future::join_all(KINDS.map(|kind| publish(lake, kind, record, previous))).await;
+    let done = futures::future::join_all(KINDS.map(|kind| publish(lake, kind, record, previous, contract))).await;
     for (kind, result) in KINDS.iter().zip(done) {
         if let Err(e) = result {
             super::warn(
@@ -186,20 +203,33 @@ pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&Run
     }
 }
 
-async fn publish(lake: &Lake, kind: Kind, record: &RunRecord, previous: Option<&RunRecord>) -> Result<()> {
+async fn publish(
+    lake: &Lake,
+    kind: Kind,
+    record: &RunRecord,
+    previous: Option<&RunRecord>,
+    contract: Option<&Contract>,
+) -> Result<()> {
     let root = kind.root(&record.source);
     let t = Table::new(lake, &root);
-    let Some(shape) = shape(lake, kind, &record.source, &[record]).await? else {
+    let conform = conform_of(kind, contract, &[record]);
+    let Some(shape) = shape(lake, kind, &record.source, &[record], conform.as_ref()).await? else {
         // a bronze table with no schema yet (no run has data): nothing to publish until one has
         return Ok(());
     };
-    let now = wants(kind, record);
-    let before = previous.and_then(|p| wants(kind, p));
+    let now = wants(kind, record, conform.as_ref());
+    let before = previous.and_then(|p| wants(kind, p, conform.as_ref()));
     let mut adds = Vec::new();
     let mut removes = Vec::new();
     let same = matches!((&now, &before), (Some(a), Some(b)) if a.path == b.path);
     if !same {
         if let Some(w) = &now {
+            if let Some(c) = &conform
+                && c.copies(record)
+                && !lake.exists(&format!("{root}/{}", w.path)).await?
+            {
+                c.write(lake, record, format!("{root}/{}", w.path)).await?;
+            }
             let meta = head(lake, &root, &w.path).await?;
             adds.push(add_of(w, &meta));
         }
@@ -216,9 +246,56 @@ async fn publish(lake: &Lake, kind: Kind, record: &RunRecord, previous: Option<&
         info: info(record),
     };
     if log::append(t, &shape, change).await? == Outcome::Lagging {
-        sync_source(lake, kind, &record.source, false).await?;
+        sync_source(lake, kind, &record.source, false, contract).await?;
     }
     Ok(())
+}
+
+/// How `kind`'s table publishes `runs` under `contract`: conformed to it for bronze, when it
+/// can read them all ([`Conform::new`]).
+fn conform_of<'a>(kind: Kind, contract: Option<&'a Contract>, runs: &[&RunRecord]) -> Option<Conform<'a>> {
+    match kind {
+        Kind::Bronze => contract.and_then(|c| Conform::new(c, runs)),
+        Kind::RunLog | Kind::Failures => None,
+    }
+}
+
+/// Write the conformed copies of `runs` that `files` (the table's listing) lacks, four at a time,
+/// and add them to `files`.
+async fn write_copies(
+    lake: &Lake,
+    root: &str,
+    conform: &Conform<'_>,
+    runs: &[RunRecord],
+    files: &mut HashMap<String, ObjectMeta>,
+) -> Result<()> {
+    use futures::StreamExt;
+    let missing: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.has_data() && conform.copies(r) && !files.contains_key(&copy_path(&conform.key, &r.run_id)))
+        .collect();
+    let mut missing = missing.into_iter();
+    let mut writing = futures::stream::FuturesUnordered::new();
+    loop {
+        while writing.len() < 4
+            && let Some(r) = missing.next()
+        {
+            writing.push(write_copy(lake, root, conform, r));
+        }
+        let Some(done) = writing.next().await else {
+            return Ok(());
+        };
+        let (rel, meta) = done?;
+        files.insert(rel, meta);
+    }
+}
+
+/// Write run `r`'s conformed copy into the table at `root`; its path in the table and object.
+async fn write_copy(lake: &Lake, root: &str, conform: &Conform<'_>, r: &RunRecord) -> Result<(String, ObjectMeta)> {
+    let rel = copy_path(&conform.key, &r.run_id);
+    conform.write(lake, r, format!("{root}/{rel}")).await?;
+    let meta = head(lake, root, &rel).await?;
+    Ok((rel, meta))
 }
 
 /// The Delta operation a commit of these adds and removes is.
@@ -275,8 +352,8 @@ pub(crate) async fn listing(lake: &Lake, root: &str) -> Result<HashMap<String, O
 }
 
 /// What `kind` must hold of `source`, from its log.
-fn desired(kind: Kind, runs: &[RunRecord]) -> Vec<Want> {
-    runs.iter().filter_map(|r| wants(kind, r)).collect()
+fn desired(kind: Kind, runs: &[RunRecord], conform: Option<&Conform>) -> Vec<Want> {
+    runs.iter().filter_map(|r| wants(kind, r, conform)).collect()
 }
 
 /// Which files of `kind`'s table are the source's: all of bronze; its folder of the run log;
@@ -295,25 +372,38 @@ fn owner(kind: Kind, source: &str, runs: &[RunRecord]) -> Box<dyn Fn(&str) -> bo
     }
 }
 
-/// Make `kind`'s table hold exactly what the source's log says, in one commit with `txn` at the
-/// log's last slot (no commit when it does). Unless `thorough`, a table whose `txn` has the last
-/// slot is taken as up to date without reading it. Returns the version committed, if any.
-pub async fn sync_source(lake: &Lake, kind: Kind, source: &str, thorough: bool) -> Result<Option<i64>> {
+/// Make `kind`'s table hold exactly what the source's log says (bronze conformed to `contract`,
+/// the source's, when there is a readable one), in one commit with `txn` at the log's last slot
+/// (no commit when it does). Unless `thorough`, a table whose `txn` has the last slot, published
+/// under the same conformed copies, is taken as up to date without reading it. Returns the
+/// version committed, if any.
+pub async fn sync_source(
+    lake: &Lake,
+    kind: Kind,
+    source: &str,
+    thorough: bool,
+    contract: Option<&Contract>,
+) -> Result<Option<i64>> {
     let runs = read_source_runs(lake, source).await?;
     let Some(last) = runs.iter().map(|r| r.seq).max() else {
         return Ok(None);
     };
     let root = kind.root(source);
-    if !thorough && log::has_slot(Table::new(lake, &root), &run_app(source), last as i64).await? {
+    let refs: Vec<&RunRecord> = runs.iter().collect();
+    let conform = conform_of(kind, contract, &refs);
+    let key = conform.as_ref().map(|c| c.key.as_str());
+    if !thorough && log::has_slot(Table::new(lake, &root), &run_app(source), last as i64, key).await? {
         return Ok(None);
     }
-    let refs: Vec<&RunRecord> = runs.iter().collect();
-    let Some(shape) = shape(lake, kind, source, &refs).await? else {
+    let Some(shape) = shape(lake, kind, source, &refs, conform.as_ref()).await? else {
         return Ok(None);
     };
-    let files = listing(lake, &root).await?;
+    let mut files = listing(lake, &root).await?;
+    if let Some(c) = &conform {
+        write_copies(lake, &root, c, &runs, &mut files).await?;
+    }
     let mut adds = Vec::new();
-    for w in desired(kind, &runs) {
+    for w in desired(kind, &runs, conform.as_ref()) {
         let meta = files.get(&w.path).ok_or_else(|| {
             Error::RunFailed(format!(
                 "{}: named by the run log of {source} but missing (`ingot doctor` says more)",
@@ -346,12 +436,64 @@ pub(crate) async fn sources(lake: &Lake) -> Result<Vec<String>> {
     lake.list_dirs(layout::RUN_LOG).await
 }
 
-/// [`sync_source`] for every source and table; what was repaired, for people.
-pub async fn sync_all(lake: &Lake) -> Result<Vec<String>> {
+/// Is the bronze table `l` published under `conform` (else a finding: it lags, the next commit
+/// of the source publishes it so), and are the conformed copies it names there (else a finding)?
+async fn conformed_as(
+    l: &log::Loaded,
+    conform: Option<&Conform<'_>>,
+    source: &str,
+    root: &str,
+    want: &BTreeSet<String>,
+    lake: &Lake,
+    out: &mut Vec<Finding>,
+) -> Result<bool> {
+    let has = l
+        .metadata
+        .get("configuration")
+        .and_then(|c| c.get(super::conform::CONFORMED_TO))
+        .and_then(Value::as_str);
+    let key = conform.map(|c| c.key.as_str());
+    if has != key {
+        let now = match conform {
+            Some(c) => format!("conformed to {}", c.contract.path.display()),
+            None => format!("as stored ({source} has no contract that reads every run)"),
+        };
+        let then = match has {
+            Some(k) => format!("conformed to another contract (copies {k})"),
+            None => "as its runs stored their columns".to_string(),
+        };
+        out.push(Finding::lag(
+            root,
+            format!("published {then}, not {now} (its next commit publishes it so)"),
+        ));
+        return Ok(false);
+    }
+    if let Some(key) = key {
+        let copies = format!("{}/{key}/", super::conform::CONFORMED);
+        if want.iter().any(|p| p.starts_with(&copies)) {
+            let files = listing(lake, root).await?;
+            for p in want
+                .iter()
+                .filter(|p| p.starts_with(&copies) && !files.contains_key(*p))
+            {
+                out.push(Finding::wrong(
+                    root,
+                    format!("{p}: a conformed copy the table names is missing (`ingot delta sync` writes it again)"),
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// [`sync_source`] for every source and table, bronze conformed to the source's contract in
+/// `contracts`; what was repaired, for people.
+pub async fn sync_all(lake: &Lake, contracts: &super::Contracts) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for source in sources(lake).await? {
+        let contract = contracts.get(&source).map(|c| &**c);
         for kind in KINDS {
-            if let Some(v) = sync_source(lake, kind, &source, true).await? {
+            if let Some(v) = sync_source(lake, kind, &source, true, contract).await? {
                 out.push(format!(
                     "{}: {source}'s runs published as version {v}",
                     kind.root(&source)
@@ -362,8 +504,9 @@ pub async fn sync_all(lake: &Lake) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Every difference between the run tables and the run log.
-pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
+/// Every difference between the run tables and the run log (bronze conformed to the source's
+/// contract in `contracts`).
+pub async fn check_all(lake: &Lake, contracts: &super::Contracts) -> Result<Vec<Finding>> {
     let mut out = Vec::new();
     let sources = sources(lake).await?;
     let mut shared: HashMap<Kind, Option<log::Loaded>> = HashMap::new();
@@ -394,8 +537,19 @@ pub async fn check_all(lake: &Lake) -> Result<Vec<Finding>> {
                     None => continue,
                 },
             };
-            let want: BTreeSet<String> = desired(kind, &runs).into_iter().map(|w| w.path).collect();
+            let refs: Vec<&RunRecord> = runs.iter().collect();
+            let conform = conform_of(kind, contracts.get(source).map(|c| &**c), &refs);
+            let want: BTreeSet<String> = desired(kind, &runs, conform.as_ref())
+                .into_iter()
+                .map(|w| w.path)
+                .collect();
             if kind == Kind::Bronze && want.is_empty() && loaded.is_none() {
+                continue;
+            }
+            if kind == Kind::Bronze
+                && let Some(l) = loaded
+                && !conformed_as(l, conform.as_ref(), source, &root, &want, lake, &mut out).await?
+            {
                 continue;
             }
             let owns = owner(kind, source, &runs);
