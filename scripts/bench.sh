@@ -262,18 +262,17 @@ if [ "${SILVER:-1}" = 1 ]; then
   SLOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
   # The silver jobs are short enough for one disturbance to move a ratio: each runs 3 times and
   # its median counts (the same for ingot and DuckDB).
-  step "(f-off) ingot: full silver build of lineitem with INGOT_DELTA=off (3 times; the median counts)"
+  step "(f) ingot: full silver build of lineitem, 3 times, each after the same build with INGOT_DELTA=off (the cost of publishing Delta; the last one is published; the medians count)"
+  # on and off alternate, so a machine that slows down or warms up during the steps weighs on
+  # both alike
   for k in 1 2 3; do
     INGOT_DELTA=off measure "silver_ingot_full_nodelta_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem --full ||
       die "ingot's full silver build without Delta failed"
-  done
-  median silver_ingot_full_nodelta 3
-  step "(f) ingot: full silver build of lineitem (3 times; the median counts)"
-  for k in 1 2 3; do
     measure "silver_ingot_full_$k" "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" build lineitem --full ||
       die "ingot's full silver build failed"
   done
   median silver_ingot_full 3
+  median silver_ingot_full_nodelta 3
   BUILD_F=$(build_id silver_ingot_full_3)
   GOT=$(sql "$SLAKE" "SELECT status, mode, rows_read FROM audit.silver_build_log WHERE build_id = '$BUILD_F'")
   [ "$GOT" = "succeeded,full,$ROWS" ] || die "full build: build log says '$GOT', expected succeeded,full,$ROWS"

@@ -69,7 +69,12 @@ pub async fn open_as_of(ws: &Workspace, as_of: Option<&str>) -> Result<Catalog> 
     catalog.register_schema("silver", Arc::new(MemorySchemaProvider::new()))?;
     // the run log is read source by source, when a query first names a table that needs it
     let logs = Arc::new(crate::engine::lazy::RunLogs::new(&ws.lake));
-    let bronze = crate::engine::lazy::BronzeSchema::new(&ws.lake, contracts.contracts.clone(), logs.clone());
+    let bronze = crate::engine::lazy::BronzeSchema::new(
+        &ws.lake,
+        contracts.contracts.clone(),
+        logs.clone(),
+        ws.cluster.is_none(),
+    );
     catalog.register_schema("bronze", Arc::new(bronze))?;
     let build_table = log_table(
         &ctx,
@@ -261,6 +266,7 @@ pub async fn bronze_views(
     contract: &Contract,
     runs: &[RunRecord],
     checkpoint: Option<u64>,
+    in_memory: bool,
 ) -> Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
     let source = &contract.source;
     let manifest = crate::table::segments::read(lake, source).await?;
@@ -272,6 +278,8 @@ pub async fn bronze_views(
     }
     let current = current_runs(runs, source);
     let slots = match checkpoint {
+        // a short history (no checkpoint yet) travels in the plan as VALUES, as `explain` shows it
+        Some(_) if in_memory => slots_in_memory(ctx, &current)?,
         Some(through) => {
             let later = runs.iter().filter(|r| &r.source == source && r.seq > through);
             let from = CheckpointSlots {
@@ -293,6 +301,27 @@ pub async fn bronze_views(
     )?;
     let now = latest_versions(versions, slots)?;
     Ok((everything.into_view(), now.into_view()))
+}
+
+/// `(__ingot_run, __ingot_slot)` of every run in `current`, from the records the catalog read: a
+/// table in memory, for a catalog whose plans run in this process. (Reading them again from the
+/// checkpoint's file, as [`slots_from`] does for a cluster, costs two scans of a file with a row
+/// per run of the history: the current view joins the slots twice.)
+fn slots_in_memory(ctx: &SessionContext, current: &[&RunRecord]) -> Result<Option<DataFrame>> {
+    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    if current.is_empty() {
+        return Ok(None);
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(RUN, DataType::Utf8, false),
+        Field::new(SLOT, DataType::Int64, false),
+    ]));
+    let runs = StringArray::from_iter_values(current.iter().map(|r| r.run_id.as_str()));
+    let slots = Int64Array::from_iter_values(current.iter().map(|r| r.seq as i64));
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(runs), Arc::new(slots)])?;
+    let table = MemTable::try_new(schema, vec![vec![batch]])?;
+    Ok(Some(one_row_per_run(ctx.read_table(Arc::new(table))?)?))
 }
 
 /// Where the slots of a source's current runs up to a checkpoint are read from: the run-log

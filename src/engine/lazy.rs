@@ -112,6 +112,8 @@ pub struct BronzeSchema {
     contracts: BTreeMap<String, Arc<Contract>>,
     logs: Arc<RunLogs>,
     built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
+    /// The catalog's plans run in this process.
+    local: bool,
 }
 
 impl std::fmt::Debug for BronzeSchema {
@@ -123,13 +125,21 @@ impl std::fmt::Debug for BronzeSchema {
 }
 
 impl BronzeSchema {
-    pub fn new(lake: &Lake, contracts: BTreeMap<String, Arc<Contract>>, logs: Arc<RunLogs>) -> BronzeSchema {
+    /// `local`: the catalog's plans run in this process (no `--cluster`), so the views may hold
+    /// what they need in memory ([`crate::engine::catalog::bronze_views`]).
+    pub fn new(
+        lake: &Lake,
+        contracts: BTreeMap<String, Arc<Contract>>,
+        logs: Arc<RunLogs>,
+        local: bool,
+    ) -> BronzeSchema {
         BronzeSchema {
             ctx: SessionContext::new(),
             lake: lake.clone(),
             contracts,
             logs,
             built: Mutex::new(HashMap::new()),
+            local,
         }
     }
 
@@ -141,7 +151,15 @@ impl BronzeSchema {
     ) -> crate::error::Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
         // the views' file lists check the runs against the contract
         let runs = self.logs.source(&contract.source).await?;
-        crate::engine::catalog::bronze_views(&self.ctx, &self.lake, contract, &runs.records, runs.checkpoint).await
+        crate::engine::catalog::bronze_views(
+            &self.ctx,
+            &self.lake,
+            contract,
+            &runs.records,
+            runs.checkpoint,
+            self.local,
+        )
+        .await
     }
 
     /// The source a table name stands for, and whether it is the `_current` view.

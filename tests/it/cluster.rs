@@ -254,6 +254,63 @@ fn an_in_process_loopback_cluster_gives_the_lake_local_execution_gives() {
     same_queries(&remote, &url);
 }
 
+/// `bronze.<source>_current` on a cluster takes the slots of the checkpointed runs from the
+/// run-log checkpoint's file (the plan sent must stay small); in this process it takes them from
+/// the records already read. Both answer alike on a lake checkpointed at every third record:
+/// after a correction superseding checkpointed versions, compacted with them, its undo (a record
+/// after the checkpoint that changes a run the checkpoint holds as loaded), and its reload.
+#[test]
+fn the_current_view_through_a_checkpoint_on_a_cluster_equals_the_one_in_this_process() {
+    let mut t = TestLake::new();
+    t.envs.push(("INGOT_CHECKPOINT_EVERY".into(), "3".into()));
+    let (_rt, url) = loopback(&mut t, ingot::engine::cluster::udfs());
+    let corrected = landing("bookings/2026-11-04_bookings_corrected.csv");
+    for f in ["bookings/2026-11-01_bookings.csv", "bookings/2026-11-03_bookings.csv"] {
+        ok(&t, None, &["ingest", "bookings", landing(f).to_str().unwrap()]);
+    }
+    ok(&t, None, &["ingest", "bookings", corrected.to_str().unwrap()]);
+    let sql = "SELECT * FROM bronze.bookings_current ORDER BY natural_key_fingerprint";
+    let same = |what: &str| {
+        let here = query(&t, None, sql);
+        assert!(!here.is_empty(), "{what}: no rows");
+        assert_eq!(
+            here,
+            query(&t, Some(&url), sql),
+            "{what}: in this process vs on the cluster"
+        );
+        here
+    };
+    // one segment holds the three runs, so the undone run's rows stay in a file the view reads
+    ok(&t, None, &["compact", "--all"]);
+    let before = same("after the correction");
+    let runs = query(
+        &t,
+        None,
+        "SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%corrected%'",
+    );
+    let run = runs[0]["run_id"].as_str().unwrap().to_string();
+    assert!(
+        before.iter().any(|r| r["ingestion_run_id"] == run.as_str()),
+        "{before:?}"
+    );
+    ok(&t, None, &["undo", &run]);
+    let undone = same("after the undo");
+    assert!(
+        undone.iter().all(|r| r["ingestion_run_id"] != run.as_str()),
+        "{undone:?}"
+    );
+    ok(&t, None, &["ingest", "bookings", corrected.to_str().unwrap()]);
+    same("after the reload");
+    let checkpoints = t.lake().join("_cache/log/ingestion_run_log/bookings");
+    assert!(
+        std::fs::read_dir(&checkpoints)
+            .unwrap()
+            .any(|e| e.unwrap().path().extension().is_some_and(|x| x == "parquet")),
+        "no run-log checkpoint in {}",
+        checkpoints.display()
+    );
+}
+
 /// A child process killed (by its id) when the guard is dropped, also when the test fails.
 pub(crate) struct Killed(Child);
 
