@@ -97,6 +97,9 @@ pub fn writer_properties_for(schema: &Schema) -> WriterProperties {
 /// Bronze column: the record's number in its input (1-based).
 const SOURCE_ROW_NUMBER: &str = "source_row_number";
 
+/// Bronze and silver column: the versioned natural-key fingerprint (hex).
+const FINGERPRINT: &str = "natural_key_fingerprint";
+
 /// Constant columns of one run, repeated for a batch.
 pub struct RunStamp {
     pub run_id: String,
@@ -182,6 +185,8 @@ pub struct RunFileWriter {
     schema: SchemaRef,
     /// Write without compression ([`uncompressed_properties_for`]).
     uncompressed: bool,
+    /// Leave the fingerprint column uncompressed ([`RunFileWriter::with_fingerprints_uncompressed`]).
+    fingerprints_uncompressed: bool,
     writer: Option<AsyncArrowWriter<BufWriter>>,
     /// Close a row group once its encoded size passes this (a writer holds its open row group in
     /// memory; silver builds run one writer per partition at once).
@@ -202,6 +207,7 @@ impl RunFileWriter {
             rel,
             schema,
             uncompressed: false,
+            fingerprints_uncompressed: false,
             writer: None,
             row_group_bytes: None,
             budget: None,
@@ -212,6 +218,16 @@ impl RunFileWriter {
     /// Write the file without compression ([`uncompressed_properties_for`]).
     pub fn uncompressed(mut self) -> RunFileWriter {
         self.uncompressed = true;
+        self
+    }
+
+    /// Leave the `natural_key_fingerprint` column uncompressed (the rest as
+    /// [`writer_properties_for`]): for silver files, whose fingerprints a later delta build reads
+    /// in full to find the positions of the rows it deletes (Delta deletion vectors). Random hex
+    /// digits compress to half; zstd costs about 0.26 s of CPU to write and 0.15 s to read the
+    /// column of 6 million rows, uncompressed 0.6x and 0.35x of that.
+    pub fn with_fingerprints_uncompressed(mut self) -> RunFileWriter {
+        self.fingerprints_uncompressed = true;
         self
     }
 
@@ -257,6 +273,11 @@ impl RunFileWriter {
                 self.schema.clone(),
                 Some(if self.uncompressed {
                     uncompressed_properties_for(&self.schema)
+                } else if self.fingerprints_uncompressed {
+                    writer_properties_for(&self.schema)
+                        .into_builder()
+                        .set_column_compression(ColumnPath::from(FINGERPRINT), Compression::UNCOMPRESSED)
+                        .build()
                 } else {
                     writer_properties_for(&self.schema)
                 }),
@@ -668,6 +689,56 @@ mod tests {
     fn batch(schema: &SchemaRef, from: i64, n: i64) -> RecordBatch {
         let col: ArrayRef = Arc::new(Int64Array::from_iter_values((from..from + n).map(scrambled)));
         RecordBatch::try_new(schema.clone(), vec![col]).unwrap()
+    }
+
+    /// The column chunk codecs of a file, by column name.
+    fn codecs(path: &std::path::Path) -> std::collections::BTreeMap<String, Compression> {
+        let bytes = Bytes::from(std::fs::read(path).unwrap());
+        let reader = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
+        let rg = reader.metadata().row_group(0);
+        rg.columns()
+            .iter()
+            .map(|c| (c.column_path().string(), c.compression()))
+            .collect()
+    }
+
+    /// A silver writer leaves only the fingerprint column uncompressed; every other writer
+    /// compresses it like the rest.
+    #[tokio::test]
+    async fn only_a_silver_writer_leaves_the_fingerprints_uncompressed() {
+        use datafusion::arrow::array::StringArray;
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("row_hash", DataType::Utf8, false),
+            Field::new(FINGERPRINT, DataType::Utf8, false),
+        ]));
+        let hex = |i: i64| format!("{:016x}{:016x}", scrambled(i), scrambled(-i));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..1000)),
+                Arc::new(StringArray::from_iter_values((0..1000).map(hex))),
+                Arc::new(StringArray::from_iter_values((1000..2000).map(hex))),
+            ],
+        )
+        .unwrap();
+        let zstd = Compression::ZSTD(ZstdLevel::try_new(1).unwrap());
+        for (name, silver) in [("bronze.parquet", false), ("silver.parquet", true)] {
+            let mut w = RunFileWriter::new(&lake, name.into(), schema.clone());
+            if silver {
+                w = w.with_fingerprints_uncompressed();
+            }
+            w.write(&b).await.unwrap();
+            w.finish().await.unwrap();
+            let fp = if silver { Compression::UNCOMPRESSED } else { zstd };
+            let want = [("v", zstd), ("row_hash", zstd), (FINGERPRINT, fp)]
+                .map(|(c, z)| (c.to_string(), z))
+                .into_iter()
+                .collect();
+            assert_eq!(codecs(&dir.path().join(name)), want, "{name}");
+        }
     }
 
     #[tokio::test]

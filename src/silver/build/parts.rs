@@ -51,7 +51,9 @@ pub(super) const ROW_GROUP_BYTES: usize = 24 << 20;
 
 /// A writer of one build-scoped Parquet file with bounded row groups.
 pub(super) fn part_writer(lake: &Lake, rel: String, schema: SchemaRef) -> RunFileWriter {
-    RunFileWriter::new(lake, rel, schema).with_row_group_bytes(ROW_GROUP_BYTES)
+    RunFileWriter::new(lake, rel, schema)
+        .with_fingerprints_uncompressed()
+        .with_row_group_bytes(ROW_GROUP_BYTES)
 }
 
 /// A part writer of the output pass, which runs beside the plan's operators: its row group and
@@ -62,7 +64,9 @@ pub(super) fn pooled_part_writer(
     schema: SchemaRef,
     pool: &Arc<dyn MemoryPool>,
 ) -> RunFileWriter {
-    RunFileWriter::new(lake, rel, schema).with_budget(pool, "silver part writer", 2 * ROW_GROUP_BYTES)
+    RunFileWriter::new(lake, rel, schema)
+        .with_fingerprints_uncompressed()
+        .with_budget(pool, "silver part writer", 2 * ROW_GROUP_BYTES)
 }
 
 /// Evaluates the flag projection on batches with the columns of `base`.

@@ -331,7 +331,7 @@ async fn copy_file(lake: &Lake, from: &str, to: &str, deleted: &RoaringTreemap) 
         .map_err(|e| bad(from, e))?;
     let schema = builder.schema().clone();
     let mut stream = builder.build().map_err(|e| bad(from, e))?;
-    let mut w = RunFileWriter::new(lake, to.to_string(), schema);
+    let mut w = RunFileWriter::new(lake, to.to_string(), schema).with_fingerprints_uncompressed();
     let mut base = 0u64;
     let mut kept = 0u64;
     while let Some(b) = stream.next().await {
