@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::hash::fp::FpSet;
 use crate::spec::rules::RuleSet;
 use crate::table::audit::{BuildRecord, RunRecord};
+use crate::table::delta::publish::Started;
 use crate::table::lake::{Lake, layout};
 use crate::table::silver::{Delta, Manifest, manifest, relayer};
 
@@ -137,6 +138,7 @@ pub(super) async fn publish_delta(
     base: DeltaBase<'_>,
     out: DeltaOut,
     files: DeltaFiles,
+    prior: Started,
 ) -> Result<Built> {
     let lake = &ws.lake;
     let (table, build_id) = (record.table.clone(), record.build_id.clone());
@@ -151,12 +153,20 @@ pub(super) async fn publish_delta(
     let table_rows = (out.prev_rows + total.rows).saturating_sub(out.old_rows + out.changed_rows);
     let mut m = base.manifest;
     let new_data: Vec<String> = files.data.iter().map(|n| rel(n)).collect();
-    let published = super::publish::published(lake, &table, |mode| {
-        let (prev, new_data, deleted) = (&m, &new_data, &out.deleted);
-        let (table, build_id) = (&table, &build_id);
-        async move { crate::table::delta::publish::layer(lake, table, build_id, mode, prev, new_data, deleted).await }
-    })
-    .await;
+    // the previous files' deleted positions were started after the window pass ([`Prior::start`])
+    let published = async {
+        match prior.wait().await? {
+            None => Ok(None),
+            Some(p) => crate::table::delta::publish::layer(lake, &table, &build_id, p, &new_data)
+                .await
+                .map(Some),
+        }
+    }
+    .await
+    .unwrap_or_else(|e| {
+        crate::table::delta::warn(&format!("silver/{table}: the snapshot's Delta files"), &e);
+        None
+    });
     m.deltas.push(Delta {
         data: files.data,
         state: files.state,

@@ -28,6 +28,7 @@ use crate::hash::fp::FpSet;
 use crate::silver::compile::{ANOMALY_FLAGS, IS_ANOMALY, Split, transform_split};
 use crate::silver::keys::{FILTERED, NONE, PASSED, REJECTED, in_set_udf, pick_udf};
 use crate::table::audit::{BuildRecord, failure_log_schema};
+use crate::table::delta::publish::Prior;
 use crate::table::lake::{Lake, layout};
 use crate::table::silver::{FP, Side, c, layers, snapshot_table, state_schema};
 
@@ -82,11 +83,14 @@ pub(super) async fn execute(
         (Some(d), Some(prev), Some(keys)) => {
             let processed: Arc<FpSet> = Arc::new(keys.map.keys().chain(&keys.tombstones).copied().collect());
             let (out, sets, kept) = delta_step(&env, &plan, prev, &base, &split, processed).await?;
+            // the keys deleted from the previous layers are known: their positions in the older
+            // files (for the Delta table) are read while the pass below writes
+            let prior = Prior::start(env.lake, env.table, d.manifest.clone(), out.deleted.clone());
             let out = DeltaOut {
                 prev_rows: d.rows,
                 ..out
             };
-            (Some(out), Some(sets), kept)
+            (Some((out, prior)), Some(sets), kept)
         }
         _ => (None, None, kept_rows(&env, &plan, &base, &mut key_files).await?),
     };
@@ -116,7 +120,7 @@ pub(super) async fn execute(
     if outputs.total.failed > 0 {
         return fail_build(ws, record, outputs).await;
     }
-    if let (Some(d), Some(out), Some(prev)) = (delta, delta_out, previous) {
+    if let (Some(d), Some((out, prior)), Some(prev)) = (delta, delta_out, previous) {
         let files = DeltaFiles {
             data: outputs.data,
             state: outputs.state,
@@ -125,7 +129,7 @@ pub(super) async fn execute(
             total: outputs.total,
             filtered: outputs.filtered,
         };
-        return publish_delta(ws, record, prev, d, out, files).await;
+        return publish_delta(ws, record, prev, d, out, files, prior).await;
     }
     publish_full(ws, record, outputs, &flagger.schema, names, run_ids, &digest).await
 }

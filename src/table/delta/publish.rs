@@ -68,29 +68,67 @@ struct Live {
     deleted: RoaringTreemap,
 }
 
-/// The snapshot of a delta build of `table` (`build_id`): the previous build's published files
-/// (`prev`, lake-relative, computed from its layers when it has none) minus the rows of the keys
-/// in `deleted`, plus the new layer's `data` files.
-pub async fn layer(
-    lake: &Lake,
-    table: &str,
-    build_id: &str,
+/// The previous snapshot's files as a delta layer of it publishes them: each with the positions
+/// of the keys the layer deletes. It depends only on the previous build and those keys, so a build
+/// starts it ([`Prior::start`]) before it writes its own files, and the reading of the older
+/// files' fingerprints runs beside that work instead of after it.
+pub struct Prior {
     mode: Mode,
-    prev: &Manifest,
-    data: &[String],
-    deleted: &FpSet,
-) -> Result<Published> {
-    let mut live = match &prev.published {
-        Some(p) if p.mode == mode.as_str() => from_published(lake, p).await?,
-        _ => from_layers(lake, prev).await?,
-    };
-    if !deleted.is_empty() {
-        let keys = Arc::new(deleted.clone());
-        let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), keys).await?;
-        for (f, hits) in live.iter_mut().zip(hits) {
-            f.deleted.extend(hits);
+    live: Vec<Live>,
+}
+
+impl Prior {
+    /// The files of `prev` (lake-relative, its published files, or its layers when it has none
+    /// in `mode`) minus the rows of the keys in `deleted`.
+    pub async fn of(lake: &Lake, mode: Mode, prev: &Manifest, deleted: &FpSet) -> Result<Prior> {
+        let mut live = match &prev.published {
+            Some(p) if p.mode == mode.as_str() => from_published(lake, p).await?,
+            _ => from_layers(lake, prev).await?,
+        };
+        if !deleted.is_empty() {
+            let keys = Arc::new(deleted.clone());
+            let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), keys).await?;
+            for (f, hits) in live.iter_mut().zip(hits) {
+                f.deleted.extend(hits);
+            }
         }
+        Ok(Prior { mode, live })
     }
+
+    /// [`Prior::of`] in a task of its own, in the table's mode (`None` with publishing off);
+    /// dropping the handle before [`Started::wait`] stops it.
+    pub fn start(lake: &Lake, table: &str, prev: Manifest, deleted: FpSet) -> Started {
+        let (lake, table) = (lake.clone(), table.to_string());
+        Started(tokio::spawn(async move {
+            match super::builds::table_mode(&lake, &table).await? {
+                Mode::Off => Ok(None),
+                mode => Prior::of(&lake, mode, &prev, &deleted).await.map(Some),
+            }
+        }))
+    }
+}
+
+/// A [`Prior`] being computed ([`Prior::start`]).
+pub struct Started(tokio::task::JoinHandle<Result<Option<Prior>>>);
+
+impl Started {
+    pub async fn wait(mut self) -> Result<Option<Prior>> {
+        (&mut self.0)
+            .await
+            .map_err(|e| Error::Internal(format!("deletion positions: {e}")))?
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The snapshot of a delta build of `table` (`build_id`): the previous build's files less the
+/// deleted rows (`prior`) plus the new layer's `data` files.
+pub async fn layer(lake: &Lake, table: &str, build_id: &str, prior: Prior, data: &[String]) -> Result<Published> {
+    let Prior { mode, mut live } = prior;
     for rel in data {
         live.push(Live {
             path: rel.clone(),
