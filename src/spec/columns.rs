@@ -103,6 +103,10 @@ pub fn meta_fields() -> Vec<Field> {
 /// a `delivery: full` file). Files written before deletions existed lack it: null counts as false.
 pub const IS_DELETED: &str = "is_deleted";
 
+/// Bronze and silver column: the record's versioned natural-key fingerprint (hex text; a build
+/// state's 16-byte keys carry the same name).
+pub const FINGERPRINT: &str = "natural_key_fingerprint";
+
 /// Bronze column: on the versions `ingot rekey` wrote, the record's fingerprint under the previous
 /// natural-key version; null on every other row.
 pub const PREVIOUS_FINGERPRINT: &str = "previous_natural_key_fingerprint";

@@ -27,6 +27,7 @@ use tokio::io::AsyncWriteExt;
 use crate::error::{Error, Result};
 use crate::table::lake::Lake;
 
+use crate::spec::columns::FINGERPRINT;
 pub use crate::spec::columns::{IS_DELETED, PREVIOUS_FINGERPRINT, meta_fields};
 
 /// Parquet settings of every file ingot writes: zstd, dictionary on (the default) except for
@@ -66,7 +67,7 @@ pub fn uncompressed_properties_for(schema: &Schema) -> WriterProperties {
 /// a build state's binary fingerprints stay PLAIN.
 pub fn writer_properties_for(schema: &Schema) -> WriterProperties {
     let mut b = builder();
-    for unique in ["row_hash", "natural_key_fingerprint"] {
+    for unique in ["row_hash", FINGERPRINT] {
         let Ok(field) = schema.field_with_name(unique) else {
             continue;
         };
@@ -96,9 +97,6 @@ pub fn writer_properties_for(schema: &Schema) -> WriterProperties {
 
 /// Bronze column: the record's number in its input (1-based).
 const SOURCE_ROW_NUMBER: &str = "source_row_number";
-
-/// Bronze and silver column: the versioned natural-key fingerprint (hex).
-const FINGERPRINT: &str = "natural_key_fingerprint";
 
 /// Constant columns of one run, repeated for a batch.
 pub struct RunStamp {

@@ -21,7 +21,7 @@ use crate::spec::columns::RULES_VERSION;
 use crate::table::lake::{Lake, layout};
 use crate::table::parquet::{file_schema, table_over};
 
-pub const FP: &str = "natural_key_fingerprint";
+pub use crate::spec::columns::FINGERPRINT as FP;
 
 pub const RUN_ID: &str = "ingestion_run_id";
 

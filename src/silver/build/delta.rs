@@ -162,11 +162,8 @@ pub(super) async fn publish_delta(
                 .map(Some),
         }
     }
-    .await
-    .unwrap_or_else(|e| {
-        crate::table::delta::warn(&format!("silver/{table}: the snapshot's Delta files"), &e);
-        None
-    });
+    .await;
+    let published = super::publish::or_warn(&table, published);
     m.deltas.push(Delta {
         data: files.data,
         state: files.state,

@@ -208,6 +208,14 @@ where
         }
     }
     .await;
+    or_warn(table, result)
+}
+
+/// The snapshot's Delta files, or `None` with a warning when they could not be computed.
+pub(super) fn or_warn(
+    table: &str,
+    result: Result<Option<crate::table::silver::Published>>,
+) -> Option<crate::table::silver::Published> {
     result.unwrap_or_else(|e| {
         crate::table::delta::warn(&format!("silver/{table}: the snapshot's Delta files"), &e);
         None

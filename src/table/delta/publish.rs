@@ -80,14 +80,13 @@ pub struct Prior {
 impl Prior {
     /// The files of `prev` (lake-relative, its published files, or its layers when it has none
     /// in `mode`) minus the rows of the keys in `deleted`.
-    pub async fn of(lake: &Lake, mode: Mode, prev: &Manifest, deleted: &FpSet) -> Result<Prior> {
+    pub async fn of(lake: &Lake, mode: Mode, prev: &Manifest, deleted: Arc<FpSet>) -> Result<Prior> {
         let mut live = match &prev.published {
             Some(p) if p.mode == mode.as_str() => from_published(lake, p).await?,
             _ => from_layers(lake, prev).await?,
         };
         if !deleted.is_empty() {
-            let keys = Arc::new(deleted.clone());
-            let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), keys).await?;
+            let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), deleted).await?;
             for (f, hits) in live.iter_mut().zip(hits) {
                 f.deleted.extend(hits);
             }
@@ -102,7 +101,7 @@ impl Prior {
         Started(tokio::spawn(async move {
             match super::builds::table_mode(&lake, &table).await? {
                 Mode::Off => Ok(None),
-                mode => Prior::of(&lake, mode, &prev, &deleted).await.map(Some),
+                mode => Prior::of(&lake, mode, &prev, Arc::new(deleted)).await.map(Some),
             }
         }))
     }
