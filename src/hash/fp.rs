@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, StringArrayType};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, FixedSizeBinaryBuilder, StringArrayType,
+};
 use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{exec_err, plan_err};
@@ -55,6 +57,46 @@ pub fn for_each_fp(array: &ArrayRef, mut f: impl FnMut(usize, Option<Fp>)) -> Re
         }
     }
     Ok(())
+}
+
+/// The 16-byte keys of a fingerprint column (any type [`for_each_fp`] reads), big-endian, null
+/// where the fingerprint is null.
+pub fn fixed_keys(array: &ArrayRef) -> Result<FixedSizeBinaryArray> {
+    let mut b = FixedSizeBinaryBuilder::with_capacity(array.len(), 16);
+    let mut failed = None;
+    for_each_fp(array, |_, fp| match fp {
+        Some(fp) => {
+            if let Err(e) = b.append_value(fp.to_be_bytes()) {
+                failed.get_or_insert(e);
+            }
+        }
+        None => b.append_null(),
+    })?;
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(b.finish()),
+    }
+}
+
+/// The digest of a key index: the sum, wrapping at 2^128, of every key times `2 × position + 1`
+/// (a null counts as 0). `acc` is the digest of the keys before `first`, the position of
+/// `keys`' first row. A lost, added, changed or moved key changes it (this detects damage, not
+/// forgery).
+pub fn keys_digest(acc: u128, first: u64, keys: &FixedSizeBinaryArray) -> u128 {
+    let bytes = keys.value_data();
+    let mut acc = acc;
+    for i in 0..keys.len() {
+        if keys.is_null(i) {
+            continue;
+        }
+        let mut k = [0u8; 16];
+        if let Some(b) = bytes.get(i * 16..i * 16 + 16) {
+            k.copy_from_slice(b);
+        }
+        let weight = 2 * (first as u128 + i as u128) + 1;
+        acc = acc.wrapping_add(u128::from_be_bytes(k).wrapping_mul(weight));
+    }
+    acc
 }
 
 /// [`for_each_fp`] over a text column.
@@ -240,6 +282,12 @@ impl Heads {
         Heads(bits)
     }
 
+    /// False when `fp` is certainly not in the set.
+    pub fn may_contain(&self, fp: Fp) -> bool {
+        let h = (fp >> (128 - HEAD_BITS)) as usize;
+        self.0[h >> 6] & (1 << (h & 63)) != 0
+    }
+
     /// False when the hex fingerprint `hex` is certainly not in the set (true also for text
     /// that is not hex: the caller's full parse decides).
     pub fn may_contain_hex(&self, hex: &[u8]) -> bool {
@@ -256,5 +304,44 @@ impl Heads {
         }
         let h = (v >> (24 - HEAD_BITS)) as usize;
         self.0[h >> 6] & (1 << (h & 63)) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &[Option<u128>]) -> FixedSizeBinaryArray {
+        let mut b = FixedSizeBinaryBuilder::new(16);
+        for k in v {
+            match k {
+                Some(k) => b.append_value(k.to_be_bytes()).unwrap(),
+                None => b.append_null(),
+            }
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn a_key_index_digest_is_the_same_in_batches_and_tells_moved_lost_and_changed_keys() {
+        let all = [Some(7u128 << 100), Some(3), None, Some(u128::MAX), Some(42)];
+        let whole = keys_digest(0, 0, &keys(&all));
+        let split = keys_digest(keys_digest(0, 0, &keys(&all[..2])), 2, &keys(&all[2..]));
+        assert_eq!(whole, split, "read in batches");
+        let mut swapped = all;
+        swapped.swap(0, 1);
+        assert_ne!(keys_digest(0, 0, &keys(&swapped)), whole, "two keys moved");
+        assert_ne!(keys_digest(0, 0, &keys(&all[..4])), whole, "the last key lost");
+        let mut changed = all;
+        changed[4] = Some(43);
+        assert_ne!(keys_digest(0, 0, &keys(&changed)), whole, "a key changed");
+        // the keys of hex fingerprints, big-endian: ordered as the text
+        let hex: ArrayRef = Arc::new(datafusion::arrow::array::StringArray::from(vec![
+            Some("00000000000000000000000000000001ffff"),
+            None,
+        ]));
+        let k = fixed_keys(&hex).unwrap();
+        assert_eq!(k.value(0), 1u128.to_be_bytes());
+        assert!(k.is_null(1));
     }
 }

@@ -503,6 +503,7 @@ async fn snapshots_of(
     for b in &ours {
         if matches!(build_verdict(Some(b), true, &latest, now, opts.retain), Verdict::Keep) {
             live.extend(crate::silver::build::build_files(lake, &b.table, &b.build_id).await?);
+            live.extend(crate::silver::build::index_files(lake, &b.table, &b.build_id).await?);
         }
     }
     for f in files {

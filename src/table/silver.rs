@@ -90,6 +90,22 @@ pub struct PublishedFile {
     pub rows: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dv: Option<PublishedDv>,
+    /// The file's key index ([`keys_of`]), lake-relative: a cache of its fingerprints, so a
+    /// missing or damaged one costs time, never a wrong result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<String>,
+}
+
+/// The key index of a silver file (`part-00000.parquet` → `part-00000.keys.parquet`): the
+/// 16-byte key of each of its rows' fingerprints, in the file's row order ([`index_schema`]).
+pub fn keys_of(rel: &str) -> String {
+    format!("{}.keys.parquet", rel.strip_suffix(".parquet").unwrap_or(rel))
+}
+
+/// Schema of a key index: one 16-byte key per row of its file (null where the row has no
+/// fingerprint).
+pub fn index_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(FP, DataType::FixedSizeBinary(16), true)]))
 }
 
 /// A deletion vector in a file the build wrote (`deletion_vector_<uuid>.bin` in its folder).
@@ -183,6 +199,25 @@ pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec
         }
     }
     Ok(out)
+}
+
+/// A writer of the key index `rel` ([`keys_of`]): uncompressed (random keys do not compress),
+/// row groups of at most 8 MiB.
+pub fn index_writer(lake: &Lake, rel: String) -> crate::table::bronze::RunFileWriter {
+    crate::table::bronze::RunFileWriter::new(lake, rel, index_schema())
+        .uncompressed()
+        .with_row_group_bytes(8 << 20)
+}
+
+/// The key indexes of build `build_id`'s published files: not needed to read the build (so not
+/// in [`build_files`]), but kept by gc with it for the next delta build.
+pub async fn index_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec<String>> {
+    let m = manifest(lake, table, build_id).await?;
+    Ok(m.published
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| f.keys.clone())
+        .collect())
 }
 
 /// Which files of the layers [`layers`] reads.

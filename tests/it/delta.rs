@@ -1114,3 +1114,167 @@ fn runs_from_before_a_rename_a_widening_or_a_cast_read_the_same_through_other_en
     );
     check_events(&l, &readers, "after gc of the earlier contract's copies");
 }
+
+/// The `natural_key_fingerprint`s of a silver file's rows in file order, as the 32 hex digits of
+/// their 16-byte keys.
+fn file_keys(path: &Path) -> Vec<Option<String>> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::parquet::arrow::ProjectionMask;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let at = b.schema().index_of("natural_key_fingerprint").unwrap();
+    let mask = ProjectionMask::roots(b.parquet_schema(), [at]);
+    let mut out = Vec::new();
+    for batch in b.with_projection(mask).build().unwrap() {
+        let batch = batch.unwrap();
+        let a = batch.column(0).as_string::<i32>();
+        out.extend((0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i)[..32].to_string())));
+    }
+    out
+}
+
+/// A key index: its keys in order (hex) and its footer's key-value pairs.
+fn index_of(path: &Path) -> (Vec<Option<String>>, BTreeMap<String, String>) {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let footer: BTreeMap<String, String> = b
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .into_iter()
+        .flatten()
+        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+        .collect();
+    let mut keys = Vec::new();
+    for batch in b.build().unwrap() {
+        let batch = batch.unwrap();
+        let a = batch.column(0).as_fixed_size_binary();
+        keys.extend((0..a.len()).map(|i| {
+            a.is_valid(i)
+                .then(|| a.value(i).iter().map(|b| format!("{b:02x}")).collect::<String>())
+        }));
+    }
+    (keys, footer)
+}
+
+/// Rewrite the key index at `path` with its rows in reverse order and its footer unchanged: the
+/// same keys, the same length and the same file named, every position but the middle one wrong.
+fn reverse_index(path: &Path) {
+    use datafusion::arrow::array::{RecordBatch, UInt32Array};
+    use datafusion::arrow::compute::{concat_batches, take_record_batch};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use datafusion::parquet::file::metadata::KeyValue;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let schema = b.schema().clone();
+    let footer: Vec<KeyValue> = b.metadata().file_metadata().key_value_metadata().unwrap().clone();
+    let batches: Vec<RecordBatch> = b.build().unwrap().map(|b| b.unwrap()).collect();
+    let all = concat_batches(&schema, &batches).unwrap();
+    let n = all.num_rows() as u32;
+    let reversed = take_record_batch(&all, &UInt32Array::from_iter_values((0..n).rev())).unwrap();
+    let props = WriterProperties::builder().set_key_value_metadata(Some(footer)).build();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props)).unwrap();
+    w.write(&reversed).unwrap();
+    w.close().unwrap();
+}
+
+/// Every published file of `build` that names a key index: (file, index), lake-relative.
+fn indexed_files(l: &Events, build: &str) -> Vec<(String, String)> {
+    let m = l.manifest(build);
+    m["published"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| Some((f["path"].as_str()?.to_string(), f["keys"].as_str()?.to_string())))
+        .collect()
+}
+
+/// Every key index of `build`'s published files holds its file's keys row for row, and its
+/// footer names that file.
+fn assert_indexes_match(l: &Events, build: &str, context: &str) {
+    let lake = l.lake();
+    let files = indexed_files(l, build);
+    assert!(!files.is_empty(), "{context}: no key indexes: {}", l.manifest(build));
+    for (file, index) in files {
+        let (keys, footer) = index_of(&lake.join(&index));
+        assert_eq!(keys, file_keys(&lake.join(&file)), "{context}: {index} against {file}");
+        assert_eq!(footer.get("ingot.keys_of"), Some(&file), "{context}: {index}");
+        assert_eq!(
+            footer.get("ingot.keys_digest").map(String::len),
+            Some(32),
+            "{context}: {index}"
+        );
+    }
+}
+
+/// `rows` with the value of each id in `ids` raised by one.
+fn corrected(rows: &[(usize, i64)], ids: &[usize]) -> Vec<(usize, i64)> {
+    rows.iter()
+        .map(|&(id, v)| (id, if ids.contains(&id) { v + 1 } else { v }))
+        .collect()
+}
+
+#[test]
+fn delta_builds_find_the_rows_they_delete_through_key_indexes_and_a_damaged_index_costs_only_time() {
+    let l = Events::new(&[]);
+    let readers = ["duckdb", "deltalake"];
+    let first: Vec<(usize, i64)> = (0..60).map(|i| (i, ((i * 37) % 1100) as i64 - 5)).collect();
+    l.deliver("d1.csv", &first);
+    l.ok(&["build", "events"]);
+    let b1 = l.latest_build();
+    assert_indexes_match(&l, &b1, "a full build");
+    // a corrected re-delivery: a delta build's deletion vectors found through the indexes
+    let mut rows = corrected(&first, &[3, 17, 42]);
+    rows.extend((60..65).map(|i| (i, i as i64)));
+    l.deliver("d2.csv", &rows);
+    l.ok(&["build", "events"]);
+    let b2 = l.latest_build();
+    assert_indexes_match(&l, &b2, "a delta build");
+    check_events(&l, &readers, "a delta build through the key indexes");
+    // an index of the first build's file with its rows reversed (same keys, same length, same
+    // footer): its digest gives it away, the positions come from the file's fingerprints, and
+    // the next build no longer names it
+    let (file1, index1) = indexed_files(&l, &b2)
+        .into_iter()
+        .find(|(f, _)| f.contains(&b1))
+        .expect("the first build's file is still published");
+    reverse_index(&l.lake().join(&index1));
+    let rows = corrected(&rows, &[5, 20, 33, 59]);
+    l.deliver("d3.csv", &rows);
+    l.ok(&["build", "events"]);
+    let b3 = l.latest_build();
+    check_events(&l, &readers, "a delta build beside a reversed key index");
+    let named = indexed_files(&l, &b3);
+    assert!(
+        !named.iter().any(|(f, _)| f == &file1),
+        "the reversed index is dropped: {named:?}"
+    );
+    assert!(named.iter().any(|(f, _)| f.contains(&b2)), "the others stay: {named:?}");
+    // a missing index and one cut short
+    let (_, index2) = named.iter().find(|(f, _)| f.contains(&b2)).unwrap().clone();
+    std::fs::remove_file(l.lake().join(&index2)).unwrap();
+    let (_, index3) = named.iter().find(|(f, _)| f.contains(&b3)).unwrap().clone();
+    let bytes = std::fs::read(l.lake().join(&index3)).unwrap();
+    std::fs::write(l.lake().join(&index3), &bytes[..bytes.len() / 2]).unwrap();
+    let rows = corrected(&rows, &[8, 33, 61]);
+    l.deliver("d4.csv", &rows);
+    l.ok(&["build", "events"]);
+    let b4 = l.latest_build();
+    check_events(&l, &readers, "a delta build beside a missing and a truncated key index");
+    assert_indexes_match(&l, &b4, "after the damaged indexes were dropped");
+    // gc keeps exactly the indexes the current snapshot names
+    l.ok(&["gc", "--grace", "0s", "--retain", "0s"]);
+    check_events(&l, &readers, "after gc");
+    let lake = l.lake();
+    let mut left: Vec<String> = crate::util::files_under(&lake.join("silver/events"))
+        .into_iter()
+        .map(|p| p.strip_prefix(&lake).unwrap().to_str().unwrap().to_string())
+        .filter(|p| p.ends_with(".keys.parquet"))
+        .collect();
+    left.sort();
+    let mut want: Vec<String> = indexed_files(&l, &b4).into_iter().map(|(_, i)| i).collect();
+    want.sort();
+    assert_eq!(left, want, "the key indexes gc left");
+}

@@ -127,6 +127,8 @@ pub(super) struct DeltaFiles {
     pub digest: String,
     pub total: PartOut,
     pub filtered: u64,
+    /// The new files have key indexes.
+    pub keyed: bool,
 }
 
 /// Publish a delta build: its deletion files, then a manifest of the previous layers plus this
@@ -157,7 +159,7 @@ pub(super) async fn publish_delta(
     let published = async {
         match prior.wait().await? {
             None => Ok(None),
-            Some(p) => crate::table::delta::publish::layer(lake, &table, &build_id, p, &new_data)
+            Some(p) => crate::table::delta::publish::layer(lake, &table, &build_id, p, &new_data, files.keyed)
                 .await
                 .map(Some),
         }

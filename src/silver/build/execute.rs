@@ -85,7 +85,8 @@ pub(super) async fn execute(
             let (out, sets, kept) = delta_step(&env, &plan, prev, &base, &split, processed).await?;
             // the keys deleted from the previous layers are known: their positions in the older
             // files (for the Delta table) are read while the pass below writes
-            let prior = Prior::start(env.lake, env.table, d.manifest.clone(), out.deleted.clone());
+            let expect = out.old_rows + out.changed_rows;
+            let prior = Prior::start(env.lake, env.table, d.manifest.clone(), out.deleted.clone(), expect);
             let out = DeltaOut {
                 prev_rows: d.rows,
                 ..out
@@ -128,6 +129,7 @@ pub(super) async fn execute(
             digest,
             total: outputs.total,
             filtered: outputs.filtered,
+            keyed: outputs.keyed,
         };
         return publish_delta(ws, record, prev, d, out, files, prior).await;
     }
@@ -310,6 +312,11 @@ async fn write_outputs(
         failure_log_schema(),
     )));
     let schema = split.rows.schema().as_arrow().clone();
+    // key indexes beside the snapshot files when the table publishes Delta (its delta builds
+    // find the positions of the rows they delete in them); none if the mode cannot be read
+    let keyed = crate::table::delta::builds::table_mode(lake, table)
+        .await
+        .is_ok_and(|m| m != crate::table::delta::Mode::Off);
     let part = Arc::new(PartCtx {
         lake: lake.clone(),
         table: table.to_string(),
@@ -330,9 +337,11 @@ async fn write_outputs(
         }),
         fail_w: fail_w.clone(),
         pool: env.ctx.runtime_env().memory_pool.clone(),
+        keyed,
     });
     let mut out = Outputs {
         failures: failures_rel,
+        keyed,
         ..Outputs::default()
     };
     if let Some(k) = kept {

@@ -36,7 +36,7 @@ use crate::spec::rules::{RuleSet, RulesSet};
 use crate::spec::yaml::Problems;
 use crate::table::audit::{BuildRecord, BuildStatus, commit_build};
 use crate::table::lock::{Scope, acquire_for, default_ttl};
-pub use crate::table::silver::{build_files, snapshot_table};
+pub use crate::table::silver::{build_files, index_files, snapshot_table};
 
 /// `silver_build_id` (Utf8): the build that wrote a silver row.
 pub const SILVER_BUILD_ID: &str = "silver_build_id";

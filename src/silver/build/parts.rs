@@ -340,13 +340,31 @@ pub(super) struct PartCtx {
     pub(super) fail_w: Arc<tokio::sync::Mutex<RunFileWriter>>,
     /// The build's memory pool, which the part writers take their buffers from.
     pub(super) pool: Arc<dyn MemoryPool>,
+    /// Write a key index beside each snapshot file (the table publishes Delta).
+    pub(super) keyed: bool,
 }
 
 impl PartCtx {
+    /// The writer of the snapshot file `rel`, with its key index when the build writes them.
+    fn data_writer(&self, rel: String) -> RunFileWriter {
+        let keys = self.keyed.then(|| {
+            crate::table::silver::index_writer(&self.lake, crate::table::silver::keys_of(&rel)).with_budget(
+                &self.pool,
+                "silver key index writer",
+                8 << 20,
+            )
+        });
+        let w = pooled_part_writer(&self.lake, rel, self.flagger.schema.clone(), &self.pool);
+        match keys {
+            Some(k) => w.with_keys(k),
+            None => w,
+        }
+    }
+
     /// Kept rows of the previous snapshot: flags recomputed, written to `part`.
     pub(super) async fn kept(self: Arc<Self>, mut stream: SendableRecordBatchStream, part: String) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = pooled_part_writer(&self.lake, rel, self.flagger.schema.clone(), &self.pool);
+        let mut w = self.data_writer(rel);
         let mut out = PartOut::default();
         while let Some(b) = stream.next().await {
             let (b, f) = self.flagger.apply(&b?)?;
@@ -369,7 +387,7 @@ impl PartCtx {
         state_part: String,
     ) -> Result<PartOut> {
         let rel = layout::silver_file(&self.table, &self.build_id, &part);
-        let mut w = pooled_part_writer(&self.lake, rel, self.flagger.schema.clone(), &self.pool);
+        let mut w = self.data_writer(rel);
         let state_rel = layout::silver_file(&self.table, &self.build_id, &state_part);
         let mut sw = pooled_part_writer(&self.lake, state_rel, state_schema(), &self.pool);
         let mut out = PartOut::default();

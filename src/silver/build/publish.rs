@@ -25,6 +25,8 @@ pub(super) struct Outputs {
     /// The build's failure file (lake-relative) and whether it has rows.
     pub failures: String,
     pub wrote_failures: bool,
+    /// The snapshot files have key indexes ([`crate::table::silver::keys_of`]).
+    pub keyed: bool,
 }
 
 impl Outputs {
@@ -163,6 +165,7 @@ pub(super) async fn publish_full(
         out.state.push(n);
     }
     let total = &out.total;
+    let keyed = out.keyed;
     let rels: Vec<String> = out
         .data
         .iter()
@@ -175,7 +178,7 @@ pub(super) async fn publish_full(
         runs: Some(run_ids),
         rows: Some(total.rows),
         published: published(&ws.lake, &table, |mode| async move {
-            crate::table::delta::publish::whole(&ws.lake, mode, &rels).await
+            crate::table::delta::publish::whole(&ws.lake, mode, &rels, keyed).await
         })
         .await,
     };

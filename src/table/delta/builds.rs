@@ -202,7 +202,9 @@ async fn silver_adds(lake: &Lake, table: &str, build: &BuildRecord) -> Result<(V
     let m: Manifest = relayer(&manifest(lake, table, &build.build_id).await?, table, &build.build_id);
     let published = match m.published.clone() {
         Some(p) => p,
-        None if m.deltas.is_empty() => super::publish::whole(lake, table_mode(lake, table).await?, &m.data).await?,
+        None if m.deltas.is_empty() => {
+            super::publish::whole(lake, table_mode(lake, table).await?, &m.data, false).await?
+        }
         None => {
             return super::publish::inline(lake, table, &m)
                 .await

@@ -10,13 +10,15 @@
 //! each touched file without those rows (`cow-NNNNN.parquet` in the build's folder).
 //!
 //! Hazard: a deletion vector counts physical rows of the file in file order; positions come from
-//! reading the file's fingerprint column in order, never from a plan that may reorder rows.
+//! reading the file's key index (written beside it, row for row) or its fingerprint column in
+//! order, never from a plan that may reorder rows.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::datatypes::DataType;
 use datafusion::parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use delta_kernel::actions::deletion_vector_writer::{KernelDeletionVector, StreamingDeletionVectorWriter};
 use futures::StreamExt;
@@ -24,11 +26,11 @@ use roaring::RoaringTreemap;
 
 use super::Mode;
 use crate::error::{Error, Result};
-use crate::hash::fp::{FpSet, Heads, for_each_fp};
-use crate::table::bronze::RunFileWriter;
+use crate::hash::fp::{FpSet, Heads, for_each_fp, keys_digest};
+use crate::table::bronze::{KEYS_DIGEST, KEYS_OF, RunFileWriter};
 use crate::table::lake::{Lake, layout};
 use crate::table::parquet::object_reader;
-use crate::table::silver::{FP, Manifest, Published, PublishedDv, PublishedFile, key_schema};
+use crate::table::silver::{FP, Manifest, Published, PublishedDv, PublishedFile, index_writer, key_schema, keys_of};
 
 /// The magic number that opens a serialized deletion vector (Delta protocol).
 const DV_MAGIC: u32 = 1681511377;
@@ -37,14 +39,16 @@ fn bad(rel: &str, e: impl std::fmt::Display) -> Error {
     Error::RunFailed(format!("{rel}: {e}"))
 }
 
-/// A whole snapshot: its data files (lake-relative), unchanged.
-pub async fn whole(lake: &Lake, mode: Mode, data: &[String]) -> Result<Published> {
+/// A whole snapshot: its data files (lake-relative), unchanged; `keyed` when the build wrote
+/// their key indexes ([`keys_of`]).
+pub async fn whole(lake: &Lake, mode: Mode, data: &[String], keyed: bool) -> Result<Published> {
     let mut files = Vec::with_capacity(data.len());
     for rel in data {
         files.push(PublishedFile {
             path: rel.clone(),
             rows: rows_of(lake, rel).await?,
             dv: None,
+            keys: keyed.then(|| keys_of(rel)),
         });
     }
     Ok(Published {
@@ -62,10 +66,13 @@ async fn rows_of(lake: &Lake, rel: &str) -> Result<u64> {
 }
 
 /// A file being published, with the positions deleted so far.
+#[derive(Clone)]
 struct Live {
     path: String,
     rows: u64,
     deleted: RoaringTreemap,
+    /// Its key index, if it has one.
+    keys: Option<String>,
 }
 
 /// The previous snapshot's files as a delta layer of it publishes them: each with the positions
@@ -79,32 +86,62 @@ pub struct Prior {
 
 impl Prior {
     /// The files of `prev` (lake-relative, its published files, or its layers when it has none
-    /// in `mode`) minus the rows of the keys in `deleted`.
-    pub async fn of(lake: &Lake, mode: Mode, prev: &Manifest, deleted: Arc<FpSet>) -> Result<Prior> {
-        let mut live = match &prev.published {
+    /// in `mode`) minus the rows of the keys in `deleted`: `expect` of them (the rows of the
+    /// previous snapshot with those keys, which the build counted). Positions come from the
+    /// files' key indexes where they have them and they read back whole, else from the files'
+    /// fingerprints; if the indexes do not account for exactly `expect` rows, from every file's
+    /// fingerprints. An index that was not used is dropped from the snapshot (gc removes it).
+    pub async fn of(lake: &Lake, mode: Mode, prev: &Manifest, deleted: Arc<FpSet>, expect: u64) -> Result<Prior> {
+        let live = match &prev.published {
             Some(p) if p.mode == mode.as_str() => from_published(lake, p).await?,
             _ => from_layers(lake, prev).await?,
         };
-        if !deleted.is_empty() {
-            let hits = positions_of(lake, live.iter().map(|f| f.path.clone()).collect(), deleted).await?;
-            for (f, hits) in live.iter_mut().zip(hits) {
-                f.deleted.extend(hits);
-            }
+        if deleted.is_empty() {
+            return Ok(Prior { mode, live });
+        }
+        let indexed = live.iter().any(|f| f.keys.is_some());
+        let mut with = live.clone();
+        if with_positions(lake, &mut with, &deleted, true).await? == expect || !indexed {
+            return Ok(Prior { mode, live: with });
+        }
+        let mut live = live;
+        with_positions(lake, &mut live, &deleted, false).await?;
+        for f in &mut live {
+            f.keys = None;
         }
         Ok(Prior { mode, live })
     }
 
     /// [`Prior::of`] in a task of its own, in the table's mode (`None` with publishing off);
     /// dropping the handle before [`Started::wait`] stops it.
-    pub fn start(lake: &Lake, table: &str, prev: Manifest, deleted: FpSet) -> Started {
+    pub fn start(lake: &Lake, table: &str, prev: Manifest, deleted: FpSet, expect: u64) -> Started {
         let (lake, table) = (lake.clone(), table.to_string());
         Started(tokio::spawn(async move {
             match super::builds::table_mode(&lake, &table).await? {
                 Mode::Off => Ok(None),
-                mode => Prior::of(&lake, mode, &prev, Arc::new(deleted)).await.map(Some),
+                mode => Prior::of(&lake, mode, &prev, Arc::new(deleted), expect).await.map(Some),
             }
         }))
     }
+}
+
+/// Add to each file's deleted positions those of `keys` (from its key index when `indexed` and it
+/// has one); returns how many positions were not deleted before.
+async fn with_positions(lake: &Lake, live: &mut [Live], keys: &Arc<FpSet>, indexed: bool) -> Result<u64> {
+    let files = live
+        .iter()
+        .map(|f| (f.path.clone(), f.rows, f.keys.clone().filter(|_| indexed)))
+        .collect();
+    let mut added = 0;
+    for (f, (hits, from_index)) in live.iter_mut().zip(positions_of(lake, files, keys.clone()).await?) {
+        let before = f.deleted.len();
+        f.deleted |= hits;
+        added += f.deleted.len() - before;
+        if indexed && !from_index {
+            f.keys = None;
+        }
+    }
+    Ok(added)
 }
 
 /// A [`Prior`] being computed ([`Prior::start`]).
@@ -125,14 +162,22 @@ impl Drop for Started {
 }
 
 /// The snapshot of a delta build of `table` (`build_id`): the previous build's files less the
-/// deleted rows (`prior`) plus the new layer's `data` files.
-pub async fn layer(lake: &Lake, table: &str, build_id: &str, prior: Prior, data: &[String]) -> Result<Published> {
+/// deleted rows (`prior`) plus the new layer's `data` files (`keyed`: with key indexes).
+pub async fn layer(
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    prior: Prior,
+    data: &[String],
+    keyed: bool,
+) -> Result<Published> {
     let Prior { mode, mut live } = prior;
     for rel in data {
         live.push(Live {
             path: rel.clone(),
             rows: rows_of(lake, rel).await?,
             deleted: RoaringTreemap::new(),
+            keys: keyed.then(|| keys_of(rel)),
         });
     }
     match mode {
@@ -163,6 +208,7 @@ async fn from_published(lake: &Lake, p: &Published) -> Result<Vec<Live>> {
             path: f.path.clone(),
             rows: f.rows,
             deleted,
+            keys: f.keys.clone(),
         });
     }
     Ok(out)
@@ -200,13 +246,19 @@ async fn from_layers(lake: &Lake, m: &Manifest) -> Result<Vec<Live>> {
         let deleted = if later.is_empty() {
             vec![RoaringTreemap::new(); files.len()]
         } else {
-            positions_of(lake, files.to_vec(), Arc::new(later)).await?
+            let files = files.iter().map(|f| (f.clone(), 0, None)).collect();
+            positions_of(lake, files, Arc::new(later))
+                .await?
+                .into_iter()
+                .map(|(hits, _)| hits)
+                .collect()
         };
         for (rel, deleted) in files.iter().zip(deleted) {
             out.push(Live {
                 path: rel.clone(),
                 rows: rows_of(lake, rel).await?,
                 deleted,
+                keys: None,
             });
         }
     }
@@ -234,13 +286,26 @@ async fn read_keys(lake: &Lake, rel: &str) -> Result<FpSet> {
     Ok(set)
 }
 
-/// [`positions`] of `keys` in each of `files`, the files read side by side (one task per core).
-async fn positions_of(lake: &Lake, files: Vec<String>, keys: Arc<FpSet>) -> Result<Vec<RoaringTreemap>> {
+/// [`positions`] of `keys` in each of `files` (path, rows, key index), the files read side by
+/// side (one task per core); from a file's key index when it has one that reads back as the
+/// index of `rows` keys of that file ([`indexed`]; then true beside the positions).
+async fn positions_of(
+    lake: &Lake,
+    files: Vec<(String, u64, Option<String>)>,
+    keys: Arc<FpSet>,
+) -> Result<Vec<(RoaringTreemap, bool)>> {
     let heads = Arc::new(Heads::of(&keys));
     let width = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let tasks = files.into_iter().map(|rel| {
+    let tasks = files.into_iter().map(|(rel, rows, index)| {
         let (lake, keys, heads) = (lake.clone(), keys.clone(), heads.clone());
-        tokio::spawn(async move { positions(&lake, &rel, &keys, &heads).await })
+        tokio::spawn(async move {
+            if let Some(index) = index
+                && let Some(hits) = indexed(&lake, &index, &rel, rows, &keys, &heads).await
+            {
+                return Ok::<_, Error>((hits, true));
+            }
+            Ok((positions(&lake, &rel, &keys, &heads).await?, false))
+        })
     });
     let mut out = Vec::new();
     let mut running = futures::stream::iter(tasks).buffered(width);
@@ -248,6 +313,49 @@ async fn positions_of(lake: &Lake, files: Vec<String>, keys: Arc<FpSet>) -> Resu
         out.push(done.map_err(|e| Error::Internal(format!("deletion positions: {e}")))??);
     }
     Ok(out)
+}
+
+/// The positions of `keys` in `file` (of `rows` rows) read from its key index `rel`; `None` when
+/// that is not an index of `file` that reads back whole (missing, damaged, of another file:
+/// its footer's path and digest decide, see [`RunFileWriter::with_keys`]).
+async fn indexed(lake: &Lake, rel: &str, file: &str, rows: u64, keys: &FpSet, heads: &Heads) -> Option<RoaringTreemap> {
+    let builder = ParquetRecordBatchStreamBuilder::new(object_reader(lake, rel).await.ok()?)
+        .await
+        .ok()?;
+    let fields = builder.schema().fields();
+    if fields.len() != 1 || fields[0].data_type() != &DataType::FixedSizeBinary(16) {
+        return None;
+    }
+    let meta = builder.metadata().file_metadata();
+    let footer = |key: &str| -> Option<String> {
+        meta.key_value_metadata()?
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.clone())
+    };
+    if meta.num_rows() != rows as i64 || footer(KEYS_OF).as_deref() != Some(file) {
+        return None;
+    }
+    let want = footer(KEYS_DIGEST)?;
+    let mut stream = builder.build().ok()?;
+    let mut out = RoaringTreemap::new();
+    let (mut base, mut digest) = (0u64, 0u128);
+    while let Some(b) = stream.next().await {
+        let b = b.ok()?;
+        let a = b.column(0).as_fixed_size_binary_opt()?;
+        let bytes = a.value_data();
+        for i in 0..a.len() {
+            let mut k = [0u8; 16];
+            k.copy_from_slice(bytes.get(i * 16..i * 16 + 16)?);
+            let fp = u128::from_be_bytes(k);
+            if a.is_valid(i) && heads.may_contain(fp) && keys.contains(&fp) {
+                out.insert(base + i as u64);
+            }
+        }
+        digest = keys_digest(digest, base, a);
+        base += b.num_rows() as u64;
+    }
+    (base == rows && format!("{digest:032x}") == want).then_some(out)
 }
 
 /// The positions (0-based, in file order) of the rows of `rel` whose key is in `keys`.
@@ -318,6 +426,7 @@ async fn with_vectors(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>)
                 path: f.path,
                 rows: f.rows,
                 dv,
+                keys: f.keys,
             });
         }
         writer
@@ -343,6 +452,7 @@ async fn copy_without(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>)
                 path: f.path,
                 rows: f.rows,
                 dv: None,
+                keys: f.keys,
             });
             continue;
         }
@@ -350,6 +460,7 @@ async fn copy_without(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>)
         n += 1;
         let rows = copy_file(lake, &f.path, &rel, &f.deleted).await?;
         files.push(PublishedFile {
+            keys: Some(keys_of(&rel)),
             path: rel,
             rows,
             dv: None,
@@ -368,7 +479,9 @@ async fn copy_file(lake: &Lake, from: &str, to: &str, deleted: &RoaringTreemap) 
         .map_err(|e| bad(from, e))?;
     let schema = builder.schema().clone();
     let mut stream = builder.build().map_err(|e| bad(from, e))?;
-    let mut w = RunFileWriter::new(lake, to.to_string(), schema).with_fingerprints_uncompressed();
+    let mut w = RunFileWriter::new(lake, to.to_string(), schema)
+        .with_fingerprints_uncompressed()
+        .with_keys(index_writer(lake, keys_of(to)));
     let mut base = 0u64;
     let mut kept = 0u64;
     while let Some(b) = stream.next().await {
@@ -440,6 +553,7 @@ pub async fn inline(lake: &Lake, table: &str, m: &Manifest) -> Result<Vec<deltal
             path: f.path.clone(),
             rows: f.rows,
             dv: None,
+            keys: None,
         };
         let mut add = add_of(lake, table, &file).await?;
         if !f.deleted.is_empty() {
