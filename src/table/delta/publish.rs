@@ -40,15 +40,17 @@ fn bad(rel: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// A whole snapshot: its data files (lake-relative), unchanged; `keyed` when the build wrote
-/// their key indexes ([`keys_of`]).
+/// their key indexes ([`keys_of`]: a file without rows, the empty part of an empty table, has
+/// none).
 pub async fn whole(lake: &Lake, mode: Mode, data: &[String], keyed: bool) -> Result<Published> {
     let mut files = Vec::with_capacity(data.len());
     for rel in data {
+        let rows = rows_of(lake, rel).await?;
         files.push(PublishedFile {
             path: rel.clone(),
-            rows: rows_of(lake, rel).await?,
+            rows,
             dv: None,
-            keys: keyed.then(|| keys_of(rel)),
+            keys: (keyed && rows > 0).then(|| keys_of(rel)),
         });
     }
     Ok(Published {
@@ -173,11 +175,12 @@ pub async fn layer(
 ) -> Result<Published> {
     let Prior { mode, mut live } = prior;
     for rel in data {
+        let rows = rows_of(lake, rel).await?;
         live.push(Live {
             path: rel.clone(),
-            rows: rows_of(lake, rel).await?,
+            rows,
             deleted: RoaringTreemap::new(),
-            keys: keyed.then(|| keys_of(rel)),
+            keys: (keyed && rows > 0).then(|| keys_of(rel)),
         });
     }
     match mode {
