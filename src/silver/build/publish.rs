@@ -123,7 +123,10 @@ pub(super) async fn fail_build(ws: &Workspace, record: &mut BuildRecord, out: Ou
         rels.push(out.failures.clone());
     }
     if out.keyed {
-        let data = out.data.iter().map(|n| layout::silver_file(&record.table, &record.build_id, n));
+        let data = out
+            .data
+            .iter()
+            .map(|n| layout::silver_file(&record.table, &record.build_id, n));
         rels.extend(data.map(|rel| crate::table::silver::keys_of(&rel)).collect::<Vec<_>>());
     }
     for rel in rels {
