@@ -345,17 +345,13 @@ async fn indexed(lake: &Lake, rel: &str, file: &str, rows: u64, keys: &FpSet, he
     let (mut base, mut digest) = (0u64, 0u128);
     while let Some(b) = stream.next().await {
         let b = b.ok()?;
-        let a = b.column(0).as_fixed_size_binary_opt()?;
-        let bytes = a.value_data();
-        for i in 0..a.len() {
-            let mut k = [0u8; 16];
-            k.copy_from_slice(bytes.get(i * 16..i * 16 + 16)?);
-            let fp = u128::from_be_bytes(k);
-            if a.is_valid(i) && heads.may_contain(fp) && keys.contains(&fp) {
+        for_each_fp(b.column(0), |i, fp| {
+            if fp.is_some_and(|fp| heads.may_contain(fp) && keys.contains(&fp)) {
                 out.insert(base + i as u64);
             }
-        }
-        digest = keys_digest(digest, base, a);
+        })
+        .ok()?;
+        digest = keys_digest(digest, base, b.column(0).as_fixed_size_binary_opt()?);
         base += b.num_rows() as u64;
     }
     (base == rows && format!("{digest:032x}") == want).then_some(out)
