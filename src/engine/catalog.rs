@@ -270,7 +270,8 @@ pub async fn bronze_views(
 ) -> Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
     let source = &contract.source;
     let manifest = crate::table::segments::read(lake, source).await?;
-    let (all, excluded) = stored_files(lake, contract, &bronze_runs(runs, source), &manifest)?;
+    let bronze = bronze_runs(runs, source);
+    let (all, excluded) = stored_files(lake, contract, &bronze, &manifest)?;
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
     if !excluded.is_empty() {
         let ids = excluded.into_iter().map(lit).collect();
@@ -278,8 +279,11 @@ pub async fn bronze_views(
     }
     let current = current_runs(runs, source);
     let slots = match checkpoint {
-        // a short history (no checkpoint yet) travels in the plan as VALUES, as `explain` shows it
-        Some(_) if in_memory => slots_in_memory(ctx, &current)?,
+        // in this process, each version's slot is looked up in the runs the catalog read
+        _ if in_memory => Ranks::Lookup(crate::engine::slots::slot_of_udf(
+            current.iter().map(|r| (r.run_id.clone(), r.seq as i64)).collect(),
+        )),
+        // a plan for a cluster carries the slots as a table: up to the checkpoint from its file
         Some(through) => {
             let later = runs.iter().filter(|r| &r.source == source && r.seq > through);
             let from = CheckpointSlots {
@@ -287,41 +291,20 @@ pub async fn bronze_views(
                 through,
                 later: later.map(|r| r.run_id.to_string()).collect(),
             };
-            slots_from(ctx, &current, Some(from))?
+            Ranks::Join(slots_from(ctx, &current, Some(from))?)
         }
-        None => slots_from(ctx, &current, None)?,
+        // a short history (no checkpoint yet) travels in the plan as VALUES
+        None => Ranks::Join(slots_from(ctx, &current, None)?),
     };
-    let versions = read_stored(
-        ctx,
-        contract,
-        &stored_files(lake, contract, &current, &manifest)?
-            .0
-            .iter()
-            .collect::<Vec<_>>(),
-    )?;
+    // the current runs are a part of the runs with data, in the same order: all of them when the
+    // source was never re-keyed, and then their files are those of `bronze.<source>`
+    let rekeyed = (current.len() < bronze.len())
+        .then(|| stored_files(lake, contract, &current, &manifest))
+        .transpose()?;
+    let current_files = rekeyed.as_ref().map_or(&all, |(files, _)| files);
+    let versions = read_stored(ctx, contract, &current_files.iter().collect::<Vec<_>>())?;
     let now = latest_versions(versions, slots)?;
     Ok((everything.into_view(), now.into_view()))
-}
-
-/// `(__ingot_run, __ingot_slot)` of every run in `current`, from the records the catalog read: a
-/// table in memory, for a catalog whose plans run in this process. (Reading them again from the
-/// checkpoint's file, as [`slots_from`] does for a cluster, costs two scans of a file with a row
-/// per run of the history: the current view joins the slots twice.)
-fn slots_in_memory(ctx: &SessionContext, current: &[&RunRecord]) -> Result<Option<DataFrame>> {
-    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    if current.is_empty() {
-        return Ok(None);
-    }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new(RUN, DataType::Utf8, false),
-        Field::new(SLOT, DataType::Int64, false),
-    ]));
-    let runs = StringArray::from_iter_values(current.iter().map(|r| r.run_id.as_str()));
-    let slots = Int64Array::from_iter_values(current.iter().map(|r| r.seq as i64));
-    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(runs), Arc::new(slots)])?;
-    let table = MemTable::try_new(schema, vec![vec![batch]])?;
-    Ok(Some(one_row_per_run(ctx.read_table(Arc::new(table))?)?))
 }
 
 /// Where the slots of a source's current runs up to a checkpoint are read from: the run-log
@@ -417,12 +400,15 @@ fn one_row_per_run(slots: DataFrame) -> Result<DataFrame> {
 /// the view's columns (`WHERE id = 7`) reaches the scan of the wide side. Both operators stay
 /// within the memory pool (the aggregate spills, joins are sort-merge joins or hash joins with a
 /// side proved small: see [`crate::engine::joins`]).
-fn latest_versions(versions: DataFrame, slots: Option<DataFrame>) -> Result<DataFrame> {
-    let Some(slots) = slots else {
-        return Ok(versions);
-    };
+fn latest_versions(versions: DataFrame, slots: Ranks) -> Result<DataFrame> {
     let fp = "natural_key_fingerprint";
-    let ranked = versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?;
+    let ranked = match slots {
+        Ranks::Join(None) => return Ok(versions),
+        Ranks::Join(Some(slots)) => versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?,
+        Ranks::Lookup(slot_of) => versions
+            .with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?
+            .filter(col(SLOT).is_not_null())?,
+    };
     let latest = ranked.clone().aggregate(
         vec![col(fp).alias(LATEST_FP)],
         vec![datafusion::functions_aggregate::expr_fn::max(col(SLOT)).alias(LATEST_SLOT)],
@@ -441,6 +427,13 @@ fn latest_versions(versions: DataFrame, slots: Option<DataFrame>) -> Result<Data
     Ok(DataFrame::new(session, plan)
         .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
         .drop_columns(&[RUN, SLOT])?)
+}
+
+/// How [`latest_versions`] learns each version's slot: a join onto a table of `(run, slot)` (none:
+/// no current run), or a lookup in the runs this process read ([`crate::engine::slots`]).
+enum Ranks {
+    Join(Option<DataFrame>),
+    Lookup(datafusion::logical_expr::ScalarUDF),
 }
 
 const RUN: &str = "__ingot_run";

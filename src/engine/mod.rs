@@ -1,6 +1,7 @@
 //! Where plans run: the DataFusion session and its memory pool ([`session`]), the SQL catalog
-//! over the lake ([`catalog`]), local or cluster execution ([`exec`]), hash joins for joins with a small side ([`joins`]) and the Ballista cluster
-//! (`cluster`, cargo feature `cluster`).
+//! over the lake ([`catalog`]), local or cluster execution ([`exec`]), hash joins for joins with
+//! a small side ([`joins`]), the slot lookup that ranks a source's versions ([`slots`]) and the
+//! Ballista cluster (`cluster`, cargo feature `cluster`).
 
 pub mod catalog;
 #[cfg(feature = "cluster")]
@@ -10,3 +11,4 @@ pub mod exec;
 pub mod joins;
 pub mod lazy;
 pub mod session;
+pub mod slots;

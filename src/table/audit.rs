@@ -308,6 +308,14 @@ impl RunRecord {
     /// Read every record of a batch in the run-log schema (each column looked up once: a
     /// checkpoint holds a row per run of the source).
     fn from_columns(c: &LogColumns<'_>) -> Result<Vec<RunRecord>> {
+        let mut out = Vec::with_capacity(c.batch.num_rows());
+        RunRecord::columns_into(c, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`RunRecord::from_columns`], appending to `out` (a checkpoint's records are parsed where
+    /// they stay).
+    fn columns_into(c: &LogColumns<'_>, out: &mut Vec<RunRecord>) -> Result<()> {
         let (run_id, source, path, status) = (
             c.str("run_id")?,
             c.str("source")?,
@@ -353,7 +361,7 @@ impl RunRecord {
             a.filter(|a| !a.is_null(r))
         }
         let s = |a: Option<&StringArray>, r: usize| a.and_then(|a| Text::of_opt(a, r));
-        let mut out = Vec::with_capacity(c.batch.num_rows());
+        out.reserve(c.batch.num_rows());
         for r in 0..c.batch.num_rows() {
             let status_text = status.value(r);
             let status = RunStatus::parse(status_text)
@@ -390,7 +398,7 @@ impl RunRecord {
                 seq: 0,
             });
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -434,6 +442,10 @@ impl Record for RunRecord {
 
     fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>> {
         RunRecord::from_columns(c)
+    }
+
+    fn parse_into(c: &LogColumns<'_>, out: &mut Vec<Self>) -> Result<()> {
+        RunRecord::columns_into(c, out)
     }
 
     fn to_batch(&self) -> Result<RecordBatch> {

@@ -196,6 +196,11 @@ pub(crate) trait Record: Sized + Send + 'static {
     const LOG: &'static str;
     fn schema() -> SchemaRef;
     fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>>;
+    /// [`Record::parse`], appending to `out`.
+    fn parse_into(c: &LogColumns<'_>, out: &mut Vec<Self>) -> Result<()> {
+        out.extend(Self::parse(c)?);
+        Ok(())
+    }
     /// The record as a one-row batch of [`Record::schema`].
     fn to_batch(&self) -> Result<RecordBatch>;
     /// The records as one batch of [`Record::schema`] (a checkpoint's rows).
@@ -441,14 +446,15 @@ pub(crate) async fn load_checkpoint<T: Record>(lake: &Lake, name: &str, through:
             .and_then(|c| c.as_primitive_opt::<Int64Type>())
             .ok_or_else(|| bad(format!("no {SLOT} column")))?
             .clone();
-        let records = T::parse(&LogColumns::new(&batch, T::LOG))?;
-        for (i, mut r) in records.into_iter().enumerate() {
+        // parsed straight into `out`: a long history's records are not moved again
+        let from = out.len();
+        T::parse_into(&LogColumns::new(&batch, T::LOG), &mut out)?;
+        for (i, r) in out[from..].iter_mut().enumerate() {
             let slot = slots.value(i);
             if slot < 1 || slot as u64 > through {
                 return Err(bad(format!("a record's slot {slot} is outside 1..={through}")));
             }
             r.set_seq(slot as u64);
-            out.push(r);
         }
     }
     if meta["records"].as_u64() != Some(out.len() as u64) {
