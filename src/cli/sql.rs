@@ -43,5 +43,7 @@ pub async fn run(cli: &Cli, args: &SqlArgs) -> Result<ExitStatus> {
     let schema = df.schema().inner().clone();
     let rows = crate::engine::exec::stream(catalog.cluster.as_deref(), df, "sql").await?;
     write_stream(schema, rows, args.output.format, args.output.output.as_deref()).await?;
+    // the process ends here: the run records of a long history are not freed one by one
+    std::mem::forget(catalog);
     Ok(ExitStatus::Success)
 }

@@ -303,7 +303,7 @@ pub async fn bronze_views(
         .transpose()?;
     let current_files = rekeyed.as_ref().map_or(&all, |(files, _)| files);
     let versions = read_stored(ctx, contract, &current_files.iter().collect::<Vec<_>>())?;
-    let now = latest_versions(versions, slots)?;
+    let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current))?;
     Ok((everything.into_view(), now.into_view()))
 }
 
@@ -400,7 +400,8 @@ fn one_row_per_run(slots: DataFrame) -> Result<DataFrame> {
 /// the view's columns (`WHERE id = 7`) reaches the scan of the wide side. Both operators stay
 /// within the memory pool (the aggregate spills, joins are sort-merge joins or hash joins with a
 /// side proved small: see [`crate::engine::joins`]).
-fn latest_versions(versions: DataFrame, slots: Ranks) -> Result<DataFrame> {
+fn latest_versions(versions: DataFrame, slots: Ranks, keys: &KeyColumns) -> Result<DataFrame> {
+    use datafusion::common::Column;
     let fp = "natural_key_fingerprint";
     let ranked = match slots {
         Ranks::Join(None) => return Ok(versions),
@@ -409,8 +410,27 @@ fn latest_versions(versions: DataFrame, slots: Ranks) -> Result<DataFrame> {
             .with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?
             .filter(col(SLOT).is_not_null())?,
     };
-    let latest = ranked.clone().aggregate(
-        vec![col(fp).alias(LATEST_FP)],
+    // the plain key fields ride along as grouping columns: equal for every version of a
+    // fingerprint, they let a filter on them reach both sides; when every key field is plain they
+    // stand for the fingerprint, and the narrow side reads no fingerprint ([`KeyColumns`])
+    let latest_key = |i: usize| format!("__ingot_latest_k{i}");
+    let (mut narrow, mut group, mut left, mut right) = (vec![col(SLOT)], vec![], vec![], vec![]);
+    if !keys.whole {
+        narrow.push(col(fp).alias(LATEST_FP));
+        group.push(col(LATEST_FP));
+        left.push(Column::from_name(fp));
+        right.push(Column::from_name(LATEST_FP));
+    }
+    for (i, k) in keys.plain.iter().enumerate() {
+        narrow.push(Expr::Column(Column::from_name(k)).alias(latest_key(i)));
+        group.push(Expr::Column(Column::from_name(latest_key(i))));
+        left.push(Column::from_name(k));
+        right.push(Column::from_name(latest_key(i)));
+    }
+    left.push(Column::from_name(SLOT));
+    right.push(Column::from_name(LATEST_SLOT));
+    let latest = ranked.clone().select(narrow)?.aggregate(
+        group,
         vec![datafusion::functions_aggregate::expr_fn::max(col(SLOT)).alias(LATEST_SLOT)],
     )?;
     let (session, plan) = ranked.into_parts();
@@ -418,15 +438,63 @@ fn latest_versions(versions: DataFrame, slots: Ranks) -> Result<DataFrame> {
         .join_detailed(
             latest.logical_plan().clone(),
             JoinType::LeftSemi,
-            (vec![fp, SLOT], vec![LATEST_FP, LATEST_SLOT]),
+            (left, right),
             None,
-            // a fingerprint is never null in bronze; if one were, its versions would still rank
+            // a fingerprint (a key part) is never null in bronze; if one were, its versions would
+            // still rank
             datafusion::common::NullEquality::NullEqualsNull,
         )?
         .build()?;
     Ok(DataFrame::new(session, plan)
         .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
         .drop_columns(&[RUN, SLOT])?)
+}
+
+/// The natural-key fields every version of a fingerprint holds the same value of, which the
+/// current view groups versions by beside (or, when they are the whole key, instead of) the
+/// fingerprint, so that a filter on them reaches the ranking side too (a point query on the key
+/// reads the versions of that key only, not every version's fingerprint).
+///
+/// When every current run recorded the contract's key definition (`natural_key_definition`; a
+/// contract edited since, a rename included, gives none) under one key version: the key fields
+/// without `normalize` steps (bronze keeps a value as it arrived, so `" 7"` and `"7"` under
+/// `trim` share a fingerprint) whose canonical text is one typed value and back (not `float64`:
+/// `0` and `-0` group apart). A tombstone carries its key's fields; a key part is never null.
+#[derive(Debug, Default)]
+struct KeyColumns {
+    plain: Vec<String>,
+    /// Every key field is plain: equal keys are equal fingerprints and back.
+    whole: bool,
+}
+
+impl KeyColumns {
+    fn of(contract: &Contract, current: &[&RunRecord]) -> KeyColumns {
+        let definition = contract.key_definition();
+        let Some(first) = current.first() else {
+            return KeyColumns::default();
+        };
+        if current.iter().any(|r| {
+            r.natural_key_definition.as_deref() != Some(definition.as_str())
+                || r.natural_key_version != first.natural_key_version
+        }) {
+            return KeyColumns::default();
+        }
+        let fields: Vec<&crate::spec::contract::Field> = contract
+            .natural_key
+            .fields
+            .iter()
+            .map(|&i| &contract.fields[i])
+            .collect();
+        let plain: Vec<String> = fields
+            .iter()
+            .filter(|f| f.normalize.is_empty() && f.ty != crate::spec::contract::FieldType::Float64)
+            .map(|f| f.name.clone())
+            .collect();
+        KeyColumns {
+            whole: !plain.is_empty() && plain.len() == fields.len(),
+            plain,
+        }
+    }
 }
 
 /// How [`latest_versions`] learns each version's slot: a join onto a table of `(run, slot)` (none:

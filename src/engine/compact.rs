@@ -167,6 +167,9 @@ fn schema_digest(schema: &SchemaRef) -> String {
 
 /// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`:
 /// `(level, definition, runs)` describe it.
+/// Rows per data page of a segment ([`RunFileWriter::with_page_rows`]).
+const SEGMENT_PAGE_ROWS: usize = 1024;
+
 async fn write_segment(
     ws: &Workspace,
     ctx: &SessionContext,
@@ -180,7 +183,9 @@ async fn write_segment(
     let urls = files.iter().map(|f| ws.lake.url(f)).collect();
     let df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
     let mut stream = crate::engine::exec::stream(None, df, "compact: segment").await?;
-    let mut writer = RunFileWriter::new(&ws.lake, file.clone(), schema.clone());
+    // pages of 1,024 rows: a point query on `_current` by a key the runs rise in decodes one page
+    // of a segment, not its row group
+    let mut writer = RunFileWriter::new(&ws.lake, file.clone(), schema.clone()).with_page_rows(SEGMENT_PAGE_ROWS);
     while let Some(batch) = stream.next().await {
         writer.write(&batch?).await?;
     }

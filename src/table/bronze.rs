@@ -196,6 +196,8 @@ pub struct RunFileWriter {
     keys: Option<(Box<RunFileWriter>, u128)>,
     /// Key-value metadata for the file's footer.
     metadata: Vec<KeyValue>,
+    /// Close a data page after this many rows ([`RunFileWriter::with_page_rows`]).
+    page_rows: Option<usize>,
     pub rows: u64,
 }
 
@@ -216,6 +218,7 @@ impl RunFileWriter {
             budget: None,
             keys: None,
             metadata: Vec::new(),
+            page_rows: None,
             rows: 0,
         }
     }
@@ -245,6 +248,32 @@ impl RunFileWriter {
     pub fn with_keys(mut self, keys: RunFileWriter) -> RunFileWriter {
         self.keys = Some((Box::new(keys), 0));
         self
+    }
+
+    /// Close data pages after `rows` rows (parquet's default closes them by size, about 1 MB):
+    /// the page index then holds the min and max of every `rows` rows, and a reader's filter on
+    /// a column the rows are ordered by decodes only the pages that may match.
+    pub fn with_page_rows(mut self, rows: usize) -> RunFileWriter {
+        self.page_rows = Some(rows);
+        self
+    }
+
+    /// The writer's properties, as its options say.
+    fn properties(&self) -> WriterProperties {
+        let props = if self.uncompressed {
+            uncompressed_properties_for(&self.schema)
+        } else if self.fingerprints_uncompressed {
+            writer_properties_for(&self.schema)
+                .into_builder()
+                .set_column_compression(ColumnPath::from(FINGERPRINT), Compression::UNCOMPRESSED)
+                .build()
+        } else {
+            writer_properties_for(&self.schema)
+        };
+        match self.page_rows {
+            Some(rows) => props.into_builder().set_data_page_row_count_limit(rows).build(),
+            None => props,
+        }
     }
 
     /// Close row groups once their encoded size passes `bytes`.
@@ -287,16 +316,7 @@ impl RunFileWriter {
             self.writer = Some(AsyncArrowWriter::try_new(
                 w,
                 self.schema.clone(),
-                Some(if self.uncompressed {
-                    uncompressed_properties_for(&self.schema)
-                } else if self.fingerprints_uncompressed {
-                    writer_properties_for(&self.schema)
-                        .into_builder()
-                        .set_column_compression(ColumnPath::from(FINGERPRINT), Compression::UNCOMPRESSED)
-                        .build()
-                } else {
-                    writer_properties_for(&self.schema)
-                }),
+                Some(self.properties()),
             )?);
         }
         if let Some(w) = self.writer.as_mut() {

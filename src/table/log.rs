@@ -360,7 +360,7 @@ async fn records_after<T: Record>(lake: &Lake, name: &str, through: u64) -> Resu
                     Ok::<_, Error>((slot, Some(parsed)))
                 }
             })
-            .buffered(8);
+            .buffered(32);
         while let Some(read) = reads.next().await {
             let (slot, parsed) = read?;
             let Some(parsed) = parsed else {

@@ -213,6 +213,94 @@ fn the_current_view_through_a_checkpoint_equals_one_without_across_a_rekey_and_a
         .assert_same(&plain.snapshot(&["customers"]), "after a delivery past the undo");
 }
 
+/// `bronze.<source>_current` groups a fingerprint's versions by the key fields every version
+/// holds the same value of, so that a filter on them reaches both sides of the view. A key field
+/// with `normalize` steps is not one of them (bronze keeps each spelling), a tombstone carries
+/// its key, and a contract edited since the runs were loaded turns the grouping off: in every
+/// case the filtered view must be the view filtered.
+#[test]
+fn a_filter_on_the_natural_key_finds_the_latest_version_whatever_its_spelling() {
+    use crate::deletions::{contract, file, lake_with as customers, set_contract};
+    let explain = |t: &TestLake, sql: &str| ok(t, &["sql", &format!("EXPLAIN {sql}"), "--format", "csv"]);
+    let rows = |t: &TestLake, sql: &str| {
+        let mut out: Vec<String> = t.query(sql).iter().map(|r| format!("{r:?}")).collect();
+        out.sort();
+        out
+    };
+    // a trimmed key: " c1 " then "c1" then " c1" are one record, each spelling kept as it came
+    let t = customers(TestLake::new(), "full");
+    set_contract(&t, &contract("full", 1, "customer_id"));
+    let days = [
+        ("mon.csv", &["EU,c1,Ann,10", "EU,c2,Bob,20"][..]),
+        ("tue.csv", &["EU, c1 ,Ann,11", "EU,c2,Bob,20"][..]),
+        ("wed.csv", &["EU, c1,Ann,12"][..]),
+    ];
+    for (name, day) in days {
+        ingest(&t, "customers", &file(&t, name, day));
+    }
+    let whole = "SELECT customer_id, credit, is_deleted FROM bronze.customers_current";
+    assert_eq!(rows(&t, whole).len(), 1, "c2 is deleted by wednesday's full delivery");
+    for spelling in ["c1", " c1 ", " c1", "c2"] {
+        let filtered = format!("{whole} WHERE customer_id = '{spelling}'");
+        let want: Vec<String> = rows(&t, whole)
+            .into_iter()
+            .filter(|r| r.contains(&format!("String(\"{spelling}\")")))
+            .collect();
+        assert_eq!(rows(&t, &filtered), want, "{filtered}");
+    }
+    assert!(!explain(&t, &format!("{whole} WHERE customer_id = 'c1'")).contains("__ingot_latest_k"));
+
+    // a plain key (no normalize steps): the filter reaches both sides, and a tombstone still wins
+    let plain = contract("full", 1, "name").replace(
+        "  - name: name\n    type: string\n",
+        "  - name: name\n    type: string\n    required: true\n",
+    );
+    let t = customers(TestLake::new(), "full");
+    set_contract(&t, &plain);
+    ingest(&t, "customers", &file(&t, "mon.csv", &["EU,c1,Ann,10", "EU,c2,Bob,20"]));
+    ingest(&t, "customers", &file(&t, "tue.csv", &["EU,c1,Ann,11", "EU,c2,Bob,21"]));
+    ingest(&t, "customers", &file(&t, "wed.csv", &["EU,c1,Ann,12"]));
+    let whole = "SELECT name, credit FROM bronze.customers_current";
+    let point = format!("{whole} WHERE name = 'Ann'");
+    assert!(explain(&t, &point).contains("__ingot_latest_k0"), "the key rides along");
+    assert_eq!(
+        rows(&t, &point),
+        rows(
+            &t,
+            "SELECT name, credit FROM bronze.customers_current WHERE credit = 12"
+        )
+    );
+    assert_eq!(rows(&t, &point).len(), 1);
+    assert!(
+        rows(&t, &format!("{whole} WHERE name = 'Bob'")).is_empty(),
+        "Bob's tombstone is his latest version"
+    );
+    let versions = rows(
+        &t,
+        "SELECT name FROM bronze.customers WHERE name = 'Bob' AND is_deleted",
+    );
+    assert_eq!(versions.len(), 1, "the tombstone carries the key: {versions:?}");
+
+    // the key field renamed in the contract: the runs recorded the old name, so nothing is
+    // grouped by the key and the answer stays the same
+    set_contract(
+        &t,
+        &plain
+            .replace("  - name: name\n", "  - name: full_name\n    renamed_from: name\n")
+            .replace("fields: [name]", "fields: [full_name]"),
+    );
+    let renamed = "SELECT full_name AS name, credit FROM bronze.customers_current WHERE full_name = 'Ann'";
+    assert!(!explain(&t, renamed).contains("__ingot_latest_k"));
+    assert_eq!(
+        rows(&t, renamed),
+        rows(
+            &t,
+            "SELECT name, credit FROM (SELECT full_name AS name, credit FROM bronze.customers_current) WHERE credit = 12"
+        )
+    );
+    assert_eq!(rows(&t, renamed).len(), 1);
+}
+
 #[test]
 fn a_checkpoint_that_differs_from_its_records_is_reported() {
     let t = tiny();
