@@ -26,9 +26,10 @@ use datafusion::logical_expr::{EmptyRelation, Expr, LogicalPlan};
 
 use crate::error::{Error, Result};
 
-/// UDFs that hold state of the client process (a build's key map and key sets): a plan calling
-/// one cannot be sent to a cluster (a build on a cluster joins with key files instead).
-pub const LOCAL_ONLY_UDFS: [&str; 2] = ["__ingot_pick", "__ingot_in_set"];
+/// UDFs that hold state of the client process (a build's key map and key sets, the slots of a
+/// source's current runs): a plan calling one cannot be sent to a cluster (a build on a cluster
+/// joins with key files instead, a catalog for a cluster carries the slots as a table).
+pub const LOCAL_ONLY_UDFS: [&str; 3] = ["__ingot_pick", "__ingot_in_set", crate::engine::slots::SLOT_OF];
 
 /// Why `plan` must run in this process, if it must.
 pub fn local_only(plan: &LogicalPlan) -> Option<String> {
@@ -39,7 +40,7 @@ pub fn local_only(plan: &LogicalPlan) -> Option<String> {
                 if let Expr::ScalarFunction(f) = e
                     && LOCAL_ONLY_UDFS.contains(&f.name())
                 {
-                    reason = Some(format!("it calls {}, which holds this process's key sets", f.name()));
+                    reason = Some(format!("it calls {}, which holds this process's state", f.name()));
                     return Ok(TreeNodeRecursion::Stop);
                 }
                 Ok(TreeNodeRecursion::Continue)
