@@ -165,11 +165,11 @@ fn schema_digest(schema: &SchemaRef) -> String {
     crate::hash::sha256_hex(format!("{:?}", schema.fields()).as_bytes())[..16].to_string()
 }
 
-/// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`:
-/// `(level, definition, runs)` describe it.
 /// Rows per data page of a segment ([`RunFileWriter::with_page_rows`]).
 const SEGMENT_PAGE_ROWS: usize = 1024;
 
+/// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`:
+/// `(level, definition, runs)` describe it.
 async fn write_segment(
     ws: &Workspace,
     ctx: &SessionContext,

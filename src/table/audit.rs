@@ -305,17 +305,9 @@ impl RunRecord {
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
 
-    /// Read every record of a batch in the run-log schema (each column looked up once: a
-    /// checkpoint holds a row per run of the source).
-    fn from_columns(c: &LogColumns<'_>) -> Result<Vec<RunRecord>> {
-        let mut out = Vec::with_capacity(c.batch.num_rows());
-        RunRecord::columns_into(c, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`RunRecord::from_columns`], appending to `out` (a checkpoint's records are parsed where
-    /// they stay).
-    fn columns_into(c: &LogColumns<'_>, out: &mut Vec<RunRecord>) -> Result<()> {
+    /// Read every record of a batch in the run-log schema into `out` (each column looked up
+    /// once: a checkpoint holds a row per run of the source, parsed where it stays).
+    fn from_columns(c: &LogColumns<'_>, out: &mut Vec<RunRecord>) -> Result<()> {
         let (run_id, source, path, status) = (
             c.str("run_id")?,
             c.str("source")?,
@@ -441,11 +433,13 @@ impl Record for RunRecord {
     }
 
     fn parse(c: &LogColumns<'_>) -> Result<Vec<Self>> {
-        RunRecord::from_columns(c)
+        let mut out = Vec::new();
+        RunRecord::from_columns(c, &mut out)?;
+        Ok(out)
     }
 
     fn parse_into(c: &LogColumns<'_>, out: &mut Vec<Self>) -> Result<()> {
-        RunRecord::columns_into(c, out)
+        RunRecord::from_columns(c, out)
     }
 
     fn to_batch(&self) -> Result<RecordBatch> {
