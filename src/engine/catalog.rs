@@ -273,16 +273,20 @@ pub async fn bronze_views(
     let bronze = bronze_runs(runs, source);
     let (all, excluded) = stored_files(lake, contract, &bronze, &manifest)?;
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
-    if !excluded.is_empty() {
+    let mut others = !excluded.is_empty();
+    if others {
         let ids = excluded.into_iter().map(lit).collect();
         everything = everything.filter(col("ingestion_run_id").in_list(ids, true))?;
     }
     let current = current_runs(runs, source);
     let slots = match checkpoint {
         // in this process, each version's slot is looked up in the runs the catalog read
-        _ if in_memory => Ranks::Lookup(crate::engine::slots::slot_of_udf(
-            current.iter().map(|r| (r.run_id.clone(), r.seq as i64)).collect(),
-        )),
+        _ if in_memory => Ranks::Lookup {
+            slot_of: crate::engine::slots::slot_of_udf(
+                current.iter().map(|r| (r.run_id.clone(), r.seq as i64)).collect(),
+            ),
+            others: true,
+        },
         // a plan for a cluster carries the slots as a table: up to the checkpoint from its file
         Some(through) => {
             let later = runs.iter().filter(|r| &r.source == source && r.seq > through);
@@ -301,8 +305,17 @@ pub async fn bronze_views(
     let rekeyed = (current.len() < bronze.len())
         .then(|| stored_files(lake, contract, &current, &manifest))
         .transpose()?;
+    if let Some((_, excluded)) = &rekeyed {
+        others = !excluded.is_empty();
+    }
     let current_files = rekeyed.as_ref().map_or(&all, |(files, _)| files);
     let versions = read_stored(ctx, contract, &current_files.iter().collect::<Vec<_>>())?;
+    // files holding rows of current runs only (no segment holds an undone or superseded run):
+    // every row has a slot, and the view need not look for the rows without one
+    let slots = match slots {
+        Ranks::Lookup { slot_of, .. } => Ranks::Lookup { slot_of, others },
+        join => join,
+    };
     let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current))?;
     Ok((everything.into_view(), now.into_view()))
 }
@@ -406,9 +419,14 @@ fn latest_versions(versions: DataFrame, slots: Ranks, keys: &KeyColumns) -> Resu
     let ranked = match slots {
         Ranks::Join(None) => return Ok(versions),
         Ranks::Join(Some(slots)) => versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?,
-        Ranks::Lookup(slot_of) => versions
-            .with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?
-            .filter(col(SLOT).is_not_null())?,
+        Ranks::Lookup { slot_of, others } => {
+            let ranked = versions.with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?;
+            if others {
+                ranked.filter(col(SLOT).is_not_null())?
+            } else {
+                ranked
+            }
+        }
     };
     // the plain key fields ride along as grouping columns: equal for every version of a
     // fingerprint, they let a filter on them reach both sides; when every key field is plain they
@@ -498,10 +516,15 @@ impl KeyColumns {
 }
 
 /// How [`latest_versions`] learns each version's slot: a join onto a table of `(run, slot)` (none:
-/// no current run), or a lookup in the runs this process read ([`crate::engine::slots`]).
+/// no current run), or a lookup in the runs this process read ([`crate::engine::slots`]), null
+/// for a run that is not current: `others` says whether the files hold rows of such runs, which
+/// the view must then leave out.
 enum Ranks {
     Join(Option<DataFrame>),
-    Lookup(datafusion::logical_expr::ScalarUDF),
+    Lookup {
+        slot_of: datafusion::logical_expr::ScalarUDF,
+        others: bool,
+    },
 }
 
 const RUN: &str = "__ingot_run";

@@ -309,25 +309,38 @@ pub fn stored_files(
     if manifest.segments.is_empty() {
         return Ok((own_files(lake, runs), Vec::new()));
     }
-    let wanted: hashbrown::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
-    let mut covered = hashbrown::HashSet::with_capacity(runs.len());
+    // one lookup per run a segment holds: each of `runs` is found by its position, so which of
+    // them a segment covers is a flag, not a second set
+    let wanted: hashbrown::HashMap<&str, usize> =
+        runs.iter().enumerate().map(|(i, r)| (r.run_id.as_str(), i)).collect();
+    let mut covered = vec![false; runs.len()];
     let mut segments = Vec::new();
+    let mut excluded: Vec<String> = Vec::new();
+    let mut others: Vec<&str> = Vec::new();
     for seg in &manifest.segments {
-        if seg.runs.iter().any(|r| wanted.contains(r.as_str())) {
-            covered.extend(seg.runs.iter().map(String::as_str));
+        let mut holds_any = false;
+        others.clear();
+        for r in &seg.runs {
+            match wanted.get(r.as_str()) {
+                Some(&i) => {
+                    covered[i] = true;
+                    holds_any = true;
+                }
+                None => others.push(r),
+            }
+        }
+        if holds_any {
+            excluded.extend(others.iter().map(|r| r.to_string()));
             segments.push(StoredRun::segment(lake, &contract.source, seg));
         }
     }
-    let mut excluded: Vec<String> = covered
-        .iter()
-        .filter(|r| !wanted.contains(*r))
-        .map(|r| r.to_string())
-        .collect();
     excluded.sort();
+    excluded.dedup();
     let rest: Vec<&RunRecord> = runs
         .iter()
-        .copied()
-        .filter(|r| !covered.contains(r.run_id.as_str()))
+        .zip(&covered)
+        .filter(|(_, c)| !**c)
+        .map(|(r, _)| *r)
         .collect();
     segments.extend(own_files(lake, &rest));
     Ok((segments, excluded))

@@ -267,8 +267,10 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
         // a checkpoint holds one record per id, in slot order: only the few records after it can
         // supersede one (no map over the whole history)
         let tail = latest_per_id(tail, |r| r.id(), |r| r.seq());
-        let later: std::collections::HashSet<&str> = tail.iter().map(|r| r.id()).collect();
-        base.retain(|r| !later.contains(r.id()));
+        if !tail.is_empty() {
+            let later: hashbrown::HashSet<&str> = tail.iter().map(|r| r.id()).collect();
+            base.retain(|r| !later.contains(r.id()));
+        }
         if !base.is_sorted_by_key(|r| r.seq()) {
             base.sort_by_key(|r| r.seq());
         }

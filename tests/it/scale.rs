@@ -669,6 +669,37 @@ fn compacted_runs_answer_as_their_own_files_through_undo_evolution_and_gc() {
     ok(&plain, &["undo", &t_run(&plain, 3)]);
     t_tables(&compacted).assert_same(&t_tables(&plain), "after undo of a compacted run");
 
+    // a run holding the only version of its key, compacted, then undone: no other version
+    // outranks its row, so only knowing the run is no longer current keeps the key out of the view
+    let lone = dir.path().join("lone.csv");
+    std::fs::write(&lone, "id,v,w\n500,lone,w\n").unwrap();
+    let lone_run = |t: &TestLake| {
+        let rows = t.query("SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%lone.csv'");
+        rows[0]["run_id"].as_str().unwrap().to_string()
+    };
+    let pair = dir.path().join("pair.csv");
+    std::fs::write(&pair, "id,v,w\n501,pair,w\n").unwrap();
+    for t in [&compacted, &plain] {
+        ingest(t, "t", &lone);
+        ingest(t, "t", &pair);
+    }
+    // a segment merges two runs at least
+    ok(&compacted, &["compact", "t", "--all"]);
+    let run = lone_run(&compacted);
+    let manifests: String = segment_manifests(&compacted)
+        .iter()
+        .map(|m| std::fs::read_to_string(m).unwrap())
+        .collect();
+    assert!(manifests.contains(&run), "no segment holds the lone run");
+    ok(&compacted, &["undo", &run]);
+    ok(&plain, &["undo", &lone_run(&plain)]);
+    assert!(
+        compacted
+            .query("SELECT * FROM bronze.t_current WHERE id = 500")
+            .is_empty()
+    );
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after undo of a compacted run with a key of its own");
+
     // everything else compacted on demand, then gc: the answers stay
     let out = ok(&compacted, &["compact", "t", "--all"]);
     assert!(out.contains("t: "), "{out}");
