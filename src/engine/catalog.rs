@@ -273,19 +273,31 @@ pub async fn bronze_views(
     let bronze = bronze_runs(runs, source);
     let (all, excluded) = stored_files(lake, contract, &bronze, &manifest)?;
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
+    // segments holding rows of runs that are not current beside those of current runs
     let mut others = !excluded.is_empty();
     if others {
         let ids = excluded.into_iter().map(lit).collect();
         everything = everything.filter(col("ingestion_run_id").in_list(ids, true))?;
     }
     let current = current_runs(runs, source);
+    // the current runs are a part of the runs with data, in the same order: all of them when the
+    // source was never re-keyed, and then their files are those of `bronze.<source>`
+    let rekeyed = (current.len() < bronze.len())
+        .then(|| stored_files(lake, contract, &current, &manifest))
+        .transpose()?;
+    if let Some((_, excluded)) = &rekeyed {
+        others = !excluded.is_empty();
+    }
+    let current_files = rekeyed.as_ref().map_or(&all, |(files, _)| files);
+    let versions = read_stored(ctx, contract, &current_files.iter().collect::<Vec<_>>())?;
     let slots = match checkpoint {
-        // in this process, each version's slot is looked up in the runs the catalog read
+        // in this process, each version's slot is looked up in the runs the catalog read; when
+        // the files hold rows of current runs only, every row has one
         _ if in_memory => Ranks::Lookup {
             slot_of: crate::engine::slots::slot_of_udf(
                 current.iter().map(|r| (r.run_id.clone(), r.seq as i64)).collect(),
             ),
-            others: true,
+            others,
         },
         // a plan for a cluster carries the slots as a table: up to the checkpoint from its file
         Some(through) => {
@@ -299,22 +311,6 @@ pub async fn bronze_views(
         }
         // a short history (no checkpoint yet) travels in the plan as VALUES
         None => Ranks::Join(slots_from(ctx, &current, None)?),
-    };
-    // the current runs are a part of the runs with data, in the same order: all of them when the
-    // source was never re-keyed, and then their files are those of `bronze.<source>`
-    let rekeyed = (current.len() < bronze.len())
-        .then(|| stored_files(lake, contract, &current, &manifest))
-        .transpose()?;
-    if let Some((_, excluded)) = &rekeyed {
-        others = !excluded.is_empty();
-    }
-    let current_files = rekeyed.as_ref().map_or(&all, |(files, _)| files);
-    let versions = read_stored(ctx, contract, &current_files.iter().collect::<Vec<_>>())?;
-    // files holding rows of current runs only (no segment holds an undone or superseded run):
-    // every row has a slot, and the view need not look for the rows without one
-    let slots = match slots {
-        Ranks::Lookup { slot_of, .. } => Ranks::Lookup { slot_of, others },
-        join => join,
     };
     let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current))?;
     Ok((everything.into_view(), now.into_view()))
