@@ -12,7 +12,8 @@
 //! shipped to a cluster. `bronze.<source>_current` is a view: the latest committed version per
 //! `natural_key_fingerprint` (the one of the latest committed run: commit order, never a clock) over the runs since the source's
 //! latest rekey ([`current_runs`]), leaving out the records whose latest version is a tombstone
-//! (`is_deleted`).
+//! (`is_deleted`); a compacted source's are built from its segment manifest's view state
+//! ([`bronze_views_from_state`]).
 
 use std::sync::Arc;
 
@@ -316,6 +317,93 @@ pub async fn bronze_views(
     Ok((everything.into_view(), now.into_view()))
 }
 
+/// Records after a manifest's view state that [`bronze_views_from_state`] reads one by one; past
+/// that, the log's checkpoint costs less.
+const STATE_READ_MAX: u64 = 256;
+
+/// [`bronze_views`] for plans run in this process, from the source's segment manifest and the
+/// run records after its view state ([`crate::table::segments::ViewState`]) instead of the whole
+/// run log: no checkpoint is read, and a segment's versions rank by their rows' slot column, so a
+/// query costs the same at ten thousand runs as at a hundred. `None` when the state cannot be
+/// used (none written, a segment gone, the record it was taken after not in its slot, a later
+/// record it cannot follow, a stored field set the contract cannot read): then the views are
+/// built from the log, which also names what cannot be read.
+pub async fn bronze_views_from_state(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+) -> Result<Option<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)>> {
+    use crate::table::evolve::{StoredRun, all_readable, read_segments_slotted};
+    let source = &contract.source;
+    let manifest = crate::table::segments::read(lake, source).await?;
+    let Some(state) = &manifest.state else {
+        return Ok(None);
+    };
+    match lake.get(&layout::run_record(source, state.through)).await? {
+        Some(b) if crate::hash::sha256_hex(&b) == state.through_sha256 => {}
+        _ => return Ok(None),
+    }
+    let Some(later) = crate::table::audit::read_source_runs_after(lake, source, state.through, STATE_READ_MAX).await?
+    else {
+        return Ok(None);
+    };
+    let Some(inputs) = state.advance(&later) else {
+        return Ok(None);
+    };
+    let stored = manifest
+        .segments
+        .iter()
+        .map(|s| (s.definition.as_deref(), s.id.as_str()))
+        .chain(inputs.own.iter().map(|o| (o.definition.as_deref(), o.run.as_str())));
+    if !all_readable(contract, stored) {
+        return Ok(None);
+    }
+    let segments: Vec<StoredRun> = manifest
+        .segments
+        .iter()
+        .map(|s| StoredRun::segment(lake, source, s))
+        .collect();
+    let own: Vec<(StoredRun, u64)> = inputs
+        .own
+        .iter()
+        .map(|o| (StoredRun::of_run(lake, source, &o.run, o.definition.as_deref()), o.slot))
+        .collect();
+    let undone = |df: DataFrame| -> Result<DataFrame> {
+        if inputs.undone.is_empty() {
+            return Ok(df);
+        }
+        let ids = inputs.undone.iter().map(|r| lit(r.as_str())).collect();
+        Ok(df.filter(col("ingestion_run_id").in_list(ids, true))?)
+    };
+    let all: Vec<&StoredRun> = segments.iter().chain(own.iter().map(|(s, _)| s)).collect();
+    let everything = undone(read_stored(ctx, contract, &all)?)?;
+    // the current versions: the segments' rows of current runs, ranked by their slot column, and
+    // the current own files', ranked by a lookup of their few runs
+    let first = inputs.first_slot;
+    let current_own: Vec<&(StoredRun, u64)> = own.iter().filter(|(_, slot)| *slot >= first).collect();
+    let slots = crate::engine::slots::slot_of_udf(
+        current_own
+            .iter()
+            .map(|(s, slot)| (s.run_id.as_str().into(), *slot as i64))
+            .collect(),
+    );
+    let mut versions = read_stored(ctx, contract, &current_own.iter().map(|(s, _)| s).collect::<Vec<_>>())?
+        .with_column(SLOT, slots.call(vec![col("ingestion_run_id")]))?;
+    if !segments.is_empty() {
+        let mut held = undone(read_segments_slotted(
+            ctx,
+            contract,
+            &segments.iter().collect::<Vec<_>>(),
+        )?)?;
+        if first > 1 {
+            held = held.filter(col(SLOT).gt_eq(lit(first as i64)))?;
+        }
+        versions = held.union(versions)?;
+    }
+    let now = latest_versions(versions, Ranks::Column, &KeyColumns::from_keys(contract, &inputs.key))?;
+    Ok(Some((everything.into_view(), now.into_view())))
+}
+
 /// Where the slots of a source's current runs up to a checkpoint are read from: the run-log
 /// checkpoint `file` (slots up to `through`), less the runs with a record after it (`later`).
 struct CheckpointSlots {
@@ -415,6 +503,7 @@ fn latest_versions(versions: DataFrame, slots: Ranks, keys: &KeyColumns) -> Resu
     let ranked = match slots {
         Ranks::Join(None) => return Ok(versions),
         Ranks::Join(Some(slots)) => versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?,
+        Ranks::Column => versions,
         Ranks::Lookup { slot_of, others } => {
             let ranked = versions.with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?;
             if others {
@@ -483,14 +572,18 @@ struct KeyColumns {
 
 impl KeyColumns {
     fn of(contract: &Contract, current: &[&RunRecord]) -> KeyColumns {
-        let definition = contract.key_definition();
-        let Some(first) = current.first() else {
+        let keys = current.iter().fold(crate::table::segments::RunKeys::None, |k, r| {
+            k.with(r.natural_key_definition.as_deref(), r.natural_key_version)
+        });
+        KeyColumns::from_keys(contract, &keys)
+    }
+
+    /// The key columns of current runs that recorded `keys`.
+    fn from_keys(contract: &Contract, keys: &crate::table::segments::RunKeys) -> KeyColumns {
+        let crate::table::segments::RunKeys::Same(Some(recorded), _) = keys else {
             return KeyColumns::default();
         };
-        if current.iter().any(|r| {
-            r.natural_key_definition.as_deref() != Some(definition.as_str())
-                || r.natural_key_version != first.natural_key_version
-        }) {
+        if *recorded != contract.key_definition() {
             return KeyColumns::default();
         }
         let fields: Vec<&crate::spec::contract::Field> = contract
@@ -517,6 +610,8 @@ impl KeyColumns {
 /// the view must then leave out.
 enum Ranks {
     Join(Option<DataFrame>),
+    /// The versions carry their slot in a column [`SLOT`] already (rows of current runs only).
+    Column,
     Lookup {
         slot_of: datafusion::logical_expr::ScalarUDF,
         others: bool,

@@ -66,6 +66,9 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
     let mut out = Compacted::default();
     if small.len() < least && mergeable(&manifest).is_none() {
         out.live = manifest.segments.len();
+        if stale(&manifest, runs, source) {
+            commit_manifest(ws, source, runs, manifest).await?;
+        }
         return Ok(out);
     }
     let ctx = ws.session()?;
@@ -86,12 +89,15 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
         for chunk in group.chunks(RUNS_PER_SEGMENT).filter(|c| c.len() >= least) {
             let files = chunk.iter().map(|r| layout::bronze_data(source, &r.run_id)).collect();
             let runs = chunk.iter().map(|r| r.run_id.to_string()).collect();
+            // each row gets its run's commit slot: a loaded run's record is superseded only by
+            // its undo, so the slot stays the one the run's rows rank by while they count
+            let slots = chunk.iter().map(|r| (r.run_id.clone(), r.seq as i64)).collect();
             let seg = write_segment(
                 ws,
                 &ctx,
                 source,
                 files,
-                &schemas[&digest],
+                (&schemas[&digest], Some(slots)),
                 (1, definition.clone(), runs),
             )
             .await?;
@@ -111,7 +117,7 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
             &ctx,
             source,
             files,
-            &schema,
+            (&schema, None),
             (first.level + 1, first.definition.clone(), runs),
         )
         .await?;
@@ -127,8 +133,54 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
     }
     out.segments = written.len();
     out.live = manifest.segments.len();
-    if written.is_empty() {
-        return Ok(out);
+    if !written.is_empty() || stale(&manifest, runs, source) {
+        commit_manifest(ws, source, runs, manifest).await?;
+    }
+    Ok(out)
+}
+
+/// Records after a manifest's view state past which a compaction with nothing to merge writes
+/// the manifest again, with the state brought up to date (a reader reads each of them).
+pub const STATE_LAG: u64 = 32;
+
+/// Is `manifest`'s view state missing while it could be written (there are segments, and every
+/// one has the slot column), [`STATE_LAG`] or more slots behind `runs`, or ahead of them?
+fn stale(manifest: &Manifest, runs: &[RunRecord], source: &str) -> bool {
+    // a source without segments reads its runs' files through the log, as before it had any
+    if manifest.segments.is_empty() || manifest.segments.iter().any(|s| !s.slotted) {
+        return false;
+    }
+    let last = runs
+        .iter()
+        .filter(|r| r.source == source)
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or(0);
+    // a log behind the state (restored from an older copy) voids it too
+    manifest
+        .state
+        .as_ref()
+        .map_or(last > 0, |s| last >= s.through + STATE_LAG || last < s.through)
+}
+
+/// Put `manifest` as the source's next one, with the view state of `runs` (the source's log as
+/// the caller read it under the source lock) when every segment has the slot column.
+async fn commit_manifest(ws: &Workspace, source: &str, runs: &[RunRecord], mut manifest: Manifest) -> Result<()> {
+    let own: Vec<RunRecord> = runs.iter().filter(|r| r.source == source).cloned().collect();
+    manifest.state = None;
+    if let Some(last) = own.iter().map(|r| r.seq).max()
+        && !manifest.segments.is_empty()
+        && manifest.segments.iter().all(|s| s.slotted)
+    {
+        let rel = layout::run_record(source, last);
+        // the record the state is taken after: a log that no longer holds it voids the state
+        let bytes = ws.lake.get(&rel).await?.ok_or_else(|| {
+            Error::RunFailed(format!(
+                "{rel}: the run log's last record vanished while \"{source}\" was locked"
+            ))
+        })?;
+        let state = segments::ViewState::of(&own, &manifest.covered(), crate::hash::sha256_hex(&bytes));
+        manifest.state = Some(state);
     }
     failpoint::hit("compact.before_manifest")?;
     manifest.number += 1;
@@ -139,17 +191,16 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
         )));
     }
     failpoint::hit("compact.after_manifest")?;
-    segments::prune_manifests(&ws.lake, source, manifest.number.saturating_sub(1)).await?;
-    Ok(out)
+    segments::prune_manifests(&ws.lake, source, manifest.number.saturating_sub(1)).await
 }
 
 /// The oldest [`FANOUT`] segments of one level, fields and schema whose merge stays within
 /// [`MAX_SEGMENT_ROWS`], by their positions in the manifest.
 fn mergeable(manifest: &Manifest) -> Option<Vec<usize>> {
-    let mut tiers: BTreeMap<(u32, Option<&str>, &str), Vec<usize>> = BTreeMap::new();
+    let mut tiers: BTreeMap<(u32, Option<&str>, &str, bool), Vec<usize>> = BTreeMap::new();
     for (i, s) in manifest.segments.iter().enumerate() {
         tiers
-            .entry((s.level, s.definition.as_deref(), s.schema.as_str()))
+            .entry((s.level, s.definition.as_deref(), s.schema.as_str(), s.slotted))
             .or_default()
             .push(i);
     }
@@ -160,6 +211,20 @@ fn mergeable(manifest: &Manifest) -> Option<Vec<usize>> {
     })
 }
 
+/// `schema` less a segment's slot column.
+fn without_slot(schema: &SchemaRef) -> SchemaRef {
+    match schema.index_of(segments::SLOT) {
+        Ok(i) => {
+            let mut s = schema.as_ref().clone();
+            let mut fields: Vec<_> = s.fields().iter().cloned().collect();
+            fields.remove(i);
+            s.fields = fields.into();
+            std::sync::Arc::new(s)
+        }
+        Err(_) => schema.clone(),
+    }
+}
+
 /// A digest of a Parquet file's Arrow schema (fields, types, nullability, metadata).
 fn schema_digest(schema: &SchemaRef) -> String {
     crate::hash::sha256_hex(format!("{:?}", schema.fields()).as_bytes())[..16].to_string()
@@ -168,24 +233,48 @@ fn schema_digest(schema: &SchemaRef) -> String {
 /// Rows per data page of a segment ([`RunFileWriter::with_page_rows`]).
 const SEGMENT_PAGE_ROWS: usize = 1024;
 
-/// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`:
-/// `(level, definition, runs)` describe it.
+/// Write the rows of `files` (lake paths, all of `schema`) as one segment of `source`, with the
+/// slot column from `slots` (each run's commit slot) when the files are runs, or carried over
+/// when they are segments: `(level, definition, runs)` describe it.
 async fn write_segment(
     ws: &Workspace,
     ctx: &SessionContext,
     source: &str,
     files: Vec<String>,
-    schema: &SchemaRef,
+    (schema, slots): (&SchemaRef, Option<crate::engine::slots::Slots>),
     (level, definition, runs): (u32, Option<String>, Vec<String>),
 ) -> Result<Segment> {
     let id = ws.new_id();
     let file = segments::segment_path(source, &id);
     let urls = files.iter().map(|f| ws.lake.url(f)).collect();
-    let df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
+    let mut df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
+    let slotted = match slots {
+        Some(slots) => {
+            let slot_of = crate::engine::slots::slot_of_udf(slots);
+            df = df.with_column(
+                segments::SLOT,
+                slot_of.call(vec![datafusion::prelude::col("ingestion_run_id")]),
+            )?;
+            true
+        }
+        None => schema.column_with_name(segments::SLOT).is_some(),
+    };
+    let out_schema: SchemaRef = match slotted && schema.column_with_name(segments::SLOT).is_none() {
+        true => {
+            let mut fields: Vec<datafusion::arrow::datatypes::Field> =
+                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(segments::slot_field());
+            std::sync::Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(
+                fields,
+                schema.metadata().clone(),
+            ))
+        }
+        false => schema.clone(),
+    };
     let mut stream = crate::engine::exec::stream(None, df, "compact: segment").await?;
     // pages of 1,024 rows: a point query on `_current` by a key the runs rise in decodes one page
     // of a segment, not its row group
-    let mut writer = RunFileWriter::new(&ws.lake, file.clone(), schema.clone()).with_page_rows(SEGMENT_PAGE_ROWS);
+    let mut writer = RunFileWriter::new(&ws.lake, file.clone(), out_schema).with_page_rows(SEGMENT_PAGE_ROWS);
     while let Some(batch) = stream.next().await {
         writer.write(&batch?).await?;
     }
@@ -204,7 +293,9 @@ async fn write_segment(
         rows,
         level,
         definition,
-        schema: schema_digest(schema),
+        // the runs' schema: a merge of segments names the one its level-1 inputs did
+        schema: schema_digest(&without_slot(schema)),
         runs,
+        slotted,
     })
 }

@@ -149,6 +149,13 @@ impl BronzeSchema {
         &self,
         contract: &Contract,
     ) -> crate::error::Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
+        // in this process, from the segment manifest's view state when it can be used
+        if self.local
+            && let Some(views) =
+                crate::engine::catalog::bronze_views_from_state(&self.ctx, &self.lake, contract).await?
+        {
+            return Ok(views);
+        }
         // the views' file lists check the runs against the contract
         let runs = self.logs.source(&contract.source).await?;
         crate::engine::catalog::bronze_views(

@@ -183,6 +183,9 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
         if let Some((path, why)) = crate::ingest::keystate::check(ws, contract, runs).await? {
             out.push(v("caches", path, why));
         }
+        if let Some((path, why)) = check_view_state(&catalog, lake, contract, runs).await? {
+            out.push(v("caches", path, why));
+        }
     }
 
     // 2. counts
@@ -223,6 +226,131 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     out.dedup();
     report.violations = out;
     Ok(report)
+}
+
+/// Does the view state of `contract`'s segment manifest, brought up to date as a reader does,
+/// give the runs the log gives? The current runs with the slots they rank by (a segment's from its
+/// rows' slot column), the runs `bronze.<source>` shows, and the runs' recorded key.
+async fn check_view_state(
+    catalog: &Catalog,
+    lake: &Lake,
+    contract: &crate::spec::contract::Contract,
+    runs: &[RunRecord],
+) -> Result<Option<(String, String)>> {
+    use crate::table::segments::{self, RunKeys};
+    let source = &contract.source;
+    let manifest = segments::read(lake, source).await?;
+    let Some(state) = &manifest.state else {
+        return Ok(None);
+    };
+    let path = segments::manifest_path(source, manifest.number);
+    let fix = format!(
+        "remove {} (a cache: readers then read the runs' own files, and the next compaction writes it again)",
+        segments::folder(source)
+    );
+    match lake.get(&layout::run_record(source, state.through)).await? {
+        Some(b) if crate::hash::sha256_hex(&b) == state.through_sha256 => {}
+        _ => {
+            return Ok(Some((
+                path,
+                format!(
+                    "its view state was taken after a record slot {} no longer holds; readers pass it over",
+                    state.through
+                ),
+            )));
+        }
+    }
+    let later: Vec<RunRecord> = runs
+        .iter()
+        .filter(|r| r.source == *source && r.seq > state.through)
+        .cloned()
+        .collect();
+    let Some(inputs) = state.advance(&later) else {
+        return Ok(None);
+    };
+    // (run, slot) of every row group of the segments, from their slot column
+    let mut held: BTreeSet<(String, i64)> = BTreeSet::new();
+    if !manifest.segments.is_empty() {
+        let stored: Vec<_> = manifest
+            .segments
+            .iter()
+            .map(|s| crate::table::evolve::StoredRun::segment(lake, source, s))
+            .collect();
+        let df =
+            crate::table::evolve::read_segments_slotted(&catalog.ctx, contract, &stored.iter().collect::<Vec<_>>())?
+                .select(vec![col(RUN_ID), col(segments::SLOT)])?
+                .distinct()?;
+        let mut stream = df.execute_stream().await?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let ids = batch.column(0).as_string::<i32>();
+            let slots = batch.column(1).as_primitive::<Int64Type>();
+            for i in 0..batch.num_rows() {
+                held.insert((
+                    ids.value(i).to_string(),
+                    if slots.is_null(i) { -1 } else { slots.value(i) },
+                ));
+            }
+        }
+    }
+    let undone: BTreeSet<&str> = inputs.undone.iter().map(String::as_str).collect();
+    let first = inputs.first_slot as i64;
+    let shown: BTreeSet<(&str, i64)> = held
+        .iter()
+        .map(|(r, s)| (r.as_str(), *s))
+        .filter(|(r, _)| !undone.contains(r))
+        .chain(inputs.own.iter().map(|o| (o.run.as_str(), o.slot as i64)))
+        .collect();
+    let current: BTreeSet<(&str, i64)> = shown.iter().copied().filter(|(_, s)| *s >= first).collect();
+    let truth_shown: BTreeSet<&str> = crate::engine::catalog::bronze_runs(runs, source)
+        .iter()
+        .map(|r| r.run_id.as_str())
+        .collect();
+    let truth: BTreeSet<(&str, i64)> = crate::engine::catalog::current_runs(runs, source)
+        .iter()
+        .map(|r| (r.run_id.as_str(), r.seq as i64))
+        .collect();
+    let shown_runs: BTreeSet<&str> = shown.iter().map(|(r, _)| *r).collect();
+    let differ = |what: &str, extra: Vec<String>, missing: Vec<String>| {
+        let list = |v: &[String]| v.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        format!(
+            "its view state {what}: {} more ({}) and {} fewer ({}) than the run log; readers would show that: {fix}",
+            extra.len(),
+            list(&extra),
+            missing.len(),
+            list(&missing)
+        )
+    };
+    if shown_runs != truth_shown {
+        let extra = shown_runs.difference(&truth_shown).map(|r| r.to_string()).collect();
+        let missing = truth_shown.difference(&shown_runs).map(|r| r.to_string()).collect();
+        return Ok(Some((
+            path,
+            differ("gives the runs of bronze.<source>", extra, missing),
+        )));
+    }
+    if current != truth {
+        let show = |(r, s): &(&str, i64)| format!("{r} at slot {s}");
+        let extra = current.difference(&truth).map(show).collect();
+        let missing = truth.difference(&current).map(show).collect();
+        return Ok(Some((path, differ("ranks the current runs", extra, missing))));
+    }
+    let keys = crate::engine::catalog::current_runs(runs, source)
+        .iter()
+        .fold(RunKeys::None, |k, r| {
+            k.with(r.natural_key_definition.as_deref(), r.natural_key_version)
+        });
+    // mixed keys are only a slower plan; the same key the runs do not share would be a wrong one
+    if inputs.key != RunKeys::Mixed && inputs.key != keys {
+        return Ok(Some((
+            path,
+            format!(
+                "its view state says the current runs recorded the key {:?}, the run log {keys:?}: {fix}",
+                inputs.key
+            ),
+        )));
+    }
+    Ok(None)
 }
 
 /// Every file under the lake's bronze, failure-log and silver prefixes (relative paths).

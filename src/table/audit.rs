@@ -563,6 +563,21 @@ pub async fn read_source_state(lake: &Lake, source: &str) -> Result<SourceRuns> 
     })
 }
 
+/// The run records of `source` in the slots after `through`, one per run, in slot order; `None`
+/// when more than `max` slots follow it ([`crate::table::log::latest_after`]).
+pub async fn read_source_runs_after(
+    lake: &Lake,
+    source: &str,
+    through: u64,
+    max: u64,
+) -> Result<Option<Vec<RunRecord>>> {
+    let mut records = crate::table::log::latest_after::<RunRecord>(lake, source, through, max).await?;
+    if let Some(r) = records.as_mut() {
+        r.retain(|r| r.source == source);
+    }
+    Ok(records)
+}
+
 /// A rejected record, bronze or silver.
 #[derive(Debug, Clone)]
 pub struct FailureRow {

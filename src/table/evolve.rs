@@ -148,6 +148,17 @@ impl StoredRun {
         }
     }
 
+    /// The own file of run `run_id` of `source`, recorded with `definition`.
+    pub fn of_run(lake: &Lake, source: &str, run_id: &str, definition: Option<&str>) -> StoredRun {
+        StoredRun {
+            run_id: run_id.to_string(),
+            source: source.to_string(),
+            url: lake.url(&layout::bronze_data(source, run_id)),
+            definition: definition.map(str::to_string),
+            past: definition.and_then(parse_fields),
+        }
+    }
+
     /// A segment of runs ([`crate::table::segments`]): read like one run of its recorded fields.
     pub fn segment(lake: &Lake, source: &str, segment: &crate::table::segments::Segment) -> StoredRun {
         StoredRun {
@@ -242,6 +253,11 @@ pub fn check_readable(contract: &Contract, runs: &[&RunRecord]) -> Result<()> {
         .map(|((field, ty), ids)| unreadable_message(contract, field, &ty, &ids))
         .collect();
     Err(Error::Invalid(messages.join("; ")))
+}
+
+/// Can `contract` read every one of `stored` (`(recorded fields, run or segment id)`)?
+pub fn all_readable<'a>(contract: &'a Contract, stored: impl IntoIterator<Item = (Option<&'a str>, &'a str)>) -> bool {
+    unreadable_by_field(contract, stored).is_empty()
 }
 
 /// The runs (`(recorded fields, run id)`) whose stored values `contract` cannot read, by field and
@@ -381,7 +397,27 @@ fn column(name: &str) -> Expr {
 /// The rows of `stored` (runs of `contract`'s source) in `contract`'s bronze schema: one listing
 /// table per distinct set of recorded fields, renamed and cast into the current columns, unioned.
 pub fn read_stored(ctx: &SessionContext, contract: &Contract, stored: &[&StoredRun]) -> Result<DataFrame> {
-    let schema = contract.bronze_schema();
+    read_stored_with(ctx, contract, stored, None)
+}
+
+/// [`read_stored`] of segments, with their rows' slot column ([`crate::table::segments::SLOT`])
+/// after the bronze columns.
+pub fn read_segments_slotted(ctx: &SessionContext, contract: &Contract, stored: &[&StoredRun]) -> Result<DataFrame> {
+    read_stored_with(ctx, contract, stored, Some(crate::table::segments::slot_field()))
+}
+
+fn read_stored_with(
+    ctx: &SessionContext,
+    contract: &Contract,
+    stored: &[&StoredRun],
+    extra: Option<ArrowField>,
+) -> Result<DataFrame> {
+    let mut schema = contract.bronze_schema();
+    if let Some(f) = &extra {
+        let mut fields: Vec<ArrowField> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(f.clone());
+        schema = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    }
     let mut groups: BTreeMap<Option<&str>, Vec<&StoredRun>> = BTreeMap::new();
     for s in stored {
         let key = if s.plain(contract) {
@@ -422,7 +458,7 @@ pub fn read_stored(ctx: &SessionContext, contract: &Contract, stored: &[&StoredR
                 }
             }
         }
-        for m in crate::spec::columns::meta_fields() {
+        for m in crate::spec::columns::meta_fields().into_iter().chain(extra.clone()) {
             select.push(column(m.name()));
             fields.push(m);
         }

@@ -286,6 +286,25 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
     })
 }
 
+/// The records of `name` in the slots after `through`, one per id, in slot order; `None` when the
+/// folder's tail hint says more than `max` slots follow `through` (reading them one by one would
+/// cost more than the checkpoint).
+pub(crate) async fn latest_after<T: Record>(lake: &Lake, name: &str, through: u64, max: u64) -> Result<Option<Vec<T>>> {
+    if !lake.is_remote() {
+        let hint = lake
+            .get(&tail_hint::<T>(name))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<u64>().ok());
+        if hint.is_some_and(|h| h > through.saturating_add(max)) {
+            return Ok(None);
+        }
+    }
+    let records = records_after::<T>(lake, name, through).await?;
+    Ok(Some(latest_per_id(records, |r| r.id(), |r| r.seq())))
+}
+
 /// The file of a log folder's tail hint: the last slot a commit put a record into (decimal text).
 fn tail_hint<T: Record>(name: &str) -> String {
     format!("{}/tail", layout::log_checkpoints(T::DIR, name))

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::util::{LakeSnapshot, TestLake, assert_ok, files_under, landing, normalize_rows, stderr};
+use crate::util::{LakeSnapshot, TestLake, assert_ok, files_under, landing, normalize_rows, stderr, stdout};
 
 const SOURCES: &[&str] = &["bookings", "hotels", "web_sessions"];
 
@@ -889,4 +889,129 @@ fn a_stale_or_damaged_tail_hint_changes_no_answer() {
     std::fs::write(&f, "id,v\n100,next\n").unwrap();
     ingest(&t, "t", &f);
     assert_eq!(std::fs::read_to_string(&hint).unwrap(), "12");
+}
+
+/// `t` keyed by `id` (version 1), or by `g` (version 2).
+fn keyed(version: u32) -> String {
+    let key = if version == 1 { "id" } else { "g" };
+    format!(
+        "source: t\nversion: {version}\nformat: csv\nfields:\n  - name: id\n    type: int64\n    required: true\n  \
+         - name: v\n    type: string\n  - name: g\n    type: string\n    required: true\nnatural_key:\n  fields: [{key}]\n  \
+         version: {version}\n"
+    )
+}
+
+/// Deliveries `from..to` of `t` under [`keyed`]: one or two rows, new keys and new versions.
+fn keyed_deliveries(t: &TestLake, dir: &Path, from: usize, to: usize) {
+    for i in from..to {
+        let rows: Vec<String> = (0..1 + i % 2)
+            .map(|j| {
+                let id = (i * 5 + j * 3) % 23;
+                // ids apart by 7 share a `g`: the rekey to `g` makes them collide
+                format!("{id},v{i}-{j},g{}", id % 7)
+            })
+            .collect();
+        let f = dir.join(format!("k{i}.csv"));
+        std::fs::write(&f, format!("id,v,g\n{}\n", rows.join("\n"))).unwrap();
+        ingest(t, "t", &f);
+    }
+}
+
+/// The view state of `t`'s newest segment manifest, as JSON.
+fn view_state(t: &TestLake) -> (PathBuf, serde_json::Value) {
+    let newest = segment_manifests(t).into_iter().max().expect("no segment manifest");
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&newest).unwrap()).unwrap();
+    (newest, m)
+}
+
+/// The catalog reads a compacted source from its segment manifest's view state and the records
+/// after it, not from the run log: across undo of compacted and own runs, a rekey and the runs
+/// after it, every table equals a lake that never compacts. A log restored from an older copy (its
+/// newest records gone) voids the state: readers pass it over, doctor names it, and the next
+/// compaction writes it again. A state edited to say something else is named by doctor.
+#[test]
+fn the_view_state_of_a_compacted_source_changes_no_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let compacted = TestLake::new();
+    let mut plain = TestLake::new();
+    plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
+    let both = [&compacted, &plain];
+    for t in both {
+        std::fs::write(t.contracts().join("t.yaml"), keyed(1)).unwrap();
+        keyed_deliveries(t, dir.path(), 0, 21);
+    }
+    let (_, m) = view_state(&compacted);
+    // taken by the compaction after the 16th run: the 5 runs after it are read from their records
+    assert_eq!(m["state"]["through"], 16, "{m}");
+    assert!(
+        m["segments"].as_array().unwrap().iter().all(|s| s["slotted"] == true),
+        "{m}"
+    );
+    t_tables(&compacted).assert_same(&t_tables(&plain), "view state vs run log");
+
+    // undo a run a segment holds and the latest (own) run
+    for t in both {
+        ok(t, &["undo", &t_run(t, 2)]);
+        ok(t, &["undo", &t_run(t, 20)]);
+    }
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after undo of a held and an own run");
+
+    // a rekey, then enough runs under the new key for the state to be written after it
+    for t in both {
+        std::fs::write(t.contracts().join("t.yaml"), keyed(2)).unwrap();
+        ok(t, &["rekey", "t"]);
+    }
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after the rekey");
+    for t in both {
+        keyed_deliveries(t, dir.path(), 21, 40);
+    }
+    let (_, m) = view_state(&compacted);
+    assert!(m["state"]["rekey"].is_array(), "{m}");
+    t_tables(&compacted).assert_same(&t_tables(&plain), "runs after the rekey");
+    for t in both {
+        ok(t, &["undo", &t_run(t, 35)]);
+    }
+    t_tables(&compacted).assert_same(&t_tables(&plain), "after undo of a run after the rekey");
+    for t in both {
+        assert_ok(&t.run(&["doctor"]));
+    }
+
+    // the run log restored from an older copy: its newest records (the one the state was taken
+    // after among them) are gone, in both lakes alike
+    let (_, m) = view_state(&compacted);
+    let through = m["state"]["through"].as_u64().unwrap();
+    for t in both {
+        let log = t.lake().join("audit/ingestion_run_log/t");
+        for f in files_under(&log) {
+            let slot: u64 = f.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+            if slot >= through {
+                std::fs::remove_file(f).unwrap();
+            }
+        }
+        let _ = std::fs::remove_file(t.lake().join("_cache/log/ingestion_run_log/t/tail"));
+    }
+    t_tables(&compacted).assert_same(&t_tables(&plain), "log restored from an older copy");
+    let said = stdout(&compacted.run(&["doctor"]));
+    assert!(
+        said.contains("_cache/segments/t/manifest-") && said.contains("no longer holds"),
+        "{said}"
+    );
+    // the next compaction writes the state again, from the log as it is
+    ok(&compacted, &["compact", "t"]);
+    let (_, m) = view_state(&compacted);
+    assert!(m["state"]["through"].as_u64().unwrap() < through, "{m}");
+    t_tables(&compacted).assert_same(&t_tables(&plain), "state written again");
+    let said = stdout(&compacted.run(&["doctor"]));
+    assert!(!said.contains("_cache/segments/t/manifest-"), "{said}");
+
+    // a state edited by hand to forget the rekey: readers would show the old keys again; doctor
+    // names the manifest
+    let (path, mut m) = view_state(&compacted);
+    m["state"]["rekey"] = serde_json::Value::Null;
+    std::fs::write(&path, m.to_string()).unwrap();
+    let said = stdout(&compacted.run(&["doctor"]));
+    assert!(
+        said.contains("_cache/segments/t/manifest-") && said.contains("ranks the current runs"),
+        "{said}"
+    );
 }
