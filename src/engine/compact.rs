@@ -166,7 +166,7 @@ fn stale(manifest: &Manifest, runs: &[RunRecord], source: &str) -> bool {
 /// Put `manifest` as the source's next one, with the view state of `runs` (the source's log as
 /// the caller read it under the source lock) when every segment has the slot column.
 async fn commit_manifest(ws: &Workspace, source: &str, runs: &[RunRecord], mut manifest: Manifest) -> Result<()> {
-    let own: Vec<RunRecord> = runs.iter().filter(|r| r.source == source).cloned().collect();
+    let own: Vec<&RunRecord> = runs.iter().filter(|r| r.source == source).collect();
     manifest.state = None;
     if let Some(last) = own.iter().map(|r| r.seq).max()
         && !manifest.segments.is_empty()

@@ -17,6 +17,16 @@ pub fn is_column_name(s: &str) -> bool {
 }
 
 /// Column names a contract may not use: every column of every table in docs/formats.md#tables.
+/// The prefix of the columns ingot adds inside its plans (`__ingot_slot`, ...): no field or
+/// silver column may begin with it.
+pub const RESERVED_PREFIX: &str = "__ingot";
+
+/// Is `name` a column ingot keeps (one of [`RESERVED_COLUMNS`], or beginning with
+/// [`RESERVED_PREFIX`])?
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED_COLUMNS.contains(&name) || name.starts_with(RESERVED_PREFIX)
+}
+
 pub const RESERVED_COLUMNS: &[&str] = &[
     // bronze
     "ingestion_run_id",

@@ -135,7 +135,7 @@ impl ViewState {
     /// The state of the source's log `through` its last slot (`runs`: its records, one per id, in
     /// slot order; `covered`: the runs the manifest's segments hold; `through_sha256`: of the
     /// record file in the last slot).
-    pub fn of(runs: &[RunRecord], covered: &hashbrown::HashSet<&str>, through_sha256: String) -> ViewState {
+    pub fn of(runs: &[&RunRecord], covered: &hashbrown::HashSet<&str>, through_sha256: String) -> ViewState {
         let through = runs.iter().map(|r| r.seq).max().unwrap_or(0);
         let rekey = runs
             .iter()
@@ -381,7 +381,8 @@ mod tests {
     const OK: RunStatus = RunStatus::Succeeded;
 
     fn state(runs: &[RunRecord], covered: &[&str]) -> ViewState {
-        ViewState::of(runs, &covered.iter().copied().collect(), "sha".into())
+        let runs: Vec<&RunRecord> = runs.iter().collect();
+        ViewState::of(&runs, &covered.iter().copied().collect(), "sha".into())
     }
 
     #[test]

@@ -120,6 +120,33 @@ natural_key:
 }
 
 #[test]
+fn names_ingot_adds_inside_its_plans_are_reserved() {
+    let text = r#"source: t
+version: 1
+fields:
+  - name: __ingot_slot
+    type: int64
+  - name: id
+    type: int64
+    renamed_from: __ingot_run
+natural_key:
+  version: 1
+  fields: [id]
+"#;
+    let got = problems_of("contracts/t.yaml", text);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got[0].starts_with("contracts/t.yaml:4:11: field name \"__ingot_slot\" is reserved by ingot")
+            && got[0].ends_with("and every name beginning with __ingot"),
+        "{got:?}"
+    );
+    assert!(
+        got[1].starts_with("contracts/t.yaml:8:19: renamed_from: \"__ingot_run\" for field \"id\" is not a field name"),
+        "{got:?}"
+    );
+}
+
+#[test]
 fn yaml_syntax_error_is_located() {
     let got = problems_of(
         "c/x.yaml",

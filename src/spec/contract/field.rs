@@ -180,7 +180,7 @@ impl ContractReader<'_> {
     fn read_renamed_from(&mut self, node: &Node, label: &str) -> Option<String> {
         let file = self.doc.file.clone();
         let s = scalar_str(&file, node, "renamed_from", self.problems)?;
-        if !is_column_name(s) || RESERVED_COLUMNS.contains(&s) {
+        if !is_column_name(s) || crate::spec::columns::is_reserved(s) {
             self.err(
                 node.pos,
                 format!(
@@ -221,8 +221,8 @@ impl ContractReader<'_> {
                 None
             }
             Some(n) => scalar_str(&file, n, "field name", self.problems).and_then(|s| {
-                if RESERVED_COLUMNS.contains(&s) {
-                    self.err(n.pos, format!("field name \"{s}\" is reserved by ingot (docs/formats.md#tables); reserved names are: {}", RESERVED_COLUMNS.join(", ")));
+                if crate::spec::columns::is_reserved(s) {
+                    self.err(n.pos, format!("field name \"{s}\" is reserved by ingot (docs/formats.md#tables); reserved names are: {}, and every name beginning with {}", RESERVED_COLUMNS.join(", "), crate::spec::columns::RESERVED_PREFIX));
                     None
                 } else if !is_column_name(s) {
                     self.err(n.pos, format!("field name \"{s}\" must match [a-z_][a-z0-9_]{{0,62}} (lower case, so SQL needs no quoting)"));

@@ -18,7 +18,7 @@ use sha2::Digest;
 use super::columns::{Columns, ExprProblem, check_expr, type_name};
 use super::{Ident, RuleSet, RulesSet, SqlExpr};
 use crate::spec::columns::is_column_name;
-use crate::spec::contract::{Contract, ContractSet, RESERVED_COLUMNS};
+use crate::spec::contract::{Contract, ContractSet};
 use crate::spec::yaml::{self, Kind, MapNode, Node, Pos, Problems, is_valid_name, scalar_int, scalar_str, seq};
 
 const TOP_KEYS: &[&str] = &[
@@ -464,12 +464,17 @@ impl Reader<'_> {
                 format!("column name \"{}\" must match [a-z_][a-z0-9_]{{0,62}}", id.name),
             );
             false
-        } else if RESERVED_COLUMNS.contains(&id.name.as_str()) {
+        } else if crate::spec::columns::is_reserved(&id.name) {
             self.err(
                 id.pos,
                 format!(
-                    "column name \"{}\" is reserved by ingot (a column of its bronze, silver or audit tables)",
-                    id.name
+                    "column name \"{}\" is reserved by ingot (a column of its bronze, silver or audit tables{})",
+                    id.name,
+                    if id.name.starts_with(crate::spec::columns::RESERVED_PREFIX) {
+                        ", or one it adds inside its plans"
+                    } else {
+                        ""
+                    }
                 ),
             );
             false
