@@ -291,12 +291,7 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
 /// cost more than the checkpoint).
 pub(crate) async fn latest_after<T: Record>(lake: &Lake, name: &str, through: u64, max: u64) -> Result<Option<Vec<T>>> {
     if !lake.is_remote() {
-        let hint = lake
-            .get(&tail_hint::<T>(name))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<u64>().ok());
+        let hint = read_tail_hint::<T>(lake, name).await;
         if hint.is_some_and(|h| h > through.saturating_add(max)) {
             return Ok(None);
         }
@@ -308,6 +303,15 @@ pub(crate) async fn latest_after<T: Record>(lake: &Lake, name: &str, through: u6
 /// The file of a log folder's tail hint: the last slot a commit put a record into (decimal text).
 fn tail_hint<T: Record>(name: &str) -> String {
     format!("{}/tail", layout::log_checkpoints(T::DIR, name))
+}
+
+/// The slot the tail hint of `name` holds, if it holds one (a hint that cannot be read is none).
+async fn read_tail_hint<T: Record>(lake: &Lake, name: &str) -> Option<u64> {
+    lake.get(&tail_hint::<T>(name))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<u64>().ok())
 }
 
 /// After a commit into `slot` of `name`: say so in the tail hint, unsynced. A hint is only a
@@ -345,12 +349,7 @@ async fn records_after<T: Record>(lake: &Lake, name: &str, through: u64) -> Resu
     if lake.is_remote() {
         return read_records::<T>(lake, listed(lake).await?).await;
     }
-    let hint = lake
-        .get(&tail_hint::<T>(name))
-        .await
-        .ok()
-        .flatten()
-        .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<u64>().ok());
+    let hint = read_tail_hint::<T>(lake, name).await;
     // without a hint (a folder no commit of this version wrote to, caches removed) nothing
     // bounds a gap: the folder is listed
     let Some(hint) = hint else {

@@ -649,12 +649,17 @@ fn segment_manifests(t: &TestLake) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A lake that compacts (as by default) and one that never does (`INGOT_COMPACT=0`).
+fn compacted_and_plain() -> (TestLake, TestLake) {
+    let mut plain = TestLake::new();
+    plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
+    (TestLake::new(), plain)
+}
+
 #[test]
 fn compacted_runs_answer_as_their_own_files_through_undo_evolution_and_gc() {
     let dir = tempfile::tempdir().unwrap();
-    let compacted = TestLake::new();
-    let mut plain = TestLake::new();
-    plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
+    let (compacted, plain) = compacted_and_plain();
     for t in [&compacted, &plain] {
         std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
         small_deliveries(t, dir.path(), 0, 40);
@@ -932,9 +937,7 @@ fn view_state(t: &TestLake) -> (PathBuf, serde_json::Value) {
 #[test]
 fn the_view_state_of_a_compacted_source_changes_no_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let compacted = TestLake::new();
-    let mut plain = TestLake::new();
-    plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
+    let (compacted, plain) = compacted_and_plain();
     let both = [&compacted, &plain];
     for t in both {
         std::fs::write(t.contracts().join("t.yaml"), keyed(1)).unwrap();
