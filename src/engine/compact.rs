@@ -6,8 +6,11 @@
 //! [`FANOUT`] segments of one level merge into one of the next while the result stays within
 //! [`MAX_SEGMENT_ROWS`]. Big runs stay in their own files. After an ingest commits, still under the
 //! source lock, compaction runs when it has work (`INGOT_COMPACT=0` turns that off); `ingot
-//! compact` runs it on demand and with `--all` also merges fewer runs. A crash leaves at most a
-//! segment file no manifest names (gc removes it after the grace period): nothing readers see.
+//! compact` runs it on demand and with `--all` also merges fewer runs. A level-1 merge gives each
+//! row its run's commit slot; the manifest carries the source's view state as of the log it read
+//! ([`crate::table::segments::ViewState`]), written again once [`STATE_LAG`] records follow it.
+//! A crash leaves at most a segment file no manifest names (gc removes it after the grace period):
+//! nothing readers see.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +80,10 @@ pub async fn compact_source(ws: &Workspace, contract: &Contract, runs: &[RunReco
     for run in small {
         let schema =
             crate::table::parquet::file_schema(&ctx, &ws.lake, &layout::bronze_data(source, &run.run_id)).await?;
+        // a run written when a field could still be named like the slot column stays in its file
+        if schema.column_with_name(segments::SLOT).is_some() {
+            continue;
+        }
         let digest = schema_digest(&schema);
         schemas.insert(digest.clone(), schema);
         groups

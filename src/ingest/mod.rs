@@ -220,7 +220,10 @@ pub async fn ingest_file(
             record.rows_deleted = 0;
             record.rows_superseded = 0;
             record.finished_at = ws.now_micros().max(record.started_at);
-            commit_run(&ws.lake, &record, Some(&contract)).await.map(|_| record)
+            // the slot taken, which is a later one past an object no reader can parse
+            commit_run(&ws.lake, &record, Some(&contract))
+                .await
+                .map(|slot| RunRecord { seq: slot, ..record })
         }
         Err(e) => Err(e),
     };
@@ -274,7 +277,7 @@ async fn run(
             record.error = None;
             record.finished_at = ws.now_micros().max(record.started_at);
             record.ignored_columns = None;
-            commit_run(&ws.lake, record, Some(contract)).await?;
+            record.seq = commit_run(&ws.lake, record, Some(contract)).await?;
             return Ok(());
         }
         (FileDigest::ready(file_hash), lines)
@@ -301,7 +304,8 @@ async fn run(
     result?;
     before.check(path)?;
     crate::ingest::replay::keep_run_files(&ws.lake, contract, path, record, opts).await?;
-    commit_run(&ws.lake, record, Some(contract)).await
+    record.seq = commit_run(&ws.lake, record, Some(contract)).await?;
+    Ok(())
 }
 
 /// Load the file (after the duplicate check): build the index, run the pass(es), fill the

@@ -340,8 +340,9 @@ async fn check_view_state(
         .fold(RunKeys::None, |k, r| {
             k.with(r.natural_key_definition.as_deref(), r.natural_key_version)
         });
-    // mixed keys are only a slower plan; the same key the runs do not share would be a wrong one
-    if inputs.key != RunKeys::Mixed && inputs.key != keys {
+    // mixed keys are only a slower plan, and a key kept after every current run was undone
+    // groups no row; the same key the runs do not share would be a wrong one
+    if inputs.key != RunKeys::Mixed && keys != RunKeys::None && inputs.key != keys {
         return Ok(Some((
             path,
             format!(

@@ -8,10 +8,11 @@ use crate::table::audit::{BuildRecord, RunRecord, parquet_bytes};
 use crate::table::lake::Lake;
 use crate::table::log::{Record, checkpoint_after, put_record};
 
-/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent. If the
-/// slot is taken, another run of the source committed since this one started: nothing of this
-/// run is published. `contract`: the source's, which bronze's Delta table is published under.
-pub async fn commit_run(lake: &Lake, record: &RunRecord, contract: Option<&Contract>) -> Result<()> {
+/// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent (or the
+/// next slot past objects no reader can parse); the slot taken is returned. If the slot is taken
+/// by a record, another run of the source committed since this one started: nothing of this run
+/// is published. `contract`: the source's, which bronze's Delta table is published under.
+pub async fn commit_run(lake: &Lake, record: &RunRecord, contract: Option<&Contract>) -> Result<u64> {
     commit_run_record(lake, record, None, "ingest.before_commit", contract).await
 }
 
@@ -24,8 +25,8 @@ pub async fn commit_run_record(
     previous: Option<&RunRecord>,
     failpoint: &str,
     contract: Option<&Contract>,
-) -> Result<()> {
-    put_committed(lake, &record.source, record, failpoint, || {
+) -> Result<u64> {
+    let slot = put_committed(lake, &record.source, record, failpoint, || {
         format!(
             "another command on \"{}\" committed while run {} was being recorded (its lock had been taken \
              over); nothing of run {} was published: run the same command again",
@@ -33,14 +34,22 @@ pub async fn commit_run_record(
         )
     })
     .await?;
-    crate::table::delta::runs::after_commit(lake, record, previous, contract).await;
-    Ok(())
+    if slot == record.seq {
+        crate::table::delta::runs::after_commit(lake, record, previous, contract).await;
+    } else {
+        let moved = RunRecord {
+            seq: slot,
+            ..record.clone()
+        };
+        crate::table::delta::runs::after_commit(lake, &moved, previous, contract).await;
+    }
+    Ok(slot)
 }
 
 /// Commit a build: its record goes into the table's slot `record.seq`, create-if-absent. If the
 /// slot is taken, another build of the table committed since this one started: nothing of this
 /// build is published.
-pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<()> {
+pub async fn commit_build(lake: &Lake, record: &BuildRecord) -> Result<u64> {
     commit_build_record(lake, record, None, "build.before_commit").await
 }
 
@@ -51,8 +60,8 @@ pub async fn commit_build_record(
     record: &BuildRecord,
     previous: Option<&BuildRecord>,
     failpoint: &str,
-) -> Result<()> {
-    put_committed(lake, &record.table, record, failpoint, || {
+) -> Result<u64> {
+    let slot = put_committed(lake, &record.table, record, failpoint, || {
         format!(
             "another build of \"{}\" committed while build {} was being recorded; nothing of build {} \
              was published: run the same command again",
@@ -60,23 +69,33 @@ pub async fn commit_build_record(
         )
     })
     .await?;
-    crate::table::delta::builds::after_commit(lake, record, previous).await;
-    Ok(())
+    if slot == record.seq {
+        crate::table::delta::builds::after_commit(lake, record, previous).await;
+    } else {
+        let moved = BuildRecord {
+            seq: slot,
+            ..record.clone()
+        };
+        crate::table::delta::builds::after_commit(lake, &moved, previous).await;
+    }
+    Ok(slot)
 }
 
 /// Put `record` into its slot of `name`'s log, create-if-absent, with `failpoint` hit before the
-/// put, then a checkpoint when one is due; a taken slot is [`Error::Locked`] saying `taken()`.
+/// put, then a checkpoint when one is due; the slot taken (a later one when the slot holds an
+/// object no reader can parse), or [`Error::Locked`] saying `taken()` when a record holds it.
 async fn put_committed<T: Record>(
     lake: &Lake,
     name: &str,
     record: &T,
     failpoint: &str,
     taken: impl FnOnce() -> String,
-) -> Result<()> {
+) -> Result<u64> {
     let bytes = parquet_bytes(&record.to_batch()?)?;
     crate::table::failpoint::hit(failpoint)?;
-    if !put_record::<T>(lake, name, record.seq(), bytes).await? {
+    let Some(slot) = put_record::<T>(lake, name, record.seq(), bytes).await? else {
         return Err(Error::Locked(taken()));
-    }
-    checkpoint_after::<T>(lake, name, record.seq()).await
+    };
+    checkpoint_after::<T>(lake, name, slot).await?;
+    Ok(slot)
 }

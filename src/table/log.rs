@@ -170,20 +170,21 @@ pub(crate) fn parse_record<T>(
     Ok(out)
 }
 
-/// Put a commit record into slot `seq` of `name`, create-if-absent; `Ok(false)` when the slot
-/// holds another commit. A slot holding an object no reader can parse is not a commit (every
-/// reader skips it): the record goes into the next free slot instead. The slot taken goes into
-/// the folder's tail hint.
-pub(crate) async fn put_record<T: Record>(lake: &Lake, name: &str, mut seq: u64, bytes: Bytes) -> Result<bool> {
+/// Put a commit record into slot `seq` of `name`, create-if-absent: the slot taken, or `None` when
+/// the slot holds another commit. A slot holding an object no reader can parse is not a commit
+/// (every reader skips it): the record goes into the next free slot instead, and the record's
+/// slot is then that one (readers give a record the slot its file name says). The slot taken
+/// goes into the folder's tail hint.
+pub(crate) async fn put_record<T: Record>(lake: &Lake, name: &str, mut seq: u64, bytes: Bytes) -> Result<Option<u64>> {
     loop {
         let rel = slot_rel::<T>(name, seq);
         if lake.put_create(&rel, bytes.clone()).await? {
             hint_tail::<T>(lake, name, seq).await;
-            return Ok(true);
+            return Ok(Some(seq));
         }
         match lake.get(&rel).await? {
             Some(taken) if parse_record(taken.clone(), T::LOG, &T::parse).is_err() => seq += 1,
-            _ => return Ok(false),
+            _ => return Ok(None),
         }
     }
 }
@@ -286,17 +287,26 @@ pub(crate) async fn read_checkpointed<T: Record>(lake: &Lake, name: &str) -> Res
     })
 }
 
-/// The records of `name` in the slots after `through`, one per id, in slot order; `None` when the
-/// folder's tail hint says more than `max` slots follow `through` (reading them one by one would
-/// cost more than the checkpoint).
+/// The records of `name` in the slots after `through`, one per id, in slot order; `None` when more
+/// than `max` slots follow `through` (the folder's tail hint says so, or an object store's
+/// listing): reading them one by one would cost more than the checkpoint.
 pub(crate) async fn latest_after<T: Record>(lake: &Lake, name: &str, through: u64, max: u64) -> Result<Option<Vec<T>>> {
-    if !lake.is_remote() {
+    let records = if lake.is_remote() {
+        // one `start-after` listing says how many follow
+        let listed = lake
+            .list_after(&folder::<T>(name), &slot_rel::<T>(name, through))
+            .await?;
+        if listed.len() as u64 > max {
+            return Ok(None);
+        }
+        read_records::<T>(lake, listed).await?
+    } else {
         let hint = read_tail_hint::<T>(lake, name).await;
         if hint.is_some_and(|h| h > through.saturating_add(max)) {
             return Ok(None);
         }
-    }
-    let records = records_after::<T>(lake, name, through).await?;
+        records_after::<T>(lake, name, through).await?
+    };
     Ok(Some(latest_per_id(records, |r| r.id(), |r| r.seq())))
 }
 

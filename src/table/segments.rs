@@ -208,21 +208,19 @@ impl ViewState {
                 }
                 continue;
             }
-            // only an undo takes a loaded run out (a failed, skipped, held or discarded run was
-            // never loaded)
-            if r.status != RunStatus::RolledBack {
-                continue;
-            }
             if rekey.as_ref().is_some_and(|(_, run)| run == id) {
                 return None;
             }
-            // the undone run's own file, or its rows in a segment. The keys stay what they were:
-            // one run fewer can make mixed keys the same, never the same keys mixed.
+            // a run no longer loaded leaves the views: its own file, or its rows in a segment.
+            // Only an undo takes out a run a segment can hold (a failed, skipped, held or
+            // discarded run was never loaded). The keys stay what they were: one run fewer can
+            // make mixed keys the same, never the same keys mixed.
             match own.iter().position(|o| o.run == id) {
                 Some(i) => {
                     own.remove(i);
                 }
-                None => undone.push(id.to_string()),
+                None if r.status == RunStatus::RolledBack => undone.push(id.to_string()),
+                None => {}
             }
         }
         undone.sort();

@@ -180,7 +180,9 @@ impl ContractReader<'_> {
     fn read_renamed_from(&mut self, node: &Node, label: &str) -> Option<String> {
         let file = self.doc.file.clone();
         let s = scalar_str(&file, node, "renamed_from", self.problems)?;
-        if !is_column_name(s) || crate::spec::columns::is_reserved(s) {
+        // a name beginning with the reserved prefix stays a valid old name: renaming away from it
+        // is how a contract written before the prefix was reserved reads its runs
+        if !is_column_name(s) || RESERVED_COLUMNS.contains(&s) {
             self.err(
                 node.pos,
                 format!(
