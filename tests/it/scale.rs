@@ -649,19 +649,23 @@ fn segment_manifests(t: &TestLake) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A lake that compacts (as by default) and one that never does (`INGOT_COMPACT=0`).
-fn compacted_and_plain() -> (TestLake, TestLake) {
+/// A lake that compacts (as by default) and one that never does (`INGOT_COMPACT=0`), both with
+/// `contract` as `t`'s.
+fn compacted_and_plain(contract: &str) -> (TestLake, TestLake) {
     let mut plain = TestLake::new();
     plain.envs.push(("INGOT_COMPACT".into(), "0".into()));
-    (TestLake::new(), plain)
+    let compacted = TestLake::new();
+    for t in [&compacted, &plain] {
+        std::fs::write(t.contracts().join("t.yaml"), contract).unwrap();
+    }
+    (compacted, plain)
 }
 
 #[test]
 fn compacted_runs_answer_as_their_own_files_through_undo_evolution_and_gc() {
     let dir = tempfile::tempdir().unwrap();
-    let (compacted, plain) = compacted_and_plain();
+    let (compacted, plain) = compacted_and_plain(T_CONTRACT);
     for t in [&compacted, &plain] {
-        std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
         small_deliveries(t, dir.path(), 0, 40);
     }
     assert!(!segment_manifests(&compacted).is_empty(), "no segment was written");
@@ -937,10 +941,9 @@ fn view_state(t: &TestLake) -> (PathBuf, serde_json::Value) {
 #[test]
 fn the_view_state_of_a_compacted_source_changes_no_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let (compacted, plain) = compacted_and_plain();
+    let (compacted, plain) = compacted_and_plain(&keyed(1));
     let both = [&compacted, &plain];
     for t in both {
-        std::fs::write(t.contracts().join("t.yaml"), keyed(1)).unwrap();
         keyed_deliveries(t, dir.path(), 0, 21);
     }
     let (_, m) = view_state(&compacted);
@@ -1026,9 +1029,8 @@ fn the_view_state_of_a_compacted_source_changes_no_answer() {
 #[test]
 fn a_commit_past_an_unreadable_slot_is_compacted_with_the_slot_it_took() {
     let dir = tempfile::tempdir().unwrap();
-    let (compacted, plain) = compacted_and_plain();
+    let (compacted, plain) = compacted_and_plain(T_CONTRACT);
     for t in [&compacted, &plain] {
-        std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
         small_deliveries(t, dir.path(), 0, 15);
         std::fs::write(t.lake().join("audit/ingestion_run_log/t/0000000016.parquet"), b"PAR1").unwrap();
         small_deliveries(t, dir.path(), 15, 20);
@@ -1049,9 +1051,8 @@ fn a_commit_past_an_unreadable_slot_is_compacted_with_the_slot_it_took() {
 #[test]
 fn undoing_every_compacted_run_empties_the_views_and_doctor_agrees() {
     let dir = tempfile::tempdir().unwrap();
-    let (compacted, plain) = compacted_and_plain();
+    let (compacted, plain) = compacted_and_plain(T_CONTRACT);
     for t in [&compacted, &plain] {
-        std::fs::write(t.contracts().join("t.yaml"), T_CONTRACT).unwrap();
         small_deliveries(t, dir.path(), 0, 2);
     }
     ok(&compacted, &["compact", "t", "--all"]);
