@@ -312,7 +312,9 @@ fn the_current_view_through_a_checkpoint_on_a_cluster_equals_the_one_in_this_pro
 }
 
 /// A child process killed (by its id) when the guard is dropped, also when the test fails.
-pub(crate) struct Killed(Child);
+/// A process killed when dropped, then the directory it worked in (an executor's `--work-dir`:
+/// its shuffle files and spill directories) removed: a killed process cleans up nothing.
+pub(crate) struct Killed(Child, Option<tempfile::TempDir>);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -332,7 +334,7 @@ fn spawn(args: &[&str], envs: &[(String, String)]) -> (Killed, String) {
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
-    let guard = Killed(child);
+    let guard = Killed(child, None);
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).unwrap();
     (guard, line)
@@ -372,7 +374,9 @@ pub(crate) fn process_cluster_with_args(lake: &str, envs: &[(String, String)], e
     let mut guards = vec![scheduler];
     let mut executor_ports = Vec::new();
     for _ in 0..2 {
-        let (e, line) = spawn(
+        let work = tempfile::tempdir().unwrap();
+        let work_dir = work.path().display().to_string();
+        let (mut e, line) = spawn(
             &[
                 "--lake",
                 lake,
@@ -388,6 +392,8 @@ pub(crate) fn process_cluster_with_args(lake: &str, envs: &[(String, String)], e
                 "127.0.0.1:0",
                 "--concurrent-tasks",
                 "1",
+                "--work-dir",
+                &work_dir,
             ]
             .into_iter()
             .chain(extra.iter().copied())
@@ -402,6 +408,7 @@ pub(crate) fn process_cluster_with_args(lake: &str, envs: &[(String, String)], e
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no results port in {line:?}"));
         executor_ports.push(port);
+        e.1 = Some(work);
         guards.push(e);
     }
     ProcessCluster {
