@@ -176,7 +176,10 @@ pub enum Command {
     /// Runs of at most 65,536 rows are merged 16 at a time into a segment, and 8 segments into
     /// one of the next level, only ever runs of the same recorded fields. An ingest does the same
     /// after it commits (INGOT_COMPACT=0 turns that off). The runs' own files stay: undo, replay
-    /// and rekey work as before, and a row keeps its ingestion_run_id. --all also merges fewer runs.
+    /// and rekey work as before, and a row keeps its ingestion_run_id and gets its run's commit
+    /// slot. The segments' manifest also keeps what queries need from the run log, so a query on a
+    /// compacted source reads the manifest and the few records after it, not the whole log.
+    /// --all also merges fewer runs.
     Compact(compact::CompactArgs),
     /// Remove files nothing reads any more: never a committed, current file.
     ///
@@ -199,7 +202,9 @@ pub enum Command {
     /// Checks that committed runs and builds have their files, that counts reconcile with the
     /// files, one row per fingerprint in each run and in bronze.<source>_current, that every
     /// silver fingerprint is current in bronze, that rules files match the SHA-256 their
-    /// builds recorded, and that every Delta table holds what the logs committed. Files that
+    /// builds recorded, that the history caches (log checkpoints, key states, the view state of
+    /// segment manifests) equal what they summarize, and that every Delta table holds what the
+    /// logs committed. Files that
     /// belong to no committed run or build are listed as orphans. --fix first brings lagging
     /// Delta tables up to date (`ingot delta sync`).
     Doctor(doctor::DoctorArgs),

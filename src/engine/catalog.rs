@@ -224,10 +224,7 @@ fn log_table<'a>(
         .iter()
         .map(|(n, t)| lake.url(&layout::log_checkpoint(log.dir, n, *t)))
         .collect();
-    let mut fields: Vec<datafusion::arrow::datatypes::Field> =
-        log.schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(crate::table::log::slot_field());
-    let stored = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
+    let stored = crate::table::parquet::with_field(&log.schema, crate::table::log::slot_field());
     let mut rows = ctx.read_table(table_over(files, stored)?)?;
     if !superseded.is_empty() {
         rows = rows.filter(col(log.id).in_list(superseded, true))?;
@@ -247,32 +244,28 @@ const TAIL_SLOT: &str = "__ingot_tail_slot";
 
 /// A log's schema with [`COMMIT_SEQ`] after its columns.
 pub fn with_commit_seq(schema: &datafusion::arrow::datatypes::Schema) -> datafusion::arrow::datatypes::SchemaRef {
-    let mut fields: Vec<datafusion::arrow::datatypes::Field> =
-        schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(datafusion::arrow::datatypes::Field::new(
-        COMMIT_SEQ,
-        datafusion::arrow::datatypes::DataType::Int64,
-        false,
-    ));
-    Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
+    crate::table::parquet::with_field(
+        schema,
+        datafusion::arrow::datatypes::Field::new(COMMIT_SEQ, datafusion::arrow::datatypes::DataType::Int64, false),
+    )
 }
 
 /// `bronze.<source>` (every committed version, the rows of undone runs a segment holds left out)
 /// and `bronze.<source>_current`, over the source's segments and the files of the runs no segment
 /// holds: what [`crate::engine::lazy::BronzeSchema`] builds when a query first names them.
-/// `checkpoint` is the slot the source's run log was read through from its checkpoint, if it was.
-pub async fn bronze_views(
+/// `checkpoint` is the slot the source's run log was read through from its checkpoint, if it was;
+/// `manifest` the source's segment manifest ([`crate::table::segments::read`]).
+pub fn bronze_views(
     ctx: &SessionContext,
     lake: &Lake,
     contract: &Contract,
-    runs: &[RunRecord],
-    checkpoint: Option<u64>,
+    (runs, checkpoint): (&[RunRecord], Option<u64>),
+    manifest: &crate::table::segments::Manifest,
     in_memory: bool,
 ) -> Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
     let source = &contract.source;
-    let manifest = crate::table::segments::read(lake, source).await?;
     let bronze = bronze_runs(runs, source);
-    let (all, excluded) = stored_files(lake, contract, &bronze, &manifest)?;
+    let (all, excluded) = stored_files(lake, contract, &bronze, manifest)?;
     let mut everything = read_stored(ctx, contract, &all.iter().collect::<Vec<_>>())?;
     // segments holding rows of runs that are not current beside those of current runs
     let mut others = !excluded.is_empty();
@@ -284,7 +277,7 @@ pub async fn bronze_views(
     // the current runs are a part of the runs with data, in the same order: all of them when the
     // source was never re-keyed, and then their files are those of `bronze.<source>`
     let rekeyed = (current.len() < bronze.len())
-        .then(|| stored_files(lake, contract, &current, &manifest))
+        .then(|| stored_files(lake, contract, &current, manifest))
         .transpose()?;
     if let Some((_, excluded)) = &rekeyed {
         others = !excluded.is_empty();
@@ -332,10 +325,10 @@ pub async fn bronze_views_from_state(
     ctx: &SessionContext,
     lake: &Lake,
     contract: &Contract,
+    manifest: &crate::table::segments::Manifest,
 ) -> Result<Option<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)>> {
     use crate::table::evolve::{StoredRun, all_readable, read_segments_slotted};
     let source = &contract.source;
-    let manifest = crate::table::segments::read(lake, source).await?;
     let Some(state) = &manifest.state else {
         return Ok(None);
     };

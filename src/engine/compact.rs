@@ -222,11 +222,9 @@ fn mergeable(manifest: &Manifest) -> Option<Vec<usize>> {
 fn without_slot(schema: &SchemaRef) -> SchemaRef {
     match schema.index_of(segments::SLOT) {
         Ok(i) => {
-            let mut s = schema.as_ref().clone();
-            let mut fields: Vec<_> = s.fields().iter().cloned().collect();
-            fields.remove(i);
-            s.fields = fields.into();
-            std::sync::Arc::new(s)
+            let mut b = datafusion::arrow::datatypes::SchemaBuilder::from(schema.as_ref());
+            b.remove(i);
+            std::sync::Arc::new(b.finish())
         }
         Err(_) => schema.clone(),
     }
@@ -254,29 +252,16 @@ async fn write_segment(
     let id = ws.new_id();
     let file = segments::segment_path(source, &id);
     let urls = files.iter().map(|f| ws.lake.url(f)).collect();
-    let mut df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
-    let slotted = match slots {
+    let df = ctx.read_table(crate::table::parquet::table_over(urls, schema.clone())?)?;
+    // runs get the column (no run file has one: see `compact_source`); segments carry theirs over
+    let (df, out_schema, slotted) = match slots {
         Some(slots) => {
-            let slot_of = crate::engine::slots::slot_of_udf(slots);
-            df = df.with_column(
-                segments::SLOT,
-                slot_of.call(vec![datafusion::prelude::col("ingestion_run_id")]),
-            )?;
-            true
+            let slot_of =
+                crate::engine::slots::slot_of_udf(slots).call(vec![datafusion::prelude::col("ingestion_run_id")]);
+            let out = crate::table::parquet::with_field(schema, segments::slot_field());
+            (df.with_column(segments::SLOT, slot_of)?, out, true)
         }
-        None => schema.column_with_name(segments::SLOT).is_some(),
-    };
-    let out_schema: SchemaRef = match slotted && schema.column_with_name(segments::SLOT).is_none() {
-        true => {
-            let mut fields: Vec<datafusion::arrow::datatypes::Field> =
-                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-            fields.push(segments::slot_field());
-            std::sync::Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(
-                fields,
-                schema.metadata().clone(),
-            ))
-        }
-        false => schema.clone(),
+        None => (df, schema.clone(), schema.column_with_name(segments::SLOT).is_some()),
     };
     let mut stream = crate::engine::exec::stream(None, df, "compact: segment").await?;
     // pages of 1,024 rows: a point query on `_current` by a key the runs rise in decodes one page

@@ -149,10 +149,11 @@ impl BronzeSchema {
         &self,
         contract: &Contract,
     ) -> crate::error::Result<(Arc<dyn TableProvider>, Arc<dyn TableProvider>)> {
-        // in this process, from the segment manifest's view state when it can be used
+        // the manifest once: in this process its view state gives the views when it can be used
+        let manifest = crate::table::segments::read(&self.lake, &contract.source).await?;
         if self.local
             && let Some(views) =
-                crate::engine::catalog::bronze_views_from_state(&self.ctx, &self.lake, contract).await?
+                crate::engine::catalog::bronze_views_from_state(&self.ctx, &self.lake, contract, &manifest).await?
         {
             return Ok(views);
         }
@@ -162,11 +163,10 @@ impl BronzeSchema {
             &self.ctx,
             &self.lake,
             contract,
-            &runs.records,
-            runs.checkpoint,
+            (&runs.records, runs.checkpoint),
+            &manifest,
             self.local,
         )
-        .await
     }
 
     /// The source a table name stands for, and whether it is the `_current` view.

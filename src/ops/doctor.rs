@@ -306,10 +306,8 @@ async fn check_view_state(
         .iter()
         .map(|r| r.run_id.as_str())
         .collect();
-    let truth: BTreeSet<(&str, i64)> = crate::engine::catalog::current_runs(runs, source)
-        .iter()
-        .map(|r| (r.run_id.as_str(), r.seq as i64))
-        .collect();
+    let current_runs = crate::engine::catalog::current_runs(runs, source);
+    let truth: BTreeSet<(&str, i64)> = current_runs.iter().map(|r| (r.run_id.as_str(), r.seq as i64)).collect();
     let shown_runs: BTreeSet<&str> = shown.iter().map(|(r, _)| *r).collect();
     let differ = |what: &str, extra: Vec<String>, missing: Vec<String>| {
         let list = |v: &[String]| v.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -335,11 +333,9 @@ async fn check_view_state(
         let missing = truth.difference(&current).map(show).collect();
         return Ok(Some((path, differ("ranks the current runs", extra, missing))));
     }
-    let keys = crate::engine::catalog::current_runs(runs, source)
-        .iter()
-        .fold(RunKeys::None, |k, r| {
-            k.with(r.natural_key_definition.as_deref(), r.natural_key_version)
-        });
+    let keys = current_runs.iter().fold(RunKeys::None, |k, r| {
+        k.with(r.natural_key_definition.as_deref(), r.natural_key_version)
+    });
     // mixed keys are only a slower plan, and a key kept after every current run was undone
     // groups no row; the same key the runs do not share would be a wrong one
     if inputs.key != RunKeys::Mixed && keys != RunKeys::None && inputs.key != keys {

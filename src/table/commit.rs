@@ -34,15 +34,7 @@ pub async fn commit_run_record(
         )
     })
     .await?;
-    if slot == record.seq {
-        crate::table::delta::runs::after_commit(lake, record, previous, contract).await;
-    } else {
-        let moved = RunRecord {
-            seq: slot,
-            ..record.clone()
-        };
-        crate::table::delta::runs::after_commit(lake, &moved, previous, contract).await;
-    }
+    crate::table::delta::runs::after_commit(lake, &in_slot(record, slot), previous, contract).await;
     Ok(slot)
 }
 
@@ -69,16 +61,18 @@ pub async fn commit_build_record(
         )
     })
     .await?;
-    if slot == record.seq {
-        crate::table::delta::builds::after_commit(lake, record, previous).await;
-    } else {
-        let moved = BuildRecord {
-            seq: slot,
-            ..record.clone()
-        };
-        crate::table::delta::builds::after_commit(lake, &moved, previous).await;
-    }
+    crate::table::delta::builds::after_commit(lake, &in_slot(record, slot), previous).await;
     Ok(slot)
+}
+
+/// `record` as committed into `slot` (a copy only when the put moved past an unreadable object).
+fn in_slot<T: Record + Clone>(record: &T, slot: u64) -> std::borrow::Cow<'_, T> {
+    if record.seq() == slot {
+        return std::borrow::Cow::Borrowed(record);
+    }
+    let mut moved = record.clone();
+    moved.set_seq(slot);
+    std::borrow::Cow::Owned(moved)
 }
 
 /// Put `record` into its slot of `name`'s log, create-if-absent, with `failpoint` hit before the

@@ -126,14 +126,7 @@ fn widens(old: FieldType, new: FieldType) -> bool {
 
 impl StoredRun {
     pub fn new(lake: &Lake, run: &RunRecord) -> StoredRun {
-        let past = run.contract_fields.as_deref().and_then(parse_fields);
-        StoredRun {
-            run_id: run.run_id.to_string(),
-            source: run.source.to_string(),
-            url: lake.url(&layout::bronze_data(&run.source, &run.run_id)),
-            definition: run.contract_fields.as_deref().map(str::to_string),
-            past,
-        }
+        StoredRun::of_run(lake, &run.source, &run.run_id, run.contract_fields.as_deref())
     }
 
     /// A run of `contract`'s source recorded with `definition`, without a file: for what is
@@ -414,9 +407,7 @@ fn read_stored_with(
 ) -> Result<DataFrame> {
     let mut schema = contract.bronze_schema();
     if let Some(f) = &extra {
-        let mut fields: Vec<ArrowField> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        fields.push(f.clone());
-        schema = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+        schema = crate::table::parquet::with_field(&schema, f.clone());
     }
     let mut groups: BTreeMap<Option<&str>, Vec<&StoredRun>> = BTreeMap::new();
     for s in stored {

@@ -16,9 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{
-    DataType, Field, Int32Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
-};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, SchemaRef, TimestampMicrosecondType};
 use datafusion::parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
@@ -562,15 +560,13 @@ pub const READER_GRACE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
 /// The records as one batch of the log's schema plus their slots.
 fn checkpoint_batch<T: Record>(records: &[T]) -> Result<RecordBatch> {
-    let schema = T::schema();
     let all = T::batch_of(records)?;
-    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(slot_field());
     let mut columns = all.columns().to_vec();
     columns.push(Arc::new(Int64Array::from_iter_values(
         records.iter().map(|r| r.seq() as i64),
     )));
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+    let schema = crate::table::parquet::with_field(&T::schema(), slot_field());
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// What is wrong with the checkpoints of `name`: `(path, why)` for each that readers pass over

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Field, Schema, SchemaBuilder, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -20,6 +20,14 @@ pub async fn file_schema(ctx: &SessionContext, lake: &Lake, rel: &str) -> Result
     let options = ListingOptions::new(Arc::new(ParquetFormat::default().with_force_view_types(false)))
         .with_file_extension(".parquet");
     Ok(options.infer_schema(&ctx.state(), &url).await?)
+}
+
+/// `schema` with `field` after its fields (its metadata kept): a log's schema with the slot
+/// column of its checkpoint, a bronze schema with a segment's.
+pub fn with_field(schema: &Schema, field: Field) -> SchemaRef {
+    let mut b = SchemaBuilder::from(schema);
+    b.push(field);
+    Arc::new(b.finish())
 }
 
 /// A listing table over one Parquet file ingot wrote, with the schema stored in it.
