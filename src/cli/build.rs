@@ -28,10 +28,12 @@ pub struct BuildArgs {
     /// nothing.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let opts = BuildOptions {
         full: args.full,
         rebuild_where: args.rebuild_where.clone(),

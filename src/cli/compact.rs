@@ -10,10 +10,12 @@ pub struct CompactArgs {
     /// Also merge fewer small runs than a segment's usual 16 (at least two).
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &CompactArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let sources = if args.sources.is_empty() {
         let mut problems = crate::spec::yaml::Problems::default();
         let set = crate::spec::contract::ContractSet::load(&ws.contracts_dir, &mut problems);

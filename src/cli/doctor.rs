@@ -5,9 +5,16 @@ use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
-    /// First bring every lagging Delta table up to date (`ingot delta sync`), then check.
+    /// First repair what can be repaired without losing anything, then check: bring every
+    /// lagging Delta table up to date (`ingot delta sync`), rebuild a silver table whose current
+    /// snapshot has a damaged file (a full build from bronze), and remove a source's segments when
+    /// one is damaged (a cache). A damaged bronze file is reported with the runs to undo.
     #[arg(long)]
     pub fix: bool,
+    /// Also read every committed data file whole and compare it with the CRC-32 its commit
+    /// recorded (a scrub; without it, sizes and Parquet footers are checked).
+    #[arg(long)]
+    pub verify: bool,
 }
 
 pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
@@ -17,8 +24,11 @@ pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
         for line in crate::table::delta::sync(&ws.lake, crate::table::delta::Mode::DeletionVectors, &contracts).await? {
             crate::show!("fixed: {line}");
         }
+        for line in crate::ops::scrub::repair(&ws, args.verify).await? {
+            crate::show!("fixed: {line}");
+        }
     }
-    let report = crate::ops::doctor::doctor(&ws).await?;
+    let report = crate::ops::doctor::doctor_with(&ws, args.verify).await?;
     for v in &report.violations {
         crate::show!("{v}");
     }

@@ -17,14 +17,17 @@ pub struct GcArgs {
     /// latest snapshot of every table is always kept.
     #[arg(long, default_value = "7d")]
     pub retain: String,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &GcArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let opts = GcOptions {
         dry_run: args.dry_run,
         grace: parse_duration(&args.grace).map_err(|e| prefix("--grace", e))?,
         retain: parse_duration(&args.retain).map_err(|e| prefix("--retain", e))?,
+        wait: ws.lock_wait,
     };
     let contracts = crate::spec::contract::ContractSet::readable(&ws.contracts_dir);
     let report = crate::ops::gc::gc(&ws.lake, &opts, &contracts).await?;

@@ -23,10 +23,12 @@ pub struct IngestArgs {
     /// hold.row_count, an unreadable natural key in a full delivery) would hold it for review.
     #[arg(long)]
     pub no_hold: bool,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
     let found = expand_inputs(&args.inputs).await?;
     for s in &found.skipped {

@@ -233,6 +233,19 @@ pub struct OutputArgs {
     pub output: Option<PathBuf>,
 }
 
+/// `--wait`, for the commands that take a writer's lock (ingest, run, build, undo, rekey, replay,
+/// publish, discard, compact, gc).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WaitArgs {
+    /// When another command holds the lock of the same source (an ingest, undo, rekey, replay,
+    /// publish) or silver table (a build, an undo), wait up to this long for it to finish, saying
+    /// once on stderr what it waits for, then fail (exit 1); 0 fails at once. A lock left by a
+    /// crashed process is taken over once it expires (INGOT_LOCK_TTL_SECS, 60 s). E.g. 30s,
+    /// 10m, 2h.
+    #[arg(long, env = "INGOT_WAIT", default_value = "5m", value_name = "DURATION")]
+    pub wait: String,
+}
+
 /// `--tls-cert` / `--tls-key`, for the commands that serve TLS (`ingot serve`, `ingot cluster`).
 #[cfg(any(feature = "flight", feature = "cluster"))]
 #[derive(Debug, clap::Args)]
@@ -276,6 +289,17 @@ impl Cli {
     }
 }
 
+impl Cli {
+    /// [`Cli::workspace`] for a command that takes a writer's lock, waiting for it as `--wait` says.
+    pub fn writer_workspace(&self, wait: &WaitArgs) -> Result<Workspace> {
+        Ok(Workspace {
+            lock_wait: crate::ops::gc::parse_duration(&wait.wait)
+                .map_err(|e| Error::Invalid(format!("--wait: {e}")))?,
+            ..self.workspace()?
+        })
+    }
+}
+
 /// Run a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     crate::engine::session::tune_allocator();
@@ -287,10 +311,18 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitStatus::Internal.into();
         }
     };
+    let memory_limit = cli.memory_limit.clone();
+    let (lake, contracts) = (cli.lake.clone(), cli.contracts.clone());
     let status = match runtime.block_on(dispatch(cli)) {
         Ok(status) => status.into(),
         Err(e) => {
             report(&e);
+            if let Some(hint) = memory_hint(&e, &memory_limit) {
+                crate::tell!("{hint}");
+            }
+            if crate::ops::scrub::is_read_error(&e) {
+                runtime.block_on(name_damaged_files(&lake, &contracts));
+            }
             e.exit_status().into()
         }
     };
@@ -298,6 +330,45 @@ pub fn run(cli: Cli) -> ExitCode {
         crate::tell!("{line}");
     }
     status
+}
+
+/// The hint after an error whose cause is DataFusion's memory pool refusing an operator that
+/// cannot spill: name the flag that sets the pool, its value and what to do.
+pub fn memory_hint(e: &Error, memory_limit: &str) -> Option<String> {
+    let mut chain = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push(s.to_string());
+        source = s.source();
+    }
+    chain.iter().any(|m| m.contains("Resources exhausted")).then(|| {
+        format!(
+            "hint: the work needs more memory than --memory-limit {memory_limit} lets DataFusion's \
+             operators hold (the part they cannot spill to disk); run it again with a larger \
+             --memory-limit (e.g. --memory-limit 4G, or INGOT_MEMORY_LIMIT), or select fewer \
+             columns or rows"
+        )
+    })
+}
+
+/// After an error from reading a Parquet file (DataFusion's errors name none): look for the lake's
+/// committed files that are not what their commits recorded, and name each with its table, its
+/// run or build and what to do.
+async fn name_damaged_files(lake: &str, contracts: &std::path::Path) {
+    let Ok(lake) = Lake::open(lake) else {
+        return;
+    };
+    let sources: Vec<String> = crate::spec::contract::ContractSet::readable(contracts)
+        .into_keys()
+        .collect();
+    match crate::ops::scrub::damaged(&lake, &sources).await {
+        Ok(found) => {
+            for d in found {
+                crate::tell!("  {d}");
+            }
+        }
+        Err(e) => crate::tell!("  (the lake's files could not be checked: {e})"),
+    }
 }
 
 /// Print an error with its cause chain.

@@ -7,10 +7,12 @@ use crate::error::{ExitStatus, Result};
 pub struct RekeyArgs {
     /// The source whose contract's natural_key changed (contracts/<source>.yaml).
     pub source: String,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &RekeyArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let contract = crate::spec::contract::ContractSet::load_one(&ws.contracts_dir, &args.source)?;
     let done = crate::ops::rekey::rekey(&ws, contract).await?;
     crate::show!("{}", done.describe());

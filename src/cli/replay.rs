@@ -8,10 +8,12 @@ pub struct ReplayArgs {
     /// The run_id whose failed rows to replay (`ingot failures` shows them); replaying a replay
     /// run replays its original.
     pub run_id: String,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &ReplayArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let opts = crate::ingest::IngestOptions::default();
     match crate::ops::replay::replay(&ws, &args.run_id, &opts).await? {
         crate::ops::replay::Replayed::Run(r) => {

@@ -10,10 +10,13 @@ use crate::ops::nightly::{NightlyReport, run as nightly};
 use crate::table::audit::{BuildStatus, RunStatus};
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
+}
 
-pub async fn run(cli: &Cli, _args: &RunArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitStatus> {
+    let ws = cli.writer_workspace(&args.wait)?;
     let terminal = std::io::stdout().is_terminal();
     let opts = IngestOptions {
         progress: terminal,

@@ -8,10 +8,12 @@ pub struct UndoArgs {
     /// The run_id of an ingestion run (`ingot runs`) or the build_id of a silver build
     /// (audit.silver_build_log).
     pub id: String,
+    #[command(flatten)]
+    pub wait: crate::cli::WaitArgs,
 }
 
 pub async fn run(cli: &Cli, args: &UndoArgs) -> Result<ExitStatus> {
-    let ws = cli.workspace()?;
+    let ws = cli.writer_workspace(&args.wait)?;
     let done = crate::ops::undo::undo(&ws, &args.id).await?;
     crate::show!("{}", done.describe());
     Ok(ExitStatus::Success)

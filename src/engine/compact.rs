@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
@@ -270,18 +269,13 @@ async fn write_segment(
     while let Some(batch) = stream.next().await {
         writer.write(&batch?).await?;
     }
-    let rows = writer.finish().await?;
-    let bytes = ws
-        .lake
-        .store
-        .head(&ws.lake.path(&file))
-        .await
-        .map_err(|e| Error::RunFailed(format!("{file}: written, then not found: {e}")))?
-        .size;
+    let (rows, stamp) = writer.finish_stamped().await?;
+    let stamp = stamp.ok_or_else(|| Error::Internal(format!("{file}: the segment has no rows")))?;
     Ok(Segment {
         id,
         file,
-        bytes,
+        bytes: stamp.bytes,
+        crc32: Some(stamp.crc_hex()),
         rows,
         level,
         definition,

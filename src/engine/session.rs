@@ -51,6 +51,9 @@ pub struct Workspace {
     pub clock: Arc<dyn Clock>,
     /// New run and build ids.
     pub ids: Arc<dyn IdSource>,
+    /// How long a writer waits for another writer's lock on the same source or table (`--wait`;
+    /// zero: fail at once), see [`crate::table::lock::acquire_for`].
+    pub lock_wait: std::time::Duration,
 }
 
 /// Where the pipeline reads the time of day: [`SystemClock`] by default; tests inject a
@@ -141,7 +144,7 @@ pub const POOL_PERCENT: usize = 85;
 
 impl Workspace {
     /// A workspace over `lake` with the default folders (`contracts`, `rules`, `data/landing`),
-    /// memory limit, no cluster, the system clock and UUIDv7 ids.
+    /// memory limit, no cluster, the system clock, UUIDv7 ids and the default lock wait.
     pub fn new(lake: Lake) -> Workspace {
         Workspace {
             lake,
@@ -152,6 +155,7 @@ impl Workspace {
             cluster: None,
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7),
+            lock_wait: crate::table::lock::DEFAULT_WAIT,
         }
     }
 
@@ -188,6 +192,14 @@ impl Workspace {
         // into the metadata cache the second scan finds it in, instead of twice from the store
         // when the two scans race for it.
         config.options_mut().execution.planning_concurrency = 1;
+        // A repartition that cannot grow its memory spills batches into files its readers follow
+        // as they are written. In DataFusion 55 two input tasks spilling at once can each leave a
+        // file open; the reader waits for the older one to be finished, the writers wait for the
+        // reader to drain, and the query parks forever with no CPU (a full-width export of
+        // `_current` at 6M rows under the default limit). Closing every spill file after its one
+        // batch leaves no file open for a reader to wait on (a file per spilled batch).
+        config.options_mut().execution.max_spill_file_size_bytes =
+            datafusion::common::config::ConfigNonZeroUsize::try_new(1)?;
         // ... except where one side is provably small: that side is collected into a hash table
         // (after JoinSelection, so no estimate swaps it back; see crate::engine::joins)
         let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;

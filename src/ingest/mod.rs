@@ -182,9 +182,11 @@ pub async fn ingest_file(
         failure_class: None,
         held_reason: None,
         decided_at: None,
+        data_file: None,
+        failure_file: None,
         seq: 0,
     };
-    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl).await?;
+    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl, ws.lock_wait).await?;
     // this source's log only: an ingest never pays for the other sources' history
     let mut runs = Vec::new();
     let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
@@ -443,6 +445,8 @@ async fn load(
     record.rows_failed = stats.failed as i64;
     record.rows_deleted = stats.deleted as i64;
     record.rows_superseded = stats.superseded as i64;
+    record.data_file = stats.data_file;
+    record.failure_file = stats.failure_file;
     record.ignored_columns = if stats.ignored.is_empty() {
         None
     } else {

@@ -35,6 +35,7 @@ use crate::table::bronze::{ParallelFileWriter, RunStamp};
 use crate::table::evolve::StoredRun;
 use crate::table::failpoint;
 use crate::table::lake::layout;
+use crate::table::upload::FileStamp;
 
 /// Every row's key and row-hash prefix (see [`HashedBatch::key`]).
 pub type RowKeys = Vec<(Fp, u64)>;
@@ -301,7 +302,7 @@ struct NewRows {
 /// the pass waits too), so memory stays bounded.
 struct DataWriter {
     tx: Option<mpsc::Sender<NewRows>>,
-    thread: JoinHandle<Result<u64>>,
+    thread: JoinHandle<Result<(u64, Option<FileStamp>)>>,
 }
 
 /// Batches that may wait for the stamp (the file hash) before the pass stalls.
@@ -356,8 +357,8 @@ impl DataWriter {
         }
     }
 
-    /// Close the file; the number of rows written.
-    async fn finish(mut self) -> Result<u64> {
+    /// Close the file; the number of rows written and the file's size and CRC-32.
+    async fn finish(mut self) -> Result<(u64, Option<FileStamp>)> {
         self.tx = None;
         self.thread
             .await
@@ -404,6 +405,9 @@ pub struct Stats {
     pub unreadable_keys: u64,
     pub first_unreadable: Option<String>,
     pub ignored: Vec<String>,
+    /// The size and CRC-32 of the data file and the failure file the pass wrote.
+    pub data_file: Option<FileStamp>,
+    pub failure_file: Option<FileStamp>,
 }
 
 /// How a write pass ended.
@@ -570,9 +574,9 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         stats.current = classifier.current_records();
         stats.deleted = write_tombstones(ctx, contract, stored, classifier, &mut data).await?;
     }
-    data.finish().await?;
+    stats.data_file = data.finish().await?.1;
     failpoint::hit("ingest.after_data")?;
-    failures.finish().await?;
+    stats.failure_file = failures.finish_stamped().await?.1;
     failpoint::hit("ingest.after_failures")?;
     stats.ignored = producer.ignored.await.unwrap_or_default();
     Ok(PassOutcome::Done(stats))

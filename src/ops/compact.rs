@@ -10,7 +10,7 @@ use crate::spec::contract::Contract;
 pub async fn compact(ws: &Workspace, contract: &Contract, all: bool) -> Result<Compacted> {
     let holder = format!("compact-{}", ws.new_id());
     let ttl = crate::table::lock::default_ttl();
-    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &holder, ttl).await?;
+    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &holder, ttl, ws.lock_wait).await?;
     let result = async {
         let runs = crate::table::audit::read_source_runs(&ws.lake, &contract.source).await?;
         crate::engine::compact::compact_source(ws, contract, &runs, all).await

@@ -120,6 +120,12 @@ fn v(check: &'static str, location: impl Into<String>, message: impl Into<String
 
 /// Run every check; see the module documentation.
 pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
+    doctor_with(ws, false).await
+}
+
+/// [`doctor`]; with `verify` every committed file is also read whole and compared with the CRC-32
+/// its commit recorded (`ingot doctor --verify`).
+pub async fn doctor_with(ws: &Workspace, verify: bool) -> Result<DoctorReport> {
     let lake = &ws.lake;
     // 0. logs: objects that are not records, records no reader can parse (the logs cannot be read
     // while one is in a slot: then that is all doctor can say)
@@ -149,7 +155,8 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     for (path, why) in crate::table::audit::checkpoint_problems(lake).await? {
         out.push(v("caches", path, why));
     }
-    let present = lake_files(lake).await?;
+    let sizes = crate::ops::scrub::listed_sizes(lake).await?;
+    let present: BTreeSet<String> = sizes.keys().cloned().collect();
     let mut report = DoctorReport {
         orphans: orphans(&present, &all_runs, &all_builds),
         held: all_runs
@@ -168,6 +175,30 @@ pub async fn doctor(ws: &Workspace) -> Result<DoctorReport> {
     let tables: BTreeSet<&str> = all_builds.iter().map(|b| b.table.as_str()).collect();
     check_silver_snapshots(lake, &tables, &all_builds, &present, &mut damaged, &mut out).await;
     check_build_failure_files(&all_builds, &present, &mut damaged, &mut out);
+    // 1b. files that are not what their commits recorded (size, CRC-32, a Parquet footer)
+    let sources: Vec<String> = crate::spec::contract::ContractSet::readable(&ws.contracts_dir)
+        .into_keys()
+        .collect();
+    let committed = crate::ops::scrub::committed_files(lake, &all_runs, &all_builds, &sources).await?;
+    for d in crate::ops::scrub::check(lake, &committed, &sizes, &all_runs, verify).await? {
+        match &d.by {
+            crate::ops::scrub::Committer::Run { source, data: true, .. } => {
+                damaged.tables.insert(source.clone());
+            }
+            crate::ops::scrub::Committer::Run { data: false, .. } => damaged.failures = true,
+            crate::ops::scrub::Committer::Build { table, .. } => {
+                damaged.tables.insert(format!("silver.{table}"));
+            }
+            crate::ops::scrub::Committer::Segment { source } => {
+                damaged.tables.insert(source.clone());
+            }
+        }
+        out.push(v(
+            "files",
+            d.rel.clone(),
+            format!("damaged ({}): {}; {}", d.owner(), d.what, d.fix),
+        ));
+    }
     if damaged.tables.iter().any(|d| d.starts_with("silver.")) {
         // the catalog cannot open a table whose snapshot is gone
         out.dedup();
@@ -348,19 +379,6 @@ async fn check_view_state(
         )));
     }
     Ok(None)
-}
-
-/// Every file under the lake's bronze, failure-log and silver prefixes (relative paths).
-async fn lake_files(lake: &Lake) -> Result<BTreeSet<String>> {
-    let mut present = BTreeSet::new();
-    for prefix in ["bronze", "audit/row_failure_log", "silver"] {
-        for meta in lake.list(prefix).await? {
-            if let Some(rel) = lake.relative(&meta.location) {
-                present.insert(rel);
-            }
-        }
-    }
-    Ok(present)
 }
 
 /// Files that belong to no committed run or succeeded build (not a violation: gc's to remove).

@@ -32,6 +32,8 @@ pub struct GcOptions {
     pub grace: Duration,
     /// Succeeded builds other than the latest are kept this long after they finished.
     pub retain: Duration,
+    /// How long to wait for a table's lock before keeping its snapshots for now (`--wait`).
+    pub wait: Duration,
 }
 
 impl Default for GcOptions {
@@ -40,6 +42,7 @@ impl Default for GcOptions {
             dry_run: false,
             grace: Duration::from_secs(24 * 3600),
             retain: Duration::from_secs(7 * 24 * 3600),
+            wait: crate::table::lock::DEFAULT_WAIT,
         }
     }
 }
@@ -281,7 +284,7 @@ pub async fn gc(lake: &Lake, opts: &GcOptions, contracts: &crate::table::delta::
     }
     let gc_id = format!("{GC_HOLDER}{}", uuid::Uuid::now_v7());
     for (table, files) in snapshots {
-        let lock = match acquire_for(lake, Scope::Table(&table), &gc_id, Vec::new(), default_ttl()).await {
+        let lock = match acquire_for(lake, Scope::Table(&table), &gc_id, Vec::new(), default_ttl(), opts.wait).await {
             Ok(lock) => lock,
             Err(Error::Locked(why)) => {
                 report.skipped.push(format!("silver.{table} kept for now: {why}"));

@@ -108,7 +108,14 @@ async fn decide(ws: &Workspace, id: &str, publish: bool) -> Result<Decided> {
     }
     let source = run.source.clone();
     let holder = format!("{}-{}", if publish { "publish" } else { "discard" }, ws.new_id());
-    let lock = crate::table::lock::acquire(&ws.lake, &source, &holder, crate::table::lock::default_ttl()).await?;
+    let lock = crate::table::lock::acquire(
+        &ws.lake,
+        &source,
+        &holder,
+        crate::table::lock::default_ttl(),
+        ws.lock_wait,
+    )
+    .await?;
     let result = async {
         // read again under the lock: another command may have decided it since
         let runs = read_run_log(&ws.lake).await?;

@@ -1,7 +1,8 @@
 //! Operations over a lake, built from the stages below: the nightly job ([`nightly`]), undo of a
 //! run or build ([`undo`]), publishing or discarding a held run ([`held`]), replay of failed rows
 //! ([`replay`]), natural-key re-versioning ([`rekey`]), garbage collection ([`gc`]) and the
-//! consistency checks of `ingot doctor` ([`doctor`]).
+//! consistency checks of `ingot doctor` ([`doctor`]) with its check of the committed files'
+//! sizes and checksums ([`scrub`]).
 
 pub mod compact;
 pub mod doctor;
@@ -10,4 +11,5 @@ pub mod held;
 pub mod nightly;
 pub mod rekey;
 pub mod replay;
+pub mod scrub;
 pub mod undo;

@@ -125,7 +125,8 @@ pub async fn rekey(ws: &Workspace, contract: Arc<Contract>) -> Result<Rekeyed> {
     let run_id = ws.new_id();
     let scope = crate::table::lock::Scope::Source(&contract.source);
     let ttl = crate::table::lock::default_ttl();
-    let lock = crate::table::lock::acquire_for(&ws.lake, scope, &holder, vec![run_id.clone()], ttl).await?;
+    let lock =
+        crate::table::lock::acquire_for(&ws.lake, scope, &holder, vec![run_id.clone()], ttl, ws.lock_wait).await?;
     let result = async {
         failpoint::hit("rekey.after_lock")?;
         let runs = read_run_log(&ws.lake).await?;
@@ -227,6 +228,8 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         failure_class: None,
         held_reason: None,
         decided_at: None,
+        data_file: None,
+        failure_file: None,
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;
@@ -273,10 +276,10 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
             held.extend(rows.held(&clash, &names)?);
         }
     }
-    data.finish().await?;
+    record.data_file = data.finish_stamped().await?.1;
     failpoint::hit("rekey.after_data")?;
     log_conflicts(contract, new_version, held, &mut failures).await?;
-    failures.finish().await?;
+    record.failure_file = failures.finish_stamped().await?.1;
     failpoint::hit("rekey.after_failures")?;
 
     record.rows_seen = (written + merged + conflicting) as i64;

@@ -139,7 +139,14 @@ async fn undo_run(ws: &Workspace, run: RunRecord) -> Result<Undone> {
         return Ok(n);
     }
     let holder = format!("undo-{}", ws.new_id());
-    let lock = crate::table::lock::acquire(&ws.lake, &run.source, &holder, crate::table::lock::default_ttl()).await?;
+    let lock = crate::table::lock::acquire(
+        &ws.lake,
+        &run.source,
+        &holder,
+        crate::table::lock::default_ttl(),
+        ws.lock_wait,
+    )
+    .await?;
     let result = async {
         crate::table::failpoint::hit("undo.after_lock")?;
         // Read again under the lock: another undo may have committed since.
@@ -188,7 +195,15 @@ async fn undo_build(ws: &Workspace, builds: &[BuildRecord], build: BuildRecord) 
     let holder = format!("undo-{}", ws.new_id());
     let scope = crate::table::lock::Scope::Table(&build.table);
     let ttl = crate::table::lock::default_ttl();
-    let lock = crate::table::lock::acquire_for(&ws.lake, scope, &holder, restores.into_iter().collect(), ttl).await?;
+    let lock = crate::table::lock::acquire_for(
+        &ws.lake,
+        scope,
+        &holder,
+        restores.into_iter().collect(),
+        ttl,
+        ws.lock_wait,
+    )
+    .await?;
     let result = undo_build_locked(ws, &build).await;
     lock.release().await?;
     result

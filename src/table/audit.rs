@@ -6,7 +6,8 @@
 //! file that only becomes visible through the run's committed record. Columns added after the
 //! first release (`ignored_columns`, `rolled_back_at`, `rows_deleted`, `natural_key_version`,
 //! `previous_natural_key_version`, `natural_key_definition`, `rows_superseded`,
-//! `contract_fields`, `failure_class`, `held_reason`, `decided_at`) read as null (or 0) in older
+//! `contract_fields`, `failure_class`, `held_reason`, `decided_at`, `data_file_bytes`,
+//! `data_file_crc32`, `failure_file_bytes`, `failure_file_crc32`) read as null (or 0) in older
 //! records; [`RunRecord`] says what each holds. A `held` run wrote its files but publishes nothing
 //! until `ingot publish` commits a loaded copy of its record (or `ingot discard` a `discarded` one).
 //!
@@ -16,13 +17,11 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use datafusion::arrow::array::{
     Array, ArrayRef, Int32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
     TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::parquet::arrow::ArrowWriter;
 
 use crate::error::{Error, Result};
 use crate::spec::contract::timestamp_type;
@@ -30,6 +29,7 @@ use crate::table::bronze::RunFileWriter;
 use crate::table::lake::{Lake, layout};
 use crate::table::log::{LogColumns, Record, read_checkpointed};
 use crate::table::text::Text;
+use crate::table::upload::FileStamp;
 
 pub const INGOT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -145,6 +145,10 @@ pub struct RunRecord {
     /// When `ingot publish` or `ingot discard` decided a held run (microseconds, UTC). Extension
     /// column.
     pub decided_at: Option<i64>,
+    /// The size and CRC-32 of the run's bronze data file and failure file as written (extension
+    /// columns `data_file_bytes`, `data_file_crc32`, `failure_file_…`; none in older records).
+    pub data_file: Option<FileStamp>,
+    pub failure_file: Option<FileStamp>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -213,6 +217,10 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("failure_class", DataType::Utf8, true),
         Field::new("held_reason", DataType::Utf8, true),
         Field::new("decided_at", timestamp_type(), true),
+        Field::new("data_file_bytes", DataType::Int64, true),
+        Field::new("data_file_crc32", DataType::Utf8, true),
+        Field::new("failure_file_bytes", DataType::Int64, true),
+        Field::new("failure_file_crc32", DataType::Utf8, true),
     ]))
 }
 
@@ -272,7 +280,7 @@ impl RunRecord {
                     .with_timezone("UTC"),
             )
         };
-        let cols: Vec<ArrayRef> = vec![
+        let mut cols: Vec<ArrayRef> = vec![
             text(|r| Some(&r.run_id)),
             text(|r| Some(&r.source)),
             int32(|r| Some(r.contract_version)),
@@ -302,6 +310,21 @@ impl RunRecord {
             text(|r| r.held_reason.as_deref()),
             time(|r| r.decided_at),
         ];
+        // each file stamp as two columns, its size and its CRC-32
+        for f in [|r: &RunRecord| r.data_file, |r: &RunRecord| r.failure_file] {
+            cols.push(Arc::new(
+                records
+                    .iter()
+                    .map(|r| f(r).map(|s| s.bytes as i64))
+                    .collect::<Int64Array>(),
+            ));
+            cols.push(Arc::new(
+                records
+                    .iter()
+                    .map(|r| f(r).map(|s| s.crc_hex()))
+                    .collect::<StringArray>(),
+            ));
+        }
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
 
@@ -349,6 +372,19 @@ impl RunRecord {
         let (key_version, previous_key_version) =
             (int32("natural_key_version")?, int32("previous_natural_key_version")?);
         let (rolled_back_at, decided_at) = (time("rolled_back_at")?, time("decided_at")?);
+        let stamps = [
+            (int64("data_file_bytes")?, text("data_file_crc32")?),
+            (int64("failure_file_bytes")?, text("failure_file_crc32")?),
+        ];
+        // a stamp whose two columns are set and whose CRC is 8 hex digits (anything else: none)
+        let stamp = |k: usize, r: usize| -> Option<FileStamp> {
+            let (bytes, crc) = (get(stamps[k].0, r)?.value(r), get(stamps[k].1, r)?.value(r));
+            let crc32 = u32::from_str_radix(crc, 16).ok().filter(|_| crc.len() == 8)?;
+            Some(FileStamp {
+                bytes: u64::try_from(bytes).ok()?,
+                crc32,
+            })
+        };
         fn get<T: Array>(a: Option<&T>, r: usize) -> Option<&T> {
             a.filter(|a| !a.is_null(r))
         }
@@ -387,6 +423,8 @@ impl RunRecord {
                 failure_class: s(failure_class, r),
                 held_reason: s(held_reason, r),
                 decided_at: get(decided_at, r).map(|a| a.value(r)),
+                data_file: stamp(0, r),
+                failure_file: stamp(1, r),
                 seq: 0,
             });
         }
@@ -403,25 +441,6 @@ pub fn not_before(runs: &[RunRecord], source: &str, now: i64) -> i64 {
         .filter(|r| r.source == source)
         .map(|r| r.started_at.saturating_add(1))
         .fold(now, i64::max)
-}
-
-/// Serialize one batch as a complete, uncompressed Parquet file in memory (small audit records).
-///
-/// Plain pages without statistics: a log record is one row, read back by every command that reads
-/// the records after a checkpoint, and a dictionary page and statistics per column made a record
-/// 8.7 KB and most of its reading time.
-pub fn parquet_bytes(batch: &RecordBatch) -> Result<Bytes> {
-    use datafusion::parquet::file::properties::EnabledStatistics;
-    let props = crate::table::bronze::uncompressed_properties_for(&batch.schema())
-        .into_builder()
-        .set_dictionary_enabled(false)
-        .set_statistics_enabled(EnabledStatistics::None)
-        .build();
-    let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
-    w.write(batch)?;
-    w.close()?;
-    Ok(Bytes::from(buf))
 }
 
 impl Record for RunRecord {
@@ -678,10 +697,15 @@ impl FailureWriter {
     }
 
     /// Flush and close the file (if any row was written). Returns the number of rows.
-    pub async fn finish(mut self) -> Result<u64> {
+    pub async fn finish(self) -> Result<u64> {
+        Ok(self.finish_stamped().await?.0)
+    }
+
+    /// [`FailureWriter::finish`] with the file's size and CRC-32 (`None`: no file).
+    pub async fn finish_stamped(mut self) -> Result<(u64, Option<FileStamp>)> {
         self.flush().await?;
-        self.file.finish().await?;
-        Ok(self.count)
+        let (_, stamp) = self.file.finish_stamped().await?;
+        Ok((self.count, stamp))
     }
 }
 

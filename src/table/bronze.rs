@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use crate::table::upload::{DEFAULT_IN_FLIGHT, DEFAULT_PART, FileStamp, LakeUpload};
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
 };
@@ -22,8 +23,6 @@ use datafusion::parquet::file::metadata::KeyValue;
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::parquet::schema::types::ColumnPath;
-use object_store::buffered::BufWriter;
-use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
 use crate::table::lake::Lake;
@@ -186,7 +185,7 @@ pub struct RunFileWriter {
     uncompressed: bool,
     /// Leave the fingerprint column uncompressed ([`RunFileWriter::with_fingerprints_uncompressed`]).
     fingerprints_uncompressed: bool,
-    writer: Option<AsyncArrowWriter<BufWriter>>,
+    writer: Option<AsyncArrowWriter<LakeUpload>>,
     /// Close a row group once its encoded size passes this (a writer holds its open row group in
     /// memory; silver builds run one writer per partition at once).
     row_group_bytes: Option<usize>,
@@ -285,9 +284,10 @@ impl RunFileWriter {
     /// Account for the writer's memory in DataFusion's memory pool, as `name`: `bytes`, or as
     /// much as the pool has left (halving down to 2 MiB, which it takes even past the limit).
     /// Half of it bounds the open row group, half the upload of the closed one (parts of a sixth:
-    /// one filling, two in flight), so operators running beside the writer spill instead of the
-    /// process outgrowing `--memory-limit`. Without a budget a writer holds up to a row group
-    /// plus object_store's default of 8 parts of 10 MiB in flight, none of it in the pool.
+    /// one filling, two in flight; never under S3's 5 MiB, the pool then holds the upload's
+    /// parts past the budget: [`crate::table::upload`]), so operators running beside the writer
+    /// spill instead of the process outgrowing `--memory-limit`. Without a budget a writer holds
+    /// up to a row group plus 8 parts of 10 MiB in flight, none of it in the pool.
     pub fn with_budget(mut self, pool: &Arc<dyn MemoryPool>, name: &str, bytes: usize) -> RunFileWriter {
         let budget = MemoryConsumer::new(name).register(pool);
         let mut want = bytes.max(MIN_BUDGET);
@@ -307,11 +307,11 @@ impl RunFileWriter {
             return Ok(());
         }
         if self.writer.is_none() {
-            let (store, path) = (self.lake.store.clone(), self.lake.path(&self.rel));
             let w = match &self.budget {
-                // parts of a sixth of the budget, one filling and two in flight: the upload's half
-                Some(b) => BufWriter::with_capacity(store, path, (b.size() / 6).max(1 << 20)).with_max_concurrency(2),
-                None => BufWriter::new(store, path),
+                // parts of a sixth of the budget, one filling and two in flight: the upload's
+                // half, grown to S3's smallest part where the budget is less
+                Some(b) => LakeUpload::new(&self.lake, &self.rel, b.size() / 6, 2).with_memory(b.split(b.size() / 2)),
+                None => LakeUpload::new(&self.lake, &self.rel, DEFAULT_PART, DEFAULT_IN_FLIGHT),
             };
             self.writer = Some(AsyncArrowWriter::try_new(
                 w,
@@ -337,12 +337,19 @@ impl RunFileWriter {
 
     /// Close the file (and its key index); returns the number of rows written (0: no file was
     /// created).
-    pub async fn finish(mut self) -> Result<u64> {
+    pub async fn finish(self) -> Result<u64> {
+        Ok(self.finish_stamped().await?.0)
+    }
+
+    /// [`RunFileWriter::finish`], also returning the file's size and CRC-32 (`None`: no file).
+    pub async fn finish_stamped(mut self) -> Result<(u64, Option<FileStamp>)> {
+        let mut stamp = None;
         if let Some(mut w) = self.writer.take() {
             for kv in self.metadata.drain(..) {
                 w.append_key_value_metadata(kv);
             }
-            w.close().await?;
+            w.finish().await?;
+            stamp = Some(w.into_inner().stamp());
         }
         if let Some((mut keys, digest)) = self.keys.take() {
             keys.metadata = vec![
@@ -351,7 +358,7 @@ impl RunFileWriter {
             ];
             Box::pin(keys.finish()).await?;
         }
-        Ok(self.rows)
+        Ok((self.rows, stamp))
     }
 }
 
@@ -508,7 +515,7 @@ impl std::io::Write for Spool {
 struct OpenFile {
     file: SerializedFileWriter<Spool>,
     factory: ArrowRowGroupWriterFactory,
-    out: BufWriter,
+    out: LakeUpload,
     encoders: Vec<Encoder>,
     /// For each leaf column, the encoder that owns it.
     owner: Vec<usize>,
@@ -569,7 +576,7 @@ impl ParallelFileWriter {
             load[k] += sizes[i];
         }
         let encoders = (0..ENCODERS).map(Encoder::spawn).collect::<Result<Vec<_>>>()?;
-        let out = BufWriter::new(self.lake.store.clone(), self.lake.path(&self.rel));
+        let out = LakeUpload::new(&self.lake, &self.rel, DEFAULT_PART, DEFAULT_IN_FLIGHT);
         Ok(OpenFile {
             file,
             factory,
@@ -661,10 +668,11 @@ impl ParallelFileWriter {
         Ok(())
     }
 
-    /// Close the file; returns the number of rows written (0: no file was created).
-    pub fn finish(mut self) -> Result<u64> {
+    /// Close the file; returns the number of rows written (0: no file was created) and the
+    /// file's size and CRC-32.
+    pub fn finish(mut self) -> Result<(u64, Option<FileStamp>)> {
         let Some(mut open) = self.open.take() else {
-            return Ok(0);
+            return Ok((0, None));
         };
         if open.group_rows > 0 {
             Self::flush_group(&mut open, &self.handle)?;
@@ -676,13 +684,13 @@ impl ParallelFileWriter {
             for b in blocks {
                 out.put(b).await?;
             }
-            out.shutdown().await.map_err(|e| Error::io(&self.rel, e))
+            out.finish().await
         })?;
         for e in encoders {
             drop(e.jobs);
             let _ = e.thread.join();
         }
-        Ok(self.rows)
+        Ok((self.rows, Some(out.stamp())))
     }
 }
 

@@ -4,9 +4,10 @@
 
 use crate::error::{Error, Result};
 use crate::spec::contract::Contract;
-use crate::table::audit::{BuildRecord, RunRecord, parquet_bytes};
+use crate::table::audit::{BuildRecord, RunRecord};
 use crate::table::lake::Lake;
 use crate::table::log::{Record, checkpoint_after, put_record};
+use crate::table::parquet::parquet_bytes;
 
 /// Commit a run: its record goes into the source's slot `record.seq`, create-if-absent (or the
 /// next slot past objects no reader can parse); the slot taken is returned. If the slot is taken

@@ -67,6 +67,10 @@ pub struct Lake {
     pub uploads: Option<Arc<crate::table::store::Uploads>>,
     /// How often the caches of the history are written ([`Cadence`]).
     pub cadence: Cadence,
+    /// On a [`Lake::journaled`] lake: the size and CRC-32 of every file written through it (by
+    /// [`crate::table::upload::LakeUpload`] or [`Lake::put_file`]), by lake-relative path, for
+    /// the commit that names them ([`Lake::stamps_under`]); shared by the clones of that lake.
+    written: Option<Arc<std::sync::Mutex<std::collections::HashMap<String, crate::table::upload::FileStamp>>>>,
 }
 
 /// How often a lake's history caches are written: a log checkpoint every `checkpoint_every`
@@ -121,6 +125,7 @@ impl Lake {
                 root_dir: None,
                 uploads: opened.uploads,
                 cadence: Cadence::from_env(),
+                written: None,
             });
         }
         let local = location.strip_prefix("file://").unwrap_or(location);
@@ -137,6 +142,7 @@ impl Lake {
             root_dir: Some(abs),
             uploads: None,
             cadence: Cadence::from_env(),
+            written: None,
         })
     }
 
@@ -177,6 +183,48 @@ impl Lake {
     /// A storage error on `rel`, with the URL it concerns and, for S3, what to set or create.
     fn error(&self, rel: &str, e: object_store::Error) -> Error {
         crate::table::store::explain(&self.url(rel), e)
+    }
+
+    /// This lake, keeping a journal of the files written through it (and its clones) from now
+    /// on, for a command whose commit records them (a silver build's manifest).
+    pub fn journaled(&self) -> Lake {
+        Lake {
+            written: Some(Default::default()),
+            ..self.clone()
+        }
+    }
+
+    /// Note, on a journaled lake, that `rel` was written with `stamp` ([`Lake::stamps_under`]).
+    pub fn wrote(&self, rel: &str, stamp: crate::table::upload::FileStamp) {
+        if let Some(Ok(mut w)) = self.written.as_ref().map(|w| w.lock()) {
+            w.insert(rel.to_string(), stamp);
+        }
+    }
+
+    /// The files this process wrote under the folder `dir` (lake-relative, no trailing slash),
+    /// by their path within it, with their stamps; they are forgotten here (a commit records
+    /// them once).
+    pub fn stamps_under(&self, dir: &str) -> std::collections::BTreeMap<String, crate::table::upload::FileStamp> {
+        let prefix = format!("{dir}/");
+        let Some(Ok(mut w)) = self.written.as_ref().map(|w| w.lock()) else {
+            return Default::default();
+        };
+        let names: Vec<String> = w.keys().filter(|k| k.starts_with(&prefix)).cloned().collect();
+        names
+            .into_iter()
+            .filter_map(|k| {
+                let stamp = w.remove(&k)?;
+                Some((k[prefix.len()..].to_string(), stamp))
+            })
+            .collect()
+    }
+
+    /// Put a whole data file a commit will name, noting its stamp ([`Lake::wrote`]).
+    pub async fn put_file(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        let stamp = crate::table::upload::FileStamp::of(&bytes);
+        self.put(rel, bytes).await?;
+        self.wrote(rel, stamp);
+        Ok(())
     }
 
     pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
@@ -490,6 +538,11 @@ pub mod layout {
 
     /// A file of build `build_id` named in its manifest.
     pub fn silver_file(table: &str, build_id: &str, name: &str) -> String {
-        format!("silver/{table}/build_id={build_id}/{name}")
+        format!("{}/{name}", silver_build_dir(table, build_id))
+    }
+
+    /// The folder of build `build_id`'s files.
+    pub fn silver_build_dir(table: &str, build_id: &str) -> String {
+        format!("silver/{table}/build_id={build_id}")
     }
 }

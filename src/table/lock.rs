@@ -5,9 +5,9 @@
 //! heartbeat every third of its time-to-live. It names its holder and the runs and builds whose
 //! files the holder may still commit or restore ([`LockInfo::holds`]): `ingot gc` reads the live
 //! locks and keeps those files ([`live_holds`]), and holds a table's lock while deleting the
-//! table's snapshots. A second writer fails at once naming the holder, except that it waits while
-//! gc holds the lock. A lock whose heartbeat is older than its TTL, or whose process is gone (same
-//! host), is stale and taken over, so a crash blocks nothing longer than the TTL.
+//! table's snapshots. A second writer waits its turn (`--wait`, [`DEFAULT_WAIT`]; polling, no
+//! queue), saying once what it waits for, then fails naming the holder. A lock whose heartbeat is
+//! older than its TTL, or whose process is gone (same host), is stale and taken over.
 //!
 //! Hazard: on the local file system takeover is delete-then-create and a heartbeat is
 //! check-then-write; on any store a process paused past its TTL loses the lock. So the lock is
@@ -118,20 +118,28 @@ impl LockInfo {
     }
 }
 
-/// Take the lock of `source` for `run_id`.
-pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration) -> Result<SourceLock> {
-    acquire_for(lake, Scope::Source(source), run_id, Vec::new(), ttl).await
+/// Take the lock of `source` for `run_id`, waiting up to `wait` for a live holder to finish.
+pub async fn acquire(lake: &Lake, source: &str, run_id: &str, ttl: Duration, wait: Duration) -> Result<SourceLock> {
+    acquire_for(lake, Scope::Source(source), run_id, Vec::new(), ttl, wait).await
 }
 
+/// How long a writer waits for another writer's lock by default (`--wait`): longer than a
+/// typical manual ingest or build, short enough that a scheduler hears of a stuck holder.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+
 /// Take the lock of `scope` for `holder`, naming in it the other runs and builds whose files the
-/// holder may commit or restore (`holds`). While gc holds the lock this waits for it (at most a
-/// TTL); any other live holder makes it fail at once with [`Error::Locked`] naming the holder.
+/// holder may commit or restore (`holds`). A live holder is waited for, up to `wait`
+/// (`Duration::ZERO`: not at all), saying once on stderr what it waits for; then this fails with
+/// [`Error::Locked`] naming the holder. A lock gc holds is waited for at least a TTL (gc holds a
+/// table's lock only while it deletes snapshots). A holder that crashed is taken over once its
+/// lock is stale (its TTL passed, or its process is gone on this host).
 pub async fn acquire_for(
     lake: &Lake,
     scope: Scope<'_>,
     holder: &str,
     holds: Vec<String>,
     ttl: Duration,
+    wait: Duration,
 ) -> Result<SourceLock> {
     let info = LockInfo {
         run_id: holder.to_string(),
@@ -143,43 +151,78 @@ pub async fn acquire_for(
         released: false,
         holds,
     };
-    let deadline = std::time::Instant::now() + ttl;
+    let start = std::time::Instant::now();
+    let mut told = false;
+    let mut pause = Duration::from_millis(50);
     loop {
-        match try_acquire(lake, scope, info.clone(), ttl).await? {
+        let h = match try_acquire(lake, scope, info.clone(), ttl).await? {
             Ok(lock) => return Ok(lock),
-            Err(h) if h.run_id.starts_with(GC_HOLDER) && !holder.starts_with(GC_HOLDER) => {
-                if std::time::Instant::now() >= deadline {
-                    return Err(locked(lake, scope, &h));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(h) => return Err(locked(lake, scope, &h)),
+            Err(h) => h,
+        };
+        let gc = h.run_id.starts_with(GC_HOLDER) && !holder.starts_with(GC_HOLDER);
+        let patience = if gc { wait.max(ttl) } else { wait };
+        let waited = start.elapsed();
+        if waited >= patience {
+            return Err(locked(lake, scope, &h, wait));
         }
+        if !told && !gc {
+            crate::tell!(
+                "ingot: waiting for {}; up to {} in all (--wait)",
+                holding(scope, &h),
+                show_duration(wait)
+            );
+            told = true;
+        }
+        tokio::time::sleep(pause.min(patience - waited)).await;
+        // poll quickly at first (a holder about to release), then once a second
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
-/// The error for a lock `scope` that `h` holds.
-fn locked(lake: &Lake, scope: Scope<'_>, h: &LockInfo) -> Error {
+/// `250ms`, `45s`, `5m`, `1h30m`: a duration as the flags take it.
+pub fn show_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs, d.subsec_millis()) {
+        (0, ms) => format!("{ms}ms"),
+        (s, _) if s % 3600 == 0 => format!("{}h", s / 3600),
+        (s, _) if s >= 3600 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        (s, _) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, _) => format!("{s}s"),
+    }
+}
+
+/// What holds `scope`: `source "x" is being ingested by run R (pid P on H, since T)`.
+fn holding(scope: Scope<'_>, h: &LockInfo) -> String {
+    let what = match scope {
+        Scope::Source(source) => format!("source \"{source}\" is being ingested by run"),
+        Scope::Table(table) => format!("silver table \"{table}\" is being built or undone by"),
+    };
+    format!(
+        "{what} {} (pid {} on {}, since {})",
+        h.run_id, h.pid, h.host, h.acquired_at
+    )
+}
+
+/// The error for a lock `scope` that `h` still holds after waiting `wait` for it.
+fn locked(lake: &Lake, scope: Scope<'_>, h: &LockInfo, wait: Duration) -> Error {
     let expires = chrono::DateTime::from_timestamp_millis(h.heartbeat_ms.saturating_add(h.ttl_ms))
         .map(|t| t.to_rfc3339())
         .unwrap_or_default();
-    let (what, one) = match scope {
-        Scope::Source(source) => (
-            format!("source \"{source}\" is being ingested by run"),
-            "one ingest per source runs at a time",
-        ),
-        Scope::Table(table) => (
-            format!("silver table \"{table}\" is being built or undone by"),
-            "one build or undo per table runs at a time",
-        ),
+    let one = match scope {
+        Scope::Source(_) => "one ingest per source runs at a time",
+        Scope::Table(_) => "one build or undo per table runs at a time",
+    };
+    let waited = if wait.is_zero() {
+        "Re-run when it has finished (or wait for it with --wait, e.g. --wait 10m)".to_string()
+    } else {
+        format!(
+            "Waited {} for it (--wait); re-run when it has finished, or with a longer --wait",
+            show_duration(wait)
+        )
     };
     Error::Locked(format!(
-        "{what} {} (pid {} on {}, since {}); {one}. Re-run when it has finished; a lock left by a \
-         crashed process expires at {expires} ({})",
-        h.run_id,
-        h.pid,
-        h.host,
-        h.acquired_at,
+        "{}; {one}. {waited}; a lock left by a crashed process expires at {expires} ({})",
+        holding(scope, h),
         lake.url(&scope.rel())
     ))
 }

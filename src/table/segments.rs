@@ -40,6 +40,10 @@ pub struct Segment {
     /// before that have none: a source with one is read through its run log).
     #[serde(default)]
     pub slotted: bool,
+    /// The CRC-32 of the file as written, 8 hex digits (`ingot doctor --verify` reads it whole);
+    /// none in segments written before checksums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<String>,
 }
 
 /// The column of a segment's rows that holds the commit slot of the row's run (nullable in the
@@ -267,6 +271,29 @@ pub fn manifest_number(name: &str) -> Option<u64> {
 /// recorded size left out (one listing of the manifests, one read, a HEAD of each live segment,
 /// concurrently). An empty manifest when there is none.
 pub async fn read(lake: &Lake, source: &str) -> Result<Manifest> {
+    let mut m = read_named(lake, source).await?;
+    let mut pending = futures::stream::FuturesOrdered::new();
+    for s in &m.segments {
+        let (lake, file) = (lake.clone(), s.file.clone());
+        pending.push_back(async move { lake.size_of(&file).await });
+    }
+    let mut sizes = Vec::with_capacity(m.segments.len());
+    while let Some(size) = pending.next().await {
+        sizes.push(size?);
+    }
+    let mut sizes = sizes.into_iter();
+    let named = m.segments.len();
+    m.segments.retain(|s| sizes.next().flatten() == Some(s.bytes));
+    // the state counts the runs of every segment it names as held
+    if m.segments.len() < named || m.segments.iter().any(|s| !s.slotted) {
+        m.state = None;
+    }
+    Ok(m)
+}
+
+/// The latest manifest of `source` that parses, every segment it names kept (`ingot doctor`
+/// checks them against their files); an empty manifest when there is none.
+pub async fn read_named(lake: &Lake, source: &str) -> Result<Manifest> {
     let mut manifests: Vec<(u64, String)> = lake
         .list_here(&folder(source))
         .await?
@@ -279,27 +306,11 @@ pub async fn read(lake: &Lake, source: &str) -> Result<Manifest> {
         let Some(bytes) = lake.get(&rel).await? else {
             continue;
         };
-        let Ok(mut m) = serde_json::from_slice::<Manifest>(&bytes) else {
+        let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) else {
             continue;
         };
         if m.source != source || m.number != number {
             continue;
-        }
-        let mut pending = futures::stream::FuturesOrdered::new();
-        for s in &m.segments {
-            let (lake, file) = (lake.clone(), s.file.clone());
-            pending.push_back(async move { lake.size_of(&file).await });
-        }
-        let mut sizes = Vec::with_capacity(m.segments.len());
-        while let Some(size) = pending.next().await {
-            sizes.push(size?);
-        }
-        let mut sizes = sizes.into_iter();
-        let named = m.segments.len();
-        m.segments.retain(|s| sizes.next().flatten() == Some(s.bytes));
-        // the state counts the runs of every segment it names as held
-        if m.segments.len() < named || m.segments.iter().any(|s| !s.slotted) {
-            m.state = None;
         }
         return Ok(m);
     }
@@ -372,6 +383,8 @@ mod tests {
             failure_class: None,
             held_reason: None,
             decided_at: None,
+            data_file: None,
+            failure_file: None,
             seq: slot,
         }
     }

@@ -72,6 +72,12 @@ pub struct Manifest {
     /// `None` when the build was made with Delta publishing off or before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<Published>,
+    /// The files this build wrote into its folder, by name, with the size and CRC-32 of each as
+    /// written (`ingot doctor` checks them, `--verify` reads them whole); none in manifests
+    /// written before checksums. Files a build keeps from earlier builds are stamped in the
+    /// manifest of the build that wrote them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, crate::table::upload::FileStamp>,
 }
 
 /// The files of a snapshot as Delta readers see it: the base and layer files, each with a
@@ -174,6 +180,8 @@ pub fn relayer(m: &Manifest, table: &str, build_id: &str) -> Manifest {
         runs: m.runs.clone(),
         rows: m.rows,
         published: m.published.clone(),
+        // stamps stay with the build that wrote the files
+        files: Default::default(),
     }
 }
 

@@ -172,7 +172,7 @@ fn invocation_errors_exit_2_with_a_message() {
 }
 
 #[test]
-fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
+fn a_second_ingest_of_the_same_source_waits_as_long_as_wait_says_while_the_lock_is_held() {
     let t = TestLake::new();
     // A live lock held by this test process (pid alive, fresh heartbeat).
     std::fs::create_dir_all(t.lake().join("_locks")).unwrap();
@@ -181,13 +181,52 @@ fn a_second_ingest_of_the_same_source_is_refused_while_the_lock_is_held() {
         "acquired_at": "now", "heartbeat_ms": chrono::Utc::now().timestamp_millis(), "ttl_ms": 60000
     });
     std::fs::write(t.lake().join("_locks/bookings.lock"), lock.to_string()).unwrap();
-    let out = t.ingest("bookings", &landing("bookings/2026-11-01_bookings.csv"));
+    let file = landing("bookings/2026-11-01_bookings.csv");
+    // --wait 0: refused at once, naming the holder and the flag that would have waited
+    let out = t
+        .command()
+        .args(["ingest", "bookings", "--wait", "0"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
+    let said = stderr(&out);
+    assert!(said.contains("is being ingested by run 0000-test"), "{said}");
+    assert!(said.contains("wait for it with --wait"), "{said}");
+    assert!(!said.contains("waiting for"), "{said}");
+    // --wait 1s: says once what it waits for, waits, then fails naming the wait
+    let started = std::time::Instant::now();
+    let out = t
+        .command()
+        .args(["ingest", "bookings", "--wait", "1s"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(out.status.code(), Some(1));
+    let said = stderr(&out);
+    assert_eq!(
+        said.matches("ingot: waiting for source \"bookings\" is being ingested by run 0000-test")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert!(said.contains("up to 1s in all (--wait)"), "{said}");
+    assert!(said.contains("Waited 1s for it (--wait)"), "{said}");
+    // a bad --wait is an invocation error
+    let out = t
+        .command()
+        .args(["ingest", "bookings", "--wait", "soon"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("is being ingested by run 0000-test"),
+        stderr(&out).contains("--wait: invalid duration \"soon\""),
         "{}",
         stderr(&out)
     );
+    assert_eq!(t.query("SELECT * FROM audit.ingestion_run_log").len(), 0);
     // another source is not blocked
     t.ingest_ok("hotels", &landing("hotels/2026-11-01_hotels.csv"));
     // an expired lock is taken over

@@ -2,6 +2,8 @@
 //! or an ingest is paused before its commit removes nothing they commit or restore (they hold
 //! their locks; gc keeps what the locks name and leaves a locked table's snapshots alone), and a
 //! build or an undo whose files vanish right before its commit fails and publishes nothing.
+//! Writers of one source or table wait their turn (`--wait`): two ingests of one source started
+//! at once both load, and the nightly job waits for a manual ingest of the same source.
 
 use std::path::PathBuf;
 use std::process::{Child, Output, Stdio};
@@ -10,7 +12,8 @@ use crate::util::{TestLake, assert_ok, id_names, landing, normalize_rows, repo, 
 
 type Row = std::collections::BTreeMap<String, serde_json::Value>;
 
-const GC_NOW: &[&str] = &["gc", "--grace", "0s", "--retain", "0s"];
+// --wait 0: gc keeps a table being built for now instead of waiting for its build
+const GC_NOW: &[&str] = &["gc", "--grace", "0s", "--retain", "0s", "--wait", "0"];
 
 fn ingot(t: &TestLake, args: &[&str]) -> Output {
     t.command()
@@ -276,4 +279,112 @@ fn an_undo_whose_snapshot_vanishes_before_its_commit_undoes_nothing() {
     assert!(stderr(&out).contains(&rel), "{}", stderr(&out));
     assert_eq!(builds(&t), before, "nothing was undone");
     assert_eq!(silver(&t), second);
+}
+
+/// The lake's visible state of bookings and its logs, without run ids (a waiting job's skipped
+/// run takes an id and a slot a lake of the same commands in turn does not), in file order.
+fn bookings_state(t: &TestLake) -> Vec<(String, Vec<Row>)> {
+    let names = id_names(t);
+    [
+        "SELECT * EXCLUDE (run_id, commit_seq) FROM audit.ingestion_run_log \
+         WHERE status <> 'skipped_duplicate_file' ORDER BY file_path",
+        "SELECT f.* EXCLUDE (run_id), r.file_path FROM audit.row_failure_log f \
+         JOIN audit.ingestion_run_log r USING (run_id) ORDER BY r.file_path, source_row_number, rule",
+        "SELECT b.* EXCLUDE (ingestion_run_id), r.file_path FROM bronze.bookings b \
+         JOIN audit.ingestion_run_log r ON r.run_id = b.ingestion_run_id ORDER BY r.file_path, source_row_number",
+        "SELECT * EXCLUDE (ingestion_run_id) FROM bronze.bookings_current ORDER BY natural_key_fingerprint",
+    ]
+    .iter()
+    .map(|q| (q.to_string(), normalize_rows(t.query(q), &names)))
+    .collect()
+}
+
+/// Two ingests of one source started at once: the second waits for the first's lock (saying so
+/// once), then loads; the lake equals one where the two ran one after the other.
+#[test]
+fn two_ingests_of_one_source_started_at_once_both_load() {
+    let (first, second) = (
+        landing("bookings/2026-11-01_bookings.csv"),
+        landing("bookings/2026-11-03_bookings.csv"),
+    );
+    let clean = TestLake::new();
+    clean.ingest_ok("bookings", &first);
+    clean.ingest_ok("bookings", &second);
+
+    let t = TestLake::new();
+    let first_arg = first.to_string_lossy().into_owned();
+    let held = paused(&t, "ingest.before_commit", &["ingest", "bookings", &first_arg]);
+    let waiting = t.command().args(["ingest", "bookings"]).arg(&second).output().unwrap();
+    let held = held.wait_with_output().unwrap();
+    assert_ok(&held);
+    assert_ok(&waiting);
+    let said = stderr(&waiting);
+    assert_eq!(
+        said.matches("ingot: waiting for source \"bookings\" is being ingested by run")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert_healthy(&t, "after two ingests at once");
+    for ((query, got), (_, want)) in bookings_state(&t).iter().zip(bookings_state(&clean)) {
+        crate::util::assert_same_rows(got, &want, query);
+    }
+}
+
+/// The nightly job started while a manual ingest of one of its sources is paused before its
+/// commit waits for it, then loads the rest: the manual run's file is found loaded (skipped),
+/// nothing fails, and the lake equals the manual ingest followed by the job.
+#[test]
+fn the_nightly_job_waits_for_a_manual_ingest_of_the_same_source() {
+    let manual = landing("bookings/2026-11-01_bookings.csv");
+    let clean = TestLake::new();
+    clean.ingest_ok("bookings", &manual);
+    let job = |t: &TestLake| {
+        t.command()
+            .arg("--rules")
+            .arg(repo().join("rules"))
+            .arg("--landing")
+            .arg(repo().join("data/landing"))
+            .arg("run")
+            .output()
+            .unwrap()
+    };
+    let done = job(&clean);
+    assert_ok(&done);
+
+    let t = TestLake::new();
+    let manual_arg = manual.to_string_lossy().into_owned();
+    let held = paused(&t, "ingest.before_commit", &["ingest", "bookings", &manual_arg]);
+    let nightly = job(&t);
+    let held = held.wait_with_output().unwrap();
+    assert_ok(&held);
+    assert_ok(&nightly);
+    assert!(
+        stderr(&nightly).contains("ingot: waiting for source \"bookings\""),
+        "{}",
+        stderr(&nightly)
+    );
+    // the job had taken the manual run's file for new before it waited: it finds it loaded
+    let skipped = |t: &TestLake| {
+        t.query("SELECT file_path FROM audit.ingestion_run_log WHERE status = 'skipped_duplicate_file' ORDER BY 1")
+    };
+    let mut want = skipped(&clean);
+    want.push([("file_path".to_string(), serde_json::json!(manual.display().to_string()))].into());
+    want.sort_by_key(|r| r["file_path"].to_string());
+    assert_eq!(skipped(&t), want);
+    assert_healthy(&t, "after the nightly job waited");
+    for ((query, got), (_, want)) in bookings_state(&t).iter().zip(bookings_state(&clean)) {
+        crate::util::assert_same_rows(got, &want, query);
+    }
+    for q in [
+        "SELECT * EXCLUDE (ingestion_run_id) FROM silver.bookings ORDER BY natural_key_fingerprint",
+        "SELECT \"table\", status, rows_read, rows_written FROM audit.silver_build_log ORDER BY 1",
+    ] {
+        let names = (id_names(&t), id_names(&clean));
+        crate::util::assert_same_rows(
+            &normalize_rows(t.query(q), &names.0),
+            &normalize_rows(clean.query(q), &names.1),
+            q,
+        );
+    }
 }

@@ -265,14 +265,24 @@ fn doctor_reports_each_kind_of_damage_with_its_location() {
         "SELECT run_id AS id FROM audit.ingestion_run_log WHERE source = 'bookings' ORDER BY started_at",
     );
     let lake = t.lake();
-    // the failure file of one run replaced by the other's: the counts no longer reconcile
+    // the failure file of one run replaced by the other's: not the file its run committed (and
+    // so the counts are not checked on it)
     let f0 = format!("audit/row_failure_log/run_id={}/part-00000.parquet", runs[0]);
     let f1 = format!("audit/row_failure_log/run_id={}/part-00000.parquet", runs[1]);
     let saved = std::fs::read(lake.join(&f1)).unwrap();
     std::fs::copy(lake.join(&f0), lake.join(&f1)).unwrap();
     let (code, said) = doctor(&t);
     assert_eq!(code, Some(1));
-    assert!(said.contains(&format!("counts: {f1}: has ")), "{said}");
+    assert!(
+        said.contains(&format!(
+            "files: {f1}: damaged (audit.row_failure_log of bronze.bookings, run {}): it is {} bytes, its run committed {}",
+            runs[1],
+            std::fs::metadata(lake.join(&f0)).unwrap().len(),
+            saved.len()
+        )),
+        "{said}"
+    );
+    assert!(!said.contains(&format!("counts: {f1}")), "{said}");
     std::fs::write(lake.join(&f1), saved).unwrap();
 
     // a rules file edited after a build used it

@@ -714,7 +714,7 @@ fn a_stalled_build_whose_slot_was_taken_cannot_commit() {
         .command()
         .arg("--rules")
         .arg(&rules)
-        .args(["build", "bookings"])
+        .args(["build", "bookings", "--wait", "0"])
         .output()
         .unwrap();
     assert_eq!(second.status.code(), Some(1), "{}", stderr(&second));

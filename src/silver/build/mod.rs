@@ -89,8 +89,21 @@ pub fn load_rules(ws: &Workspace, catalog: &Catalog, table: &str, version: Optio
 /// table's files alone meanwhile.
 pub async fn build(ws: &Workspace, table: &str, opts: &BuildOptions) -> Result<Built> {
     memory::limit_arenas();
+    // the manifest records the size and CRC-32 of every file the build writes
+    let ws = &Workspace {
+        lake: ws.lake.journaled(),
+        ..ws.clone()
+    };
     let build_id = ws.new_id();
-    let lock = acquire_for(&ws.lake, Scope::Table(table), &build_id, Vec::new(), default_ttl()).await?;
+    let lock = acquire_for(
+        &ws.lake,
+        Scope::Table(table),
+        &build_id,
+        Vec::new(),
+        default_ttl(),
+        ws.lock_wait,
+    )
+    .await?;
     let result = build_locked(ws, table, opts, build_id).await;
     lock.release().await?;
     result

@@ -10,8 +10,9 @@ use super::execute::Names;
 use super::parts::PartOut;
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
-use crate::table::audit::{BuildRecord, BuildStatus, commit_build, parquet_bytes};
+use crate::table::audit::{BuildRecord, BuildStatus, commit_build};
 use crate::table::lake::{Lake, layout};
+use crate::table::parquet::parquet_bytes;
 use crate::table::silver::{Manifest, state_schema};
 
 /// What the output pass wrote: file names (in the build's folder) and counts.
@@ -38,9 +39,14 @@ impl Outputs {
     }
 }
 
-/// Write the build's manifest and `inputs.json` (the digest of what `resolve` read).
+/// Write the build's manifest, with the size and CRC-32 of every file the build wrote into its
+/// folder (`files`), and `inputs.json` (the digest of what `resolve` read).
 pub(super) async fn put_manifest(lake: &Lake, record: &BuildRecord, m: &Manifest, digest: &str) -> Result<()> {
-    let bytes = serde_json::to_vec(m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
+    let m = Manifest {
+        files: lake.stamps_under(&layout::silver_build_dir(&record.table, &record.build_id)),
+        ..m.clone()
+    };
+    let bytes = serde_json::to_vec(&m).map_err(|e| Error::RunFailed(format!("build manifest: {e}")))?;
     lake.put(&layout::silver_manifest(&record.table, &record.build_id), bytes.into())
         .await?;
     let inputs_json = serde_json::json!({ "inputs_digest": digest }).to_string();
@@ -154,7 +160,7 @@ pub(super) async fn publish_full(
     if out.data.is_empty() {
         let n = names.next("part");
         ws.lake
-            .put(
+            .put_file(
                 &layout::silver_file(&table, &build_id, &n),
                 parquet_bytes(&RecordBatch::new_empty(schema.clone()))?,
             )
@@ -164,7 +170,7 @@ pub(super) async fn publish_full(
     if out.state.is_empty() {
         let n = names.next("state");
         ws.lake
-            .put(
+            .put_file(
                 &layout::silver_file(&table, &build_id, &n),
                 parquet_bytes(&RecordBatch::new_empty(state_schema()))?,
             )
@@ -188,6 +194,7 @@ pub(super) async fn publish_full(
             crate::table::delta::publish::whole(&ws.lake, mode, &rels, keyed).await
         })
         .await,
+        files: Default::default(),
     };
     put_manifest(&ws.lake, record, &m, digest).await?;
     record.rows_written = total.written as i64;

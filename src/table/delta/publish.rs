@@ -433,7 +433,7 @@ async fn with_vectors(lake: &Lake, table: &str, build_id: &str, live: Vec<Live>)
             .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
     }
     if files.iter().any(|f| f.dv.is_some()) {
-        lake.put(&file, Bytes::from(buf)).await?;
+        lake.put_file(&file, Bytes::from(buf)).await?;
     }
     Ok(Published {
         mode: Mode::DeletionVectors.as_str().to_string(),

@@ -1,0 +1,405 @@
+//! The lake's committed data files against what their commits recorded of them: size and CRC-32
+//! ([`FileStamp`]) in the run record, the build manifest (`files`) and the segment manifest.
+//!
+//! [`check`] compares the sizes of one listing with the recorded ones, and the Parquet footer of
+//! files committed before checksums; with `verify` (`ingot doctor --verify`, a scrub) it reads
+//! every stamped file whole and compares its CRC-32. Each [`Damage`] names the file, its table,
+//! its run or build and what to do: a silver snapshot is built again from bronze and a damaged
+//! segment (a cache) removed, both by `ingot doctor --fix` ([`repair`]); a bronze file is undone
+//! with the runs after it, their files then ingested again in order. [`damaged`] is the quick
+//! form a command runs when its error came from reading a Parquet file (DataFusion's errors
+//! name none), so the error names the file at fault.
+//!
+//! Hazard: a byte changed in place (the size kept) is found only by `--verify`.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+
+use crate::error::{Error, Result};
+use crate::table::audit::{BuildRecord, RunRecord};
+use crate::table::lake::{Lake, layout};
+use crate::table::upload::FileStamp;
+
+/// Who committed a file, for messages and fixes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committer {
+    /// A run's bronze data file or failure file.
+    Run { source: String, run_id: String, data: bool },
+    /// A file a silver build wrote into its folder.
+    Build { table: String, build_id: String },
+    /// A segment of a source's history cache.
+    Segment { source: String },
+}
+
+/// A committed file and what its commit recorded of it: its size and CRC-32 (none of either in
+/// records written before stamps; a segment always recorded its size).
+#[derive(Debug, Clone)]
+pub struct Committed {
+    pub rel: String,
+    pub bytes: Option<u64>,
+    pub crc32: Option<u32>,
+    pub by: Committer,
+}
+
+impl Committed {
+    fn stamped(rel: String, stamp: Option<FileStamp>, by: Committer) -> Committed {
+        Committed {
+            rel,
+            bytes: stamp.map(|s| s.bytes),
+            crc32: stamp.map(|s| s.crc32),
+            by,
+        }
+    }
+}
+
+/// A committed file that is not what its commit recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub rel: String,
+    pub by: Committer,
+    /// What is wrong (`is 1,024 bytes, its run committed 88,310`).
+    pub what: String,
+    /// What to do.
+    pub fix: String,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): damaged: {}; {}",
+            self.rel,
+            self.owner(),
+            self.what,
+            self.fix
+        )
+    }
+}
+
+impl Damage {
+    /// `bronze.<source>, run <id>`, `silver.<table>, build <id>`, `bronze.<source>, segment`.
+    pub fn owner(&self) -> String {
+        match &self.by {
+            Committer::Run {
+                source,
+                run_id,
+                data: true,
+            } => format!("bronze.{source}, run {run_id}"),
+            Committer::Run {
+                source,
+                run_id,
+                data: false,
+            } => {
+                format!("audit.row_failure_log of bronze.{source}, run {run_id}")
+            }
+            Committer::Build { table, build_id } => format!("silver.{table}, build {build_id}"),
+            Committer::Segment { source } => format!("bronze.{source}, a segment"),
+        }
+    }
+}
+
+/// Every data file the logs commit: the files of loaded and held runs, the files the current
+/// build of each silver table reads (stamped by the manifest of the build that wrote each), and
+/// the segments of each source in `sources`.
+pub async fn committed_files(
+    lake: &Lake,
+    runs: &[RunRecord],
+    builds: &[BuildRecord],
+    sources: &[String],
+) -> Result<Vec<Committed>> {
+    let mut out = Vec::new();
+    for r in runs.iter().filter(|r| r.keeps_files()) {
+        let by = |data: bool| Committer::Run {
+            source: r.source.to_string(),
+            run_id: r.run_id.to_string(),
+            data,
+        };
+        if r.rows_written() > 0 {
+            out.push(Committed::stamped(
+                layout::bronze_data(&r.source, &r.run_id),
+                r.data_file,
+                by(true),
+            ));
+        }
+        if r.rows_failed > 0 {
+            out.push(Committed::stamped(
+                layout::failures(&r.run_id),
+                r.failure_file,
+                by(false),
+            ));
+        }
+    }
+    // the files readers read of each table: those its current build names, stamped by the
+    // manifest of the build that wrote each (a delta build keeps earlier builds' files)
+    let tables: std::collections::BTreeSet<&str> = builds.iter().map(|b| b.table.as_str()).collect();
+    let mut manifests: BTreeMap<String, BTreeMap<String, FileStamp>> = BTreeMap::new();
+    for table in tables {
+        let Some(current) = crate::engine::catalog::latest_build(builds, table) else {
+            continue;
+        };
+        // a manifest that does not read is the file checks' to report
+        let Ok(named) = crate::table::silver::build_files(lake, table, &current.build_id).await else {
+            continue;
+        };
+        for rel in named {
+            let Some(crate::ops::gc::Owner::Build { build_id, .. }) = crate::ops::gc::owner_of(&rel) else {
+                continue;
+            };
+            let Some(name) = rel.strip_prefix(&format!("{}/", layout::silver_build_dir(table, &build_id))) else {
+                continue;
+            };
+            if name.ends_with(".json") {
+                continue; // the manifest and inputs digest: read by every build, not data
+            }
+            if !manifests.contains_key(&build_id) {
+                let files = crate::table::silver::manifest(lake, table, &build_id)
+                    .await
+                    .map(|m| m.files);
+                manifests.insert(build_id.clone(), files.unwrap_or_default());
+            }
+            let stamp = manifests.get(&build_id).and_then(|files| files.get(name)).copied();
+            let by = Committer::Build {
+                table: table.to_string(),
+                build_id,
+            };
+            out.push(Committed::stamped(rel, stamp, by));
+        }
+    }
+    for source in sources {
+        for s in crate::table::segments::read_named(lake, source).await?.segments {
+            out.push(Committed {
+                crc32: s.crc32.as_deref().and_then(|c| u32::from_str_radix(c, 16).ok()),
+                bytes: Some(s.bytes),
+                rel: s.file,
+                by: Committer::Segment { source: source.clone() },
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// What to do about a damaged file of `by` (`runs`: the run log, for the runs after a damaged
+/// bronze file's run).
+fn fix_for(by: &Committer, runs: &[RunRecord]) -> String {
+    match by {
+        Committer::Build { table, .. } => {
+            format!("`ingot build {table} --full` writes a new snapshot from bronze (`ingot doctor --fix` runs it)")
+        }
+        Committer::Segment { source } => format!(
+            "remove {} (a cache of the runs' own files; `ingot doctor --fix` removes it)",
+            crate::table::segments::folder(source)
+        ),
+        Committer::Run { source, run_id, .. } => {
+            let loaded: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| r.source == *source && r.status.is_loaded())
+                .collect();
+            let from = loaded.iter().position(|r| r.run_id == *run_id);
+            let (first, later) = match from {
+                Some(i) => (Some(loaded[i]), &loaded[i + 1..]),
+                None => (None, &loaded[..0]),
+            };
+            let undo: Vec<String> = later
+                .iter()
+                .rev()
+                .chain(first.iter())
+                .map(|r| r.run_id.to_string())
+                .collect();
+            let files: Vec<String> = first
+                .iter()
+                .chain(later.iter())
+                .map(|r| r.file_path.to_string())
+                .collect();
+            if later.is_empty() {
+                format!(
+                    "`ingot undo {run_id}`, then ingest its file again (`ingot ingest {source} {}`)",
+                    files.first().cloned().unwrap_or_default()
+                )
+            } else {
+                format!(
+                    "undo it and the {} later run{} of {source}, newest first (`ingot undo` {}), then ingest their \
+                     files again in order ({})",
+                    later.len(),
+                    if later.len() == 1 { "" } else { "s" },
+                    undo.join(", "),
+                    files.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// The committed files that are not what their commits recorded. `sizes`: the size of every file
+/// under the lake's data prefixes, from a listing (a missing file is left to the file checks).
+/// A file with a recorded size must have it; one without a recorded CRC-32 must end in a whole
+/// Parquet footer (one ranged read); with `verify`, every file with a CRC-32 is read whole.
+pub async fn check(
+    lake: &Lake,
+    files: &[Committed],
+    sizes: &BTreeMap<String, u64>,
+    runs: &[RunRecord],
+    verify: bool,
+) -> Result<Vec<Damage>> {
+    let mut out = Vec::new();
+    for f in files {
+        let Some(&size) = sizes.get(&f.rel) else {
+            continue;
+        };
+        let committer = match &f.by {
+            Committer::Run { .. } => "its run committed",
+            Committer::Build { .. } => "its build wrote",
+            Committer::Segment { .. } => "the segment manifest says",
+        };
+        let what = match (f.bytes, f.crc32) {
+            (Some(bytes), _) if bytes != size => Some(format!("it is {size} bytes, {committer} {bytes}")),
+            (_, Some(want)) if verify => {
+                let got = crc_of(lake, &f.rel).await?;
+                (got != want).then(|| {
+                    format!(
+                        "its CRC-32 is {got:08x}, {committer} {want:08x} (its bytes changed after they were written)"
+                    )
+                })
+            }
+            // recorded before checksums: at least a whole Parquet footer
+            (_, None) => crate::table::parquet::check_footer(lake, &f.rel, size)
+                .await
+                .err()
+                .map(|e| e.to_string()),
+            _ => None,
+        };
+        if let Some(what) = what {
+            out.push(Damage {
+                rel: f.rel.clone(),
+                by: f.by.clone(),
+                what,
+                fix: fix_for(&f.by, runs),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The CRC-32 of a lake file, streamed.
+async fn crc_of(lake: &Lake, rel: &str) -> Result<u32> {
+    use object_store::ObjectStoreExt;
+    let got = lake
+        .store
+        .get(&lake.path(rel))
+        .await
+        .map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
+    let mut stream = got.into_stream();
+    let mut crc = crc32fast::Hasher::new();
+    while let Some(chunk) = stream.next().await {
+        crc.update(&chunk.map_err(|e| crate::table::store::explain(&lake.url(rel), e))?);
+    }
+    Ok(crc.finalize())
+}
+
+/// The size of every file under the prefixes committed files live in.
+pub async fn listed_sizes(lake: &Lake) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for prefix in ["bronze", "audit/row_failure_log", "silver", "_cache/segments"] {
+        for meta in lake.list(prefix).await? {
+            if let Some(rel) = lake.relative(&meta.location) {
+                out.insert(rel, meta.size);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The damaged committed files of the lake, found without reading them (sizes against stamps;
+/// the Parquet footer of each unstamped file): what a command whose read of a Parquet file
+/// failed reports, so the error names the file.
+pub async fn damaged(lake: &Lake, sources: &[String]) -> Result<Vec<Damage>> {
+    let runs = crate::table::audit::read_run_log(lake).await?;
+    let builds = crate::table::audit::read_build_log(lake).await?;
+    let files = committed_files(lake, &runs, &builds, sources).await?;
+    let sizes = listed_sizes(lake).await?;
+    check(lake, &files, &sizes, &runs, false).await
+}
+
+/// Does `e` come from reading a Parquet file (where DataFusion names no file)?
+pub fn is_read_error(e: &Error) -> bool {
+    let mut texts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        source = s.source();
+    }
+    texts.iter().any(|t| {
+        t.contains("Parquet error")
+            || t.contains("Corrupt footer")
+            || t.contains("Invalid Parquet")
+            || t.contains("EOF")
+            || t.contains("out of range")
+    })
+}
+
+/// `ingot doctor --fix` for damaged files: a silver table whose current snapshot has one gets a
+/// full build from bronze, with the rules version of its current build (the damaged snapshot is
+/// then no longer read); a source with a damaged segment loses its segments (a cache: readers go
+/// back to the runs' own files, and compaction writes them again). A damaged bronze or failure
+/// file is left for the operator (see [`Damage::fix`]). Returns what was done, a line each.
+pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Result<Vec<String>> {
+    let lake = &ws.lake;
+    let sources: Vec<String> = crate::spec::contract::ContractSet::readable(&ws.contracts_dir)
+        .into_keys()
+        .collect();
+    let runs = crate::table::audit::read_run_log(lake).await?;
+    let builds = crate::table::audit::read_build_log(lake).await?;
+    let files = committed_files(lake, &runs, &builds, &sources).await?;
+    let sizes = listed_sizes(lake).await?;
+    let mut tables = std::collections::BTreeSet::new();
+    let mut segments = std::collections::BTreeSet::new();
+    for d in check(lake, &files, &sizes, &runs, verify).await? {
+        match d.by {
+            Committer::Build { table, .. } => {
+                tables.insert(table);
+            }
+            Committer::Segment { source } => {
+                segments.insert(source);
+            }
+            Committer::Run { .. } => {}
+        }
+    }
+    let mut done = Vec::new();
+    for source in segments {
+        // under the source lock: no compaction writes the manifest meanwhile
+        let holder = format!("doctor-{}", ws.new_id());
+        let ttl = crate::table::lock::default_ttl();
+        let lock = crate::table::lock::acquire(lake, &source, &holder, ttl, ws.lock_wait).await?;
+        let folder = crate::table::segments::folder(&source);
+        let removed = async {
+            for meta in lake.list(&folder).await? {
+                if let Some(rel) = lake.relative(&meta.location) {
+                    lake.delete(&rel).await?;
+                }
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        lock.release().await?;
+        removed?;
+        done.push(format!(
+            "removed {folder}: a segment of {source} was damaged (a cache; queries read the runs' files)"
+        ));
+    }
+    for table in tables {
+        let Some(current) = crate::engine::catalog::latest_build(&builds, &table) else {
+            continue;
+        };
+        let opts = crate::silver::build::BuildOptions {
+            full: true,
+            rebuild_where: None,
+            rules_version: Some(current.rules_version),
+        };
+        let built = crate::silver::build::build(ws, &table, &opts).await?;
+        done.push(format!(
+            "silver.{table}: build {} (full, rules version {}) replaces build {}, whose snapshot had a damaged file",
+            built.record.build_id, current.rules_version, current.build_id
+        ));
+    }
+    Ok(done)
+}
