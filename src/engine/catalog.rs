@@ -306,8 +306,54 @@ pub fn bronze_views(
         // a short history (no checkpoint yet) travels in the plan as VALUES
         None => Ranks::Join(slots_from(ctx, &current, None)?),
     };
-    let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current))?;
+    let superseding = superseding(ctx, lake, contract, &current, manifest)?;
+    let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current), superseding)?;
     Ok((everything.into_view(), now.into_view()))
+}
+
+/// Which versions of `current` (a source's current runs) can supersede another: only those of
+/// runs that updated or deleted records. A run writes a row for a key whose version is current
+/// only as an update (change detection says `Updated`), and a key stops being current only by an
+/// update or a tombstone; a row for a key that is not current (a new key, or one deleted before)
+/// supersedes nothing that still counts. So with no such run every version is current, and with
+/// a few, the few rows they wrote are all the ranking needs.
+fn superseding(
+    ctx: &SessionContext,
+    lake: &Lake,
+    contract: &Contract,
+    current: &[&RunRecord],
+    manifest: &crate::table::segments::Manifest,
+) -> Result<Superseding> {
+    let by: Vec<&RunRecord> = current
+        .iter()
+        .copied()
+        .filter(|r| r.rows_updated > 0 || r.rows_deleted > 0)
+        .collect();
+    if by.is_empty() {
+        return Ok(Superseding::Nothing);
+    }
+    let (files, excluded) = stored_files(lake, contract, &by, manifest)?;
+    let mut rows = read_stored(ctx, contract, &files.iter().collect::<Vec<_>>())?;
+    // segments hold the rows of other runs too: keep those of `by` (whichever list is shorter)
+    if !excluded.is_empty() {
+        rows = if excluded.len() <= by.len() {
+            rows.filter(col("ingestion_run_id").in_list(excluded.into_iter().map(lit).collect(), true))?
+        } else {
+            let ids = by.iter().map(|r| lit(r.run_id.to_string())).collect();
+            rows.filter(col("ingestion_run_id").in_list(ids, false))?
+        };
+    }
+    Ok(Superseding::By(rows))
+}
+
+/// What can supersede a version of a source ([`superseding`]).
+enum Superseding {
+    /// Nothing: no current run updated or deleted a record, every version is current.
+    Nothing,
+    /// The versions of the runs that updated or deleted records, read from their own files.
+    By(DataFrame),
+    /// Any version (what the view state does not tell).
+    Any,
 }
 
 /// Records after a manifest's view state that [`bronze_views_from_state`] reads one by one; past
@@ -393,7 +439,8 @@ pub async fn bronze_views_from_state(
         }
         versions = held.union(versions)?;
     }
-    let now = latest_versions(versions, Ranks::Column, &KeyColumns::from_keys(contract, &inputs.key))?;
+    let keys = KeyColumns::from_keys(contract, &inputs.key);
+    let now = latest_versions(versions, Ranks::Column, &keys, Superseding::Any)?;
     Ok(Some((everything.into_view(), now.into_view())))
 }
 
@@ -483,28 +530,41 @@ fn one_row_per_run(slots: DataFrame) -> Result<DataFrame> {
 /// by the commit slot of the run that wrote them (a run holds one row per fingerprint), never by
 /// a clock.
 ///
-/// The highest slot per fingerprint is an aggregate over the narrow `(fingerprint, slot)` pairs,
-/// and the rows are those of `versions` that match it (a semi join). Ranking with `row_number()
-/// OVER (PARTITION BY fingerprint)` costs per partition, i.e. per record (most records have one
-/// version), and reads every column of every version before a filter can apply; here a filter on
-/// the view's columns (`WHERE id = 7`) reaches the scan of the wide side. Both operators stay
-/// within the memory pool (the aggregate spills, joins are sort-merge joins or hash joins with a
-/// side proved small: see [`crate::engine::joins`]).
-fn latest_versions(versions: DataFrame, slots: Ranks, keys: &KeyColumns) -> Result<DataFrame> {
+/// What is ranked depends on `superseding`. With nothing superseding, the view is a scan of the
+/// versions less the tombstones. With the versions of the updating runs, it is the versions
+/// without those a later one of theirs supersedes: an anti join onto the highest slot per key of
+/// those few rows (a narrow aggregate, collected into a hash table when provably small: see
+/// [`crate::engine::joins`]), which streams the wide side, memory flat whatever its size. With
+/// any version superseding, the highest slot per key is an aggregate over every version's
+/// `(key, slot)` and the rows are those that match it (a semi join). Ranking with `row_number()
+/// OVER (PARTITION BY fingerprint)` would cost per record and read every column before a filter
+/// can apply; here a filter on the view's columns (`WHERE id = 7`) reaches the scan of the wide
+/// side. Every operator stays within the memory pool (aggregates spill, joins are sort-merge
+/// joins or hash joins with a side proved small).
+fn latest_versions(
+    versions: DataFrame,
+    slots: Ranks,
+    keys: &KeyColumns,
+    superseding: Superseding,
+) -> Result<DataFrame> {
     use datafusion::common::Column;
     let fp = "natural_key_fingerprint";
-    let ranked = match slots {
-        Ranks::Join(None) => return Ok(versions),
-        Ranks::Join(Some(slots)) => versions.join(slots, JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?,
-        Ranks::Column => versions,
-        Ranks::Lookup { slot_of, others } => {
-            let ranked = versions.with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?;
-            if others {
-                ranked.filter(col(SLOT).is_not_null())?
-            } else {
-                ranked
-            }
-        }
+    let current = |df: DataFrame| -> Result<DataFrame> {
+        Ok(df
+            .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
+            .drop_columns(&[RUN, SLOT])?)
+    };
+    match (&superseding, &slots) {
+        (_, Ranks::Join(None)) => return Ok(versions), // no current run: no rows
+        // every row of the files is a current version
+        (Superseding::Nothing, Ranks::Lookup { others: false, .. }) => return current(versions),
+        _ => {}
+    }
+    let ranked = rank(versions, &slots)?;
+    let (latest_of, semi) = match superseding {
+        Superseding::Nothing => return current(ranked),
+        Superseding::By(rows) => (rank(rows, &slots)?, false),
+        Superseding::Any => (ranked.clone(), true),
     };
     // the plain key fields ride along as grouping columns: equal for every version of a
     // fingerprint, they let a filter on them reach both sides; when every key field is plain they
@@ -523,27 +583,54 @@ fn latest_versions(versions: DataFrame, slots: Ranks, keys: &KeyColumns) -> Resu
         left.push(Column::from_name(k));
         right.push(Column::from_name(latest_key(i)));
     }
-    left.push(Column::from_name(SLOT));
-    right.push(Column::from_name(LATEST_SLOT));
-    let latest = ranked.clone().select(narrow)?.aggregate(
+    let latest = latest_of.select(narrow)?.aggregate(
         group,
         vec![datafusion::functions_aggregate::expr_fn::max(col(SLOT)).alias(LATEST_SLOT)],
     )?;
     let (session, plan) = ranked.into_parts();
-    let plan = LogicalPlanBuilder::from(plan)
-        .join_detailed(
+    // a fingerprint (a key part) is never null in bronze; if one were, its versions would still rank
+    let nulls = datafusion::common::NullEquality::NullEqualsNull;
+    let plan = if semi {
+        // every version: keep those whose slot is their key's highest
+        left.push(Column::from_name(SLOT));
+        right.push(Column::from_name(LATEST_SLOT));
+        LogicalPlanBuilder::from(plan).join_detailed(
             latest.logical_plan().clone(),
             JoinType::LeftSemi,
             (left, right),
             None,
-            // a fingerprint (a key part) is never null in bronze; if one were, its versions would
-            // still rank
-            datafusion::common::NullEquality::NullEqualsNull,
+            nulls,
         )?
-        .build()?;
-    Ok(DataFrame::new(session, plan)
-        .filter(col(crate::table::bronze::IS_DELETED).is_not_true())?
-        .drop_columns(&[RUN, SLOT])?)
+    } else {
+        // the updating runs' versions: drop those a later one of them supersedes
+        LogicalPlanBuilder::from(plan).join_detailed(
+            latest.logical_plan().clone(),
+            JoinType::LeftAnti,
+            (left, right),
+            Some(col(SLOT).lt(col(LATEST_SLOT))),
+            nulls,
+        )?
+    };
+    current(DataFrame::new(session, plan.build()?))
+}
+
+/// `versions` with the slot of each one's run ([`SLOT`]), rows of runs `slots` does not name left
+/// out (no run at all: as they are, no rows).
+fn rank(versions: DataFrame, slots: &Ranks) -> Result<DataFrame> {
+    Ok(match slots {
+        Ranks::Join(None) | Ranks::Column => versions,
+        Ranks::Join(Some(slots)) => {
+            versions.join(slots.clone(), JoinType::Inner, &["ingestion_run_id"], &[RUN], None)?
+        }
+        Ranks::Lookup { slot_of, others } => {
+            let ranked = versions.with_column(SLOT, slot_of.call(vec![col("ingestion_run_id")]))?;
+            if *others {
+                ranked.filter(col(SLOT).is_not_null())?
+            } else {
+                ranked
+            }
+        }
+    })
 }
 
 /// The natural-key fields every version of a fingerprint holds the same value of, which the

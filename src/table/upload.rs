@@ -15,13 +15,11 @@
 //! ([`crate::table::store::Uploads`]). An upload that fails or is dropped unfinished aborts itself
 //! (a dropped one in the background, where a runtime is there to run it).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use datafusion::execution::memory_pool::MemoryReservation;
 use futures::future::BoxFuture;
 use object_store::path::Path;
-use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayloadMut};
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayloadMut};
 use tokio::task::JoinSet;
 
 use crate::error::{Error, Result};
@@ -47,13 +45,12 @@ pub fn part_size(first: usize, index: usize) -> usize {
 /// [`crate::table::bronze::ParallelFileWriter`] write through it; it is parquet's
 /// `AsyncFileWriter`).
 pub struct LakeUpload {
-    store: Arc<dyn ObjectStore>,
-    path: Path,
-    /// The object's URL, for errors.
-    url: String,
-    /// The lake (its journal of written files, [`Lake::wrote`]) and the object's path in it.
+    /// The lake (its journal of written files, [`Lake::wrote`]) and the object's path in it, its
+    /// path in the store and its URL (for errors).
     lake: Lake,
     rel: String,
+    path: Path,
+    url: String,
     first: usize,
     in_flight: usize,
     /// Bytes of the part being filled.
@@ -100,11 +97,10 @@ impl LakeUpload {
     /// to `in_flight` parts uploading at once (at least one).
     pub fn new(lake: &Lake, rel: &str, first_part: usize, in_flight: usize) -> LakeUpload {
         LakeUpload {
-            store: lake.store.clone(),
-            path: lake.path(rel),
-            url: lake.url(rel),
             lake: lake.clone(),
             rel: rel.to_string(),
+            path: lake.path(rel),
+            url: lake.url(rel),
             first: first_part.max(MIN_PART),
             in_flight: in_flight.max(1),
             buffer: PutPayloadMut::new(),
@@ -193,7 +189,12 @@ impl LakeUpload {
             )));
         }
         if self.multipart.is_none() {
-            let upload = self.store.put_multipart(&self.path).await.map_err(|e| self.error(e))?;
+            let upload = self
+                .lake
+                .store
+                .put_multipart(&self.path)
+                .await
+                .map_err(|e| self.error(e))?;
             self.multipart = Some(upload);
             self.account();
         }
@@ -236,7 +237,11 @@ impl LakeUpload {
     async fn finish_inner(&mut self) -> Result<()> {
         if self.multipart.is_none() {
             let payload = std::mem::take(&mut self.buffer).freeze();
-            self.store.put(&self.path, payload).await.map_err(|e| self.error(e))?;
+            self.lake
+                .store
+                .put(&self.path, payload)
+                .await
+                .map_err(|e| self.error(e))?;
             return Ok(());
         }
         if self.buffer.content_length() > 0 {
@@ -319,6 +324,7 @@ mod tests {
     async fn an_object_larger_than_a_part_goes_up_in_parts_and_reads_back_whole() {
         use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
         use object_store::ObjectStoreExt;
+        use std::sync::Arc;
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::open(dir.path().to_str().unwrap()).unwrap();
         let small = {

@@ -1031,4 +1031,32 @@ fn tables_over_30_mib_on_s3_ingest_build_compact_and_publish_in_parts_s3_accepts
     // no upload was left incomplete
     let pending = moto.http("GET", "/size?uploads").unwrap_or_default();
     assert!(!pending.contains("<Upload>"), "{pending}");
+
+    // a full build on a cluster over the S3 lake writes the same table as one in this process
+    #[cfg(feature = "cluster")]
+    {
+        let (_cluster, url) = crate::cluster::process_cluster(s3.lake_url.as_deref().unwrap(), &moto.envs());
+        let full = |t: &TestLake, cluster: Option<&str>| {
+            let mut c = t.command();
+            c.arg("--rules").arg(&rules).env("INGOT_CLUSTER_TRACE", "1");
+            if let Some(url) = cluster {
+                c.arg("--cluster").arg(url);
+            }
+            let out = c.args(["build", "wide", "--full"]).output().unwrap();
+            assert_ok(&out);
+            stderr(&out)
+        };
+        let trace = full(&s3, Some(&url));
+        assert!(
+            trace.contains("on the cluster") && !trace.contains(": in this process"),
+            "{trace}"
+        );
+        full(&local, None);
+        let (got, want) = (wide_digests(&s3), wide_digests(&local));
+        assert_eq!(
+            got["silver.wide"], want["silver.wide"],
+            "a full build on a cluster vs in one process"
+        );
+        assert_eq!(got["audit.silver_build_log"], want["audit.silver_build_log"]);
+    }
 }
