@@ -5,6 +5,9 @@
                                           row_hash, natural_key_fingerprint and the run's columns
     duckdb_job.py hash   CSV OUT.parquet  typed read + row_hash + natural_key_fingerprint only (reference)
     duckdb_job.py copy   CSV OUT.parquet  the same typed read straight to zstd Parquet (reference)
+    duckdb_job.py current GLOB OUT.parquet  the current versions of the bronze files GLOB (the
+                                          latest row per natural_key_fingerprint by ingested_at,
+                                          tombstones left out): bronze.<source>_current, exported
 
 `bronze` is the job an ingot first ingest does, as a pipeline around DuckDB would do it: the
 SHA-256 of the whole file first (hashlib, 1 MiB reads: the `file_hash` that makes a re-sent file
@@ -112,7 +115,7 @@ def bronze_select(csv: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] not in ("bronze", "hash", "copy"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("bronze", "hash", "copy", "current"):
         print(__doc__, file=sys.stderr)
         return 2
     mode, csv, out = sys.argv[1:]
@@ -120,6 +123,11 @@ def main() -> int:
         "bronze": bronze_select,
         "hash": hash_select,
         "copy": lambda c: f"SELECT * FROM {typed_read(c)}",
+        # ingested_at orders a source's versions as their commits do (docs/formats.md)
+        "current": lambda g: (
+            f"SELECT * FROM read_parquet({sql_str(g)}) QUALIFY row_number() OVER "
+            "(PARTITION BY natural_key_fingerprint ORDER BY ingested_at DESC) = 1 AND NOT is_deleted"
+        ),
     }[mode](csv)
     con = duckdb.connect()
     n = con.execute(

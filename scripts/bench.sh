@@ -387,6 +387,40 @@ if [ "${SILVER:-1}" = 1 ]; then
   )
 fi
 
+# ----------------------------------------------------------------- 5b'. bronze.<source>_current
+# The current versions exported whole, beside the same export of every version and DuckDB
+# ranking the same bronze files (default --memory-limit): on the silver lake, after its 1%
+# re-delivery (6M records, 60k of them with two versions). Then the three sorted keys of the view.
+CURRENT_META=()
+if [ "${SILVER:-1}" = 1 ]; then
+  step "(j) bronze.lineitem_current exported to Parquet, beside bronze.lineitem (every version) and DuckDB's ranking of the same files"
+  measure current_export "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" sql "SELECT * FROM bronze.lineitem_current" \
+    --format parquet --output "$WORK/current.parquet" || die "ingot's export of bronze.lineitem_current failed"
+  measure bronze_export "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" sql "SELECT * FROM bronze.lineitem" \
+    --format parquet --output "$WORK/bronze.parquet" || die "ingot's export of bronze.lineitem failed"
+  measure current_duckdb "$PY" bench/duckdb_job.py current "$SLAKE/bronze/lineitem/**/*.parquet" "$WORK/current.duckdb.parquet" ||
+    die "DuckDB's ranking of the bronze files failed"
+  measure current_top3 "$INGOT" "${INGOT_ARGS[@]}" --lake "$SLAKE" sql \
+    "SELECT l_orderkey, l_linenumber, l_comment FROM bronze.lineitem_current ORDER BY l_orderkey, l_linenumber LIMIT 3" \
+    --format csv || die "ingot's ORDER BY ... LIMIT 3 over bronze.lineitem_current failed"
+  NCUR=$("$PY" -c 'import duckdb, sys; print(duckdb.sql(f"SELECT count(*) FROM read_parquet({sys.argv[1]!r})").fetchone()[0])' "$WORK/current.parquet")
+  [ "$NCUR" = "$ROWS" ] || die "bronze.lineitem_current exported $NCUR rows, expected $ROWS"
+  SAME=$("$PY" -c 'import duckdb, sys
+q = "SELECT * EXCLUDE (ingestion_run_id, ingested_at, source_row_number) FROM read_parquet({!r})"
+a, b = q.format(sys.argv[1]), q.format(sys.argv[2])
+print(duckdb.sql(f"SELECT count(*) FROM (({a} EXCEPT ALL {b}) UNION ALL ({b} EXCEPT ALL {a}))").fetchone()[0])' "$WORK/current.parquet" "$WORK/current.duckdb.parquet")
+  [ "$SAME" = 0 ] || die "bronze.lineitem_current and DuckDB's ranking differ in $SAME rows"
+  rm -f "$WORK/current.parquet" "$WORK/bronze.parquet" "$WORK/current.duckdb.parquet"
+  line() { "$PY" -c 'import json, sys
+m = {k: json.load(open(f"{sys.argv[1]}/{k}.json")) for k in ("current_export", "bronze_export", "current_duckdb", "current_top3")}
+(cw, cp), (bw, bp), (dw, dp), (tw, _) = ((m[k]["wall_s"], m[k]["peak_rss_mb"]) for k in m)
+print(f"bronze.lineitem_current exported to Parquet ({sys.argv[2]} rows, after the 1% re-delivery): {cw:.2f} s, peak {cp:.0f} MB; "
+      f"bronze.lineitem (every version) {bw:.2f} s, peak {bp:.0f} MB: {cw / bw:.2f}x (target <= 1.2x, peak <= 1024 MB); "
+      f"DuckDB ranking the same files {dw:.2f} s, peak {dp:.0f} MB (same rows); "
+      f"ORDER BY l_orderkey, l_linenumber LIMIT 3 over the view {tw:.2f} s (target < 10 s)")' "$MEASURE" "$ROWS"; }
+  CURRENT_META+=(--meta "$(line)")
+fi
+
 # ---------------------------------------------------------------------- 5c. analysts' SQL
 # TPC-H Q1 and Q6 (bench/queries) over silver.lineitem as the incremental build left it: ingot's
 # shell and DuckDB over the same snapshot files, each query run 3 times in one session, the
@@ -483,6 +517,6 @@ BIN_DATE=$(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ)
   --meta "duckdb $DUCKDB_VERSION (Python, default settings; escaping $( [ "${BENCH_DUCKDB_ESCAPE_ALL:-}" = 1 ] && echo 'every field' || echo 'string fields only')), tpchgen-cli $TPCHGEN_VERSION" \
   --meta "input: $(du -m "$CSV" | cut -f1) MB CSV; re-delivery = same file with l_comment changed in 3 rows" \
   --meta "hash check: $(tail -n 1 "$MEASURE/verify.log" | sed 's/^verify: //'), $ROWS rows joined on (l_orderkey, l_linenumber)" \
-  "${SILVER_META[@]}"
+  "${SILVER_META[@]}" "${CURRENT_META[@]}"
 echo >&2
 echo "written: bench/results-sf$SF.md" >&2

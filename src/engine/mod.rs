@@ -1,5 +1,5 @@
 //! Where plans run: the DataFusion session and its memory pool ([`session`]), the SQL catalog
-//! over the lake ([`catalog`]), local or cluster execution ([`exec`]), hash joins for joins with
+//! over the lake ([`catalog`]) with the plan of `bronze.<source>_current` ([`current`]), local or cluster execution ([`exec`]), hash joins for joins with
 //! a small side ([`joins`]), the slot lookup that ranks a source's versions ([`slots`]) and the
 //! Ballista cluster (`cluster`, cargo feature `cluster`).
 
@@ -7,6 +7,7 @@ pub mod catalog;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod compact;
+pub mod current;
 pub mod exec;
 pub mod joins;
 pub mod lazy;
