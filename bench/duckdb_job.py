@@ -125,7 +125,7 @@ def main() -> int:
         "copy": lambda c: f"SELECT * FROM {typed_read(c)}",
         # ingested_at orders a source's versions as their commits do (docs/formats.md)
         "current": lambda g: (
-            f"SELECT * FROM read_parquet({sql_str(g)}) QUALIFY row_number() OVER "
+            f"SELECT * FROM read_parquet({sql_str(g)}, hive_partitioning = false) QUALIFY row_number() OVER "
             "(PARTITION BY natural_key_fingerprint ORDER BY ingested_at DESC) = 1 AND NOT is_deleted"
         ),
     }[mode](csv)

@@ -147,11 +147,6 @@ impl LakeUpload {
         }
     }
 
-    /// The object's URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     fn error(&self, e: object_store::Error) -> Error {
         crate::table::store::explain(&self.url, e)
     }
