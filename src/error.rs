@@ -103,6 +103,17 @@ impl Error {
         }
     }
 
+    /// This error's message and those of its causes, outermost first.
+    pub fn chain(&self) -> Vec<String> {
+        let mut out = vec![self.to_string()];
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            out.push(s.to_string());
+            source = s.source();
+        }
+        out
+    }
+
     /// How a command that ends with this error exits (docs/guide.md#exit-codes).
     pub fn exit_status(&self) -> ExitStatus {
         match self {

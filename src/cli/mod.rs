@@ -287,9 +287,7 @@ impl Cli {
             ..Workspace::new(Lake::open(&self.lake)?)
         })
     }
-}
 
-impl Cli {
     /// [`Cli::workspace`] for a command that takes a writer's lock, waiting for it as `--wait` says.
     pub fn writer_workspace(&self, wait: &WaitArgs) -> Result<Workspace> {
         Ok(Workspace {
@@ -335,13 +333,7 @@ pub fn run(cli: Cli) -> ExitCode {
 /// The hint after an error whose cause is DataFusion's memory pool refusing an operator that
 /// cannot spill: name the flag that sets the pool, its value and what to do.
 pub fn memory_hint(e: &Error, memory_limit: &str) -> Option<String> {
-    let mut chain = vec![e.to_string()];
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        chain.push(s.to_string());
-        source = s.source();
-    }
-    chain.iter().any(|m| m.contains("Resources exhausted")).then(|| {
+    e.chain().iter().any(|m| m.contains("Resources exhausted")).then(|| {
         format!(
             "hint: the work needs more memory than --memory-limit {memory_limit} lets DataFusion's \
              operators hold (the part they cannot spill to disk); run it again with a larger \

@@ -322,13 +322,7 @@ pub async fn damaged(lake: &Lake, sources: &[String]) -> Result<Vec<Damage>> {
 
 /// Does `e` come from reading a Parquet file (where DataFusion names no file)?
 pub fn is_read_error(e: &Error) -> bool {
-    let mut texts = vec![e.to_string()];
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        texts.push(s.to_string());
-        source = s.source();
-    }
-    texts.iter().any(|t| {
+    e.chain().iter().any(|t| {
         t.contains("Parquet error")
             || t.contains("Corrupt footer")
             || t.contains("Invalid Parquet")

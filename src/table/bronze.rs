@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::table::upload::{DEFAULT_IN_FLIGHT, DEFAULT_PART, FileStamp, LakeUpload};
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
 };
@@ -26,6 +25,7 @@ use datafusion::parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::table::lake::Lake;
+use crate::table::upload::{DEFAULT_IN_FLIGHT, DEFAULT_PART, FileStamp, LakeUpload};
 
 use crate::spec::columns::FINGERPRINT;
 pub use crate::spec::columns::{IS_DELETED, PREVIOUS_FINGERPRINT, meta_fields};

@@ -240,14 +240,7 @@ impl LakeUpload {
             return Ok(());
         }
         if self.buffer.content_length() > 0 {
-            if self.parts >= MAX_PARTS {
-                return self.send_part().await; // the error naming the file
-            }
-            let part = std::mem::take(&mut self.buffer).freeze();
-            if let Some(upload) = self.multipart.as_mut() {
-                self.tasks.spawn(upload.put_part(part));
-            }
-            self.parts += 1;
+            self.send_part().await?; // the last part, the only one that may be short
         }
         while !self.tasks.is_empty() {
             self.join_one().await?;
