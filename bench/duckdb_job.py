@@ -8,6 +8,9 @@
     duckdb_job.py current GLOB OUT.parquet  the current versions of the bronze files GLOB (the
                                           latest row per natural_key_fingerprint by ingested_at,
                                           tombstones left out): bronze.<source>_current, exported
+    duckdb_job.py delta TABLE OUT.parquet   the Delta table TABLE read whole with delta_scan
+                                          (bronze/<source>/_current: the same rows, no ranking;
+                                          needs duckdb-ext-delta, the venv .venv-bench-delta)
 
 `bronze` is the job an ingot first ingest does, as a pipeline around DuckDB would do it: the
 SHA-256 of the whole file first (hashlib, 1 MiB reads: the `file_hash` that makes a re-sent file
@@ -33,6 +36,7 @@ DuckDB is not made to do useless work (about 3 s of its ~15 s at SF1 on 2 cores)
 BENCH_DUCKDB_ESCAPE_ALL=1 to escape every field literally instead; the hashes are the same.
 (DuckDB string literals do not interpret backslashes: '\\' in SQL below is one backslash.)
 """
+import glob
 import hashlib
 import os
 import sys
@@ -115,7 +119,7 @@ def bronze_select(csv: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] not in ("bronze", "hash", "copy", "current"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("bronze", "hash", "copy", "current", "delta"):
         print(__doc__, file=sys.stderr)
         return 2
     mode, csv, out = sys.argv[1:]
@@ -128,8 +132,19 @@ def main() -> int:
             f"SELECT * FROM read_parquet({sql_str(g)}, hive_partitioning = false) QUALIFY row_number() OVER "
             "(PARTITION BY natural_key_fingerprint ORDER BY ingested_at DESC) = 1 AND NOT is_deleted"
         ),
+        "delta": lambda t: f"SELECT * FROM delta_scan({sql_str(t)})",
     }[mode](csv)
     con = duckdb.connect()
+    if mode == "delta":
+        # the Delta extension from PyPI (duckdb-ext-delta), loaded from the venv: no download
+        ext = glob.glob(os.path.join(os.path.dirname(duckdb.__file__), "..", "duckdb_ext", "extensions",
+                                     "v" + duckdb.__version__, "*", "delta.duckdb_extension"))
+        if not ext:
+            print("duckdb_job.py delta: no delta.duckdb_extension in this venv (pip install duckdb-ext-delta)",
+                  file=sys.stderr)
+            return 2
+        con.execute(f"LOAD '{os.path.realpath(ext[0])}'")
+    con.execute("SET enable_progress_bar = false")
     n = con.execute(
         f"COPY ({query}) TO {sql_str(out)} (FORMAT parquet, COMPRESSION zstd)"
     ).fetchone()[0]

@@ -307,7 +307,8 @@ pub fn bronze_views(
         // a short history (no checkpoint yet) travels in the plan as VALUES
         None => Ranks::Join(slots_from(ctx, &current, None)?),
     };
-    let superseding = superseding(ctx, lake, contract, &current, manifest)?;
+    let reinserts = crate::table::audit::reinserts_before(runs, source);
+    let superseding = superseding(ctx, lake, contract, &current, reinserts, manifest)?;
     let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current), superseding)?;
     Ok((everything.into_view(), now.into_view()))
 }
@@ -486,18 +487,7 @@ pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord
     runs.iter().filter(|r| r.source == source && r.has_data()).collect()
 }
 
-/// The runs that make up the current state of `source` (`bronze.<source>_current`, change
-/// detection, silver builds): the runs with data from the source's latest `ingot rekey` run on,
-/// or all of them when it was never re-keyed. The rekey run wrote every current record again
-/// under the new natural key, so nothing before it decides what is current.
-pub fn current_runs<'a>(runs: impl IntoIterator<Item = &'a RunRecord>, source: &str) -> Vec<&'a RunRecord> {
-    let loaded: Vec<&RunRecord> = runs
-        .into_iter()
-        .filter(|r| r.source == source && r.status.is_loaded())
-        .collect();
-    let from = loaded.iter().rposition(|r| r.is_rekey()).unwrap_or(0);
-    loaded[from..].iter().copied().filter(|r| r.has_data()).collect()
-}
+pub use crate::table::audit::current_runs;
 
 /// The build of `table` that was current at `t` (microseconds, UTC): of the builds that had
 /// finished by then and were not rolled back before it, the last committed (highest slot).

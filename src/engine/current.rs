@@ -20,22 +20,25 @@ use crate::table::evolve::{read_stored, stored_files};
 use crate::table::lake::Lake;
 
 /// Which versions of `current` (a source's current runs) can supersede another: only those of
-/// runs that updated or deleted records. A run writes a row for a key whose version is current
-/// only as an update (change detection says `Updated`), and a key stops being current only by an
-/// update or a tombstone; a row for a key that is not current (a new key, or one deleted before)
-/// supersedes nothing that still counts. So with no such run every version is current, and with
-/// a few, the few rows they wrote are all the ranking needs.
+/// runs that updated or deleted records ([`crate::table::audit::supersedes`]). A run writes a row
+/// for a key whose version is current only as an update (change detection says `Updated`), and a
+/// key stops being current only by an update or a tombstone; a row for a key that is not current
+/// (a new key, or one deleted before) supersedes nothing that still counts, unless an undo of the
+/// deleting run brought an older version back (`reinserts_before`: the runs with new records
+/// before that undo rank too). So with no such run every version is current, and with a few,
+/// the few rows they wrote are all the ranking needs.
 pub(super) fn superseding(
     ctx: &SessionContext,
     lake: &Lake,
     contract: &Contract,
     current: &[&RunRecord],
+    reinserts_before: Option<u64>,
     manifest: &crate::table::segments::Manifest,
 ) -> Result<Superseding> {
     let by: Vec<&RunRecord> = current
         .iter()
         .copied()
-        .filter(|r| r.rows_updated > 0 || r.rows_deleted > 0)
+        .filter(|r| crate::table::audit::supersedes(r, reinserts_before))
         .collect();
     if by.is_empty() {
         return Ok(Superseding::Nothing);

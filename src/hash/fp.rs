@@ -185,7 +185,7 @@ pub type FpSet = HashSet<Fp, FpBuild>;
 
 /// `__ingot_in_set(fp)`: the record is in `set`.
 pub fn in_set_udf(set: Arc<FpSet>) -> ScalarUDF {
-    let heads = Arc::new(Heads::of(&set));
+    let heads = Arc::new(Heads::of(set.iter()));
     ScalarUDF::from(InSet {
         set,
         heads,
@@ -273,9 +273,9 @@ const HEAD_BITS: u32 = 22;
 pub struct Heads(Vec<u64>);
 
 impl Heads {
-    pub fn of(set: &FpSet) -> Heads {
+    pub fn of<'a>(keys: impl IntoIterator<Item = &'a Fp>) -> Heads {
         let mut bits = vec![0u64; 1 << (HEAD_BITS - 6)];
-        for fp in set {
+        for fp in keys {
             let h = (fp >> (128 - HEAD_BITS)) as usize;
             bits[h >> 6] |= 1 << (h & 63);
         }

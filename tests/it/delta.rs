@@ -234,6 +234,15 @@ pub fn lake_checks(lake: &str, sources: &[&str], tables: &[&str], readers: &[&st
             read: json!({"query": query, "readers": ["duckdb"]}),
             key: vec!["natural_key_fingerprint"],
         });
+        // the current versions as a Delta table (deletion vectors: readers that take them)
+        let dv_readers: Vec<&str> = readers.iter().copied().filter(|r| *r != "deltalake_pyarrow").collect();
+        out.push(Check::table(
+            &format!("bronze/{s}/_current"),
+            &format!("SELECT * FROM bronze.{s}_current"),
+            format!("{lake}/bronze/{s}/_current"),
+            &dv_readers,
+            &["natural_key_fingerprint"],
+        ));
     }
     for t in tables {
         out.push(Check::table(
@@ -332,6 +341,7 @@ fn check_events(l: &Events, readers: &[&str], context: &str) {
             "silver.events",
             "audit.ingestion_run_log",
             "bronze.events_current",
+            "bronze/events/_current",
         ],
         context,
     );

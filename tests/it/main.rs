@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_security;
 mod contracts;
 mod crash;
+mod current_delta;
 mod damage;
 mod deletions;
 mod delta;

@@ -15,6 +15,7 @@
 
 pub mod builds;
 pub mod conform;
+pub mod current;
 pub mod log;
 pub mod publish;
 pub mod runs;
@@ -86,6 +87,11 @@ pub mod roots {
 
     pub fn bronze(source: &str) -> String {
         format!("bronze/{source}")
+    }
+
+    /// The source's current versions ([`super::current`]), inside its bronze table's folder.
+    pub fn current(source: &str) -> String {
+        format!("bronze/{source}/{}", super::current::CURRENT)
     }
 
     pub fn silver(table: &str) -> String {

@@ -297,7 +297,7 @@ async fn positions_of(
     files: Vec<(String, u64, Option<String>)>,
     keys: Arc<FpSet>,
 ) -> Result<Vec<(RoaringTreemap, bool)>> {
-    let heads = Arc::new(Heads::of(&keys));
+    let heads = Arc::new(Heads::of(keys.iter()));
     let width = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tasks = files.into_iter().map(|(rel, rows, index)| {
         let (lake, keys, heads) = (lake.clone(), keys.clone(), heads.clone());
@@ -544,8 +544,6 @@ pub async fn add_of(lake: &Lake, table: &str, f: &PublishedFile) -> Result<delta
 /// with it off): every layer's files, each with an inline deletion vector (stored in the log:
 /// nothing is written into a committed build's folder).
 pub async fn inline(lake: &Lake, table: &str, m: &Manifest) -> Result<Vec<deltalake_core::kernel::Add>> {
-    use delta_kernel::actions::deletion_vector_writer::DeletionVector;
-    use deltalake_core::kernel::{DeletionVectorDescriptor, StorageType};
     let mut out = Vec::new();
     for f in from_layers(lake, m).await? {
         let file = PublishedFile {
@@ -556,30 +554,39 @@ pub async fn inline(lake: &Lake, table: &str, m: &Manifest) -> Result<Vec<deltal
         };
         let mut add = add_of(lake, table, &file).await?;
         if !f.deleted.is_empty() {
-            let cardinality = f.deleted.len() as i64;
-            let mut v = KernelDeletionVector::new();
-            v.add_deleted_row_indexes(f.deleted.iter());
-            let body = v
-                .serialize()
-                .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
-            let mut data = DV_MAGIC.to_le_bytes().to_vec();
-            data.extend_from_slice(&body);
-            let size = data.len();
-            while !data.len().is_multiple_of(4) {
-                data.push(0);
-            }
-            add.deletion_vector = Some(DeletionVectorDescriptor {
-                storage_type: StorageType::Inline,
-                path_or_inline_dv: z85::encode(&data),
-                offset: None,
-                size_in_bytes: size as i32,
-                cardinality,
-            });
+            add.deletion_vector = Some(inline_dv(&f.deleted)?);
             add.stats = Some(serde_json::json!({"numRecords": f.rows, "tightBounds": false}).to_string());
         }
         out.push(add);
     }
     Ok(out)
+}
+
+/// A deletion vector of the rows at `deleted` stored in the log itself (inline: the magic number
+/// and the serialized bitmap, z85-encoded), so no file holds it.
+pub(crate) fn inline_dv(deleted: &RoaringTreemap) -> Result<deltalake_core::kernel::DeletionVectorDescriptor> {
+    use delta_kernel::actions::deletion_vector_writer::DeletionVector;
+    use deltalake_core::kernel::{DeletionVectorDescriptor, StorageType};
+    let mut v = KernelDeletionVector::new();
+    v.add_deleted_row_indexes(deleted.iter());
+    let body = v
+        .serialize()
+        .map_err(|e| Error::Internal(format!("deletion vector: {e}")))?;
+    let mut data = DV_MAGIC.to_le_bytes().to_vec();
+    data.extend_from_slice(&body);
+    let size = data.len();
+    // z85 encodes 4 bytes at a time; readers take `size_in_bytes` of the decoded bytes
+    while !data.len().is_multiple_of(4) {
+        data.push(0);
+    }
+    Ok(DeletionVectorDescriptor {
+        storage_type: StorageType::Inline,
+        path_or_inline_dv: z85::encode(&data),
+        offset: None,
+        size_in_bytes: i32::try_from(size)
+            .map_err(|_| Error::Internal(format!("a deletion vector of {size} bytes")))?,
+        cardinality: deleted.len() as i64,
+    })
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ fn failure_file(run_id: &str) -> String {
 
 /// What `kind` holds of a run whose latest record is `r` (a bronze table published under
 /// `conform`: the run's conformed copy where it has one).
-fn wants(kind: Kind, r: &RunRecord, conform: Option<&Conform>) -> Option<Want> {
+pub(crate) fn wants(kind: Kind, r: &RunRecord, conform: Option<&Conform>) -> Option<Want> {
     match kind {
         Kind::Bronze => r.has_data().then(|| Want {
             path: match conform {
@@ -126,7 +126,7 @@ fn remove_of(want: &Want) -> Remove {
 /// The shape of `kind`'s table: bronze's the contract's bronze schema when published under it
 /// (`conform`), else from the contract fields its latest run was written under (`records`, in
 /// commit order); the logs' from their schemas.
-async fn shape(
+pub(crate) async fn shape(
     lake: &Lake,
     kind: Kind,
     source: &str,
@@ -186,19 +186,33 @@ pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&Run
     if !super::enabled() {
         return;
     }
-    // three tables, three logs: committed side by side
-    let done = futures::future::join_all(KINDS.map(|kind| publish(lake, kind, record, previous, contract))).await;
-    for (kind, result) in KINDS.iter().zip(done) {
+    // three tables, three logs: committed side by side; the current versions after bronze,
+    // whose files (conformed copies) they name
+    let current = async {
+        let bronze = publish(lake, Kind::Bronze, record, previous, contract).await;
+        let current = match bronze {
+            Ok(()) => super::current::after_commit(lake, record, previous, contract).await,
+            Err(_) => Ok(()),
+        };
+        (bronze, current)
+    };
+    let (done, (bronze, current)) = futures::future::join(
+        futures::future::join_all(
+            [Kind::RunLog, Kind::Failures].map(|kind| publish(lake, kind, record, previous, contract)),
+        ),
+        current,
+    )
+    .await;
+    let mut results: Vec<(String, Result<()>)> = vec![
+        (Kind::Bronze.root(&record.source), bronze),
+        (super::roots::current(&record.source), current),
+    ];
+    for (kind, result) in [Kind::RunLog, Kind::Failures].iter().zip(done) {
+        results.push((kind.root(&record.source), result));
+    }
+    for (root, result) in results {
         if let Err(e) = result {
-            super::warn(
-                &format!(
-                    "{} after run {} of {}",
-                    kind.root(&record.source),
-                    record.run_id,
-                    record.source
-                ),
-                &e,
-            );
+            super::warn(&format!("{root} after run {} of {}", record.run_id, record.source), &e);
         }
     }
 }
@@ -253,7 +267,7 @@ async fn publish(
 
 /// How `kind`'s table publishes `runs` under `contract`: conformed to it for bronze, when it
 /// can read them all ([`Conform::new`]).
-fn conform_of<'a>(kind: Kind, contract: Option<&'a Contract>, runs: &[&RunRecord]) -> Option<Conform<'a>> {
+pub(crate) fn conform_of<'a>(kind: Kind, contract: Option<&'a Contract>, runs: &[&RunRecord]) -> Option<Conform<'a>> {
     match kind {
         Kind::Bronze => contract.and_then(|c| Conform::new(c, runs)),
         Kind::RunLog | Kind::Failures => None,
@@ -500,6 +514,12 @@ pub async fn sync_all(lake: &Lake, contracts: &super::Contracts) -> Result<Vec<S
                 ));
             }
         }
+        if let Some(v) = super::current::sync(lake, &source, true, contract).await? {
+            out.push(format!(
+                "{}: {source}'s current versions published as version {v}",
+                super::roots::current(&source)
+            ));
+        }
     }
     Ok(out)
 }
@@ -570,6 +590,8 @@ pub async fn check_all(lake: &Lake, contracts: &super::Contracts) -> Result<Vec<
             };
             super::compare(&root, loaded, expected, have, &mut out).await?;
         }
+        let contract = contracts.get(source).map(|c| &**c);
+        super::current::check(lake, source, &runs, last, contract, &mut out).await?;
     }
     Ok(out)
 }
