@@ -31,6 +31,7 @@ mod model;
 mod nightly;
 mod ops;
 mod power;
+mod rederive;
 mod rekey;
 mod replay;
 mod rules;
