@@ -7,8 +7,9 @@ use crate::error::{ExitStatus, Result};
 pub struct DoctorArgs {
     /// First repair what can be repaired without losing anything, then check: bring every
     /// lagging Delta table up to date (`ingot delta sync`), rebuild a silver table whose current
-    /// snapshot has a damaged file (a full build from bronze), and remove a source's segments when
-    /// one is damaged (a cache). A damaged bronze file is reported with the runs to undo.
+    /// snapshot has a damaged file (a full build from bronze), remove a source's segments when
+    /// one is damaged (a cache), and derive a damaged bronze file again from its run's landing
+    /// file when that file is unchanged (else it is reported with the runs to undo).
     #[arg(long)]
     pub fix: bool,
     /// Also read every committed data file whole and compare it with the CRC-32 its commit
@@ -24,8 +25,8 @@ pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
         for line in crate::table::delta::sync(&ws.lake, crate::table::delta::Mode::DeletionVectors, &contracts).await? {
             crate::show!("fixed: {line}");
         }
-        for line in crate::ops::scrub::repair(&ws, args.verify).await? {
-            crate::show!("fixed: {line}");
+        for repair in crate::ops::scrub::repair(&ws, args.verify).await? {
+            crate::show!("{repair}");
         }
     }
     let report = crate::ops::doctor::doctor_with(&ws, args.verify).await?;

@@ -64,6 +64,9 @@ pub struct IngestOptions {
     pub input_name: Option<String>,
     /// Publish the run even when a hold gate would hold it (`ingot ingest --no-hold`).
     pub no_hold: bool,
+    /// Write the run's files into the folders of this run id instead of its own (a scratch
+    /// copy, see [`rederive`]); its rows keep the run's own stamps.
+    pub files_as: Option<String>,
 }
 
 impl Default for IngestOptions {
@@ -75,6 +78,7 @@ impl Default for IngestOptions {
             replay: None,
             input_name: None,
             no_hold: false,
+            files_as: None,
         }
     }
 }
@@ -310,6 +314,68 @@ async fn run(
     Ok(())
 }
 
+/// Derive a committed run's files again (`ingot doctor --fix`, [`crate::ops::rederive`]): the
+/// pass of [`load`] over `path`, the run's landing file (`name`: its URL when `path` is a local
+/// copy), against `before`, the source's run records as they stood when the run took its slot,
+/// with the run's own stamps (run id, `ingested_at`, file hash, key and contract versions). The
+/// file is hashed again as it is read: one whose bytes are no longer the run's `file_hash` fails
+/// with [`Error::RunInterrupted`]. The files go into the folders of the run id `scratch`;
+/// nothing is committed, no key state is written, no hold gate applies. Returns `run` with the
+/// counts and file stamps of this pass.
+pub async fn rederive(
+    ws: &Workspace,
+    contract: &Arc<Contract>,
+    path: &Path,
+    name: Option<&str>,
+    run: &RunRecord,
+    before: &[RunRecord],
+    scratch: &str,
+) -> Result<RunRecord> {
+    let file_hash = run
+        .file_hash
+        .as_deref()
+        .ok_or_else(|| Error::Invalid(format!("run {} recorded no file hash", run.run_id)))?;
+    let stamp = FileStamp::of(path)?;
+    let mut record = RunRecord {
+        file_bytes: stamp.0 as i64,
+        rows_seen: 0,
+        rows_inserted: 0,
+        rows_updated: 0,
+        rows_unchanged: 0,
+        rows_failed: 0,
+        rows_deleted: 0,
+        rows_superseded: 0,
+        ignored_columns: None,
+        data_file: None,
+        failure_file: None,
+        ..run.clone()
+    };
+    let opts = IngestOptions {
+        input_name: name.map(str::to_string),
+        no_hold: true,
+        files_as: Some(scratch.to_string()),
+        ..Default::default()
+    };
+    let runs: Vec<&RunRecord> = before.iter().filter(|r| r.source == contract.source).collect();
+    // hashed again while it is read: the bytes read are the bytes the run loaded
+    let digest = FileDigest::spawn(path)?;
+    let lines = sample_lines(path, stamp.0)?;
+    load(ws, contract, path, &opts, &mut record, &runs, &digest, lines).await?;
+    let waiting = digest.clone();
+    let hashed = tokio::task::spawn_blocking(move || waiting.wait())
+        .await
+        .map_err(|e| Error::Internal(format!("hashing task failed: {e}")))??;
+    stamp.check(path)?;
+    if hashed != file_hash {
+        return Err(Error::RunInterrupted(format!(
+            "{}: the file changed while it was read again (its SHA-256 is now {hashed})",
+            name.map_or_else(|| path.display().to_string(), str::to_string)
+        )));
+    }
+    record.file_hash = Some(hashed.into());
+    Ok(record)
+}
+
 /// Load the file (after the duplicate check): build the index, run the pass(es), fill the
 /// record's counts and status.
 ///
@@ -397,7 +463,7 @@ async fn load(
             )
             .await?;
         }
-        if uncovered.len() as u64 >= ws.lake.cadence.key_state_every {
+        if uncovered.len() as u64 >= ws.lake.cadence.key_state_every && opts.files_as.is_none() {
             let hash_layout = crate::table::evolve::hash_layout(contract);
             if let Err(e) = keystate::write(&ws.lake, &contract.source, &hash_layout, &current, &index).await {
                 crate::tell!(

@@ -468,13 +468,10 @@ pub async fn write_pass(input: &RunInput<'_>, classifier: &mut dyn Classifier, k
         contract_version: contract.version as i32,
         ingested_at: record.started_at,
     };
-    let mut data = DataWriter::spawn(
-        ws,
-        layout::bronze_data(&contract.source, &record.run_id),
-        data_schema,
-        stamp,
-    );
-    let mut failures = FailureWriter::new(&ws.lake, &record.run_id, &contract.source, record.started_at);
+    // the run's own folders, or a re-derivation's scratch run ([`IngestOptions::files_as`])
+    let folder = opts.files_as.as_deref().unwrap_or(&record.run_id);
+    let mut data = DataWriter::spawn(ws, layout::bronze_data(&contract.source, folder), data_schema, stamp);
+    let mut failures = FailureWriter::new(&ws.lake, folder, &contract.source, record.started_at);
     let mut stats = Stats::default();
     let mut held: Vec<ConflictRow> = Vec::new();
 
@@ -621,7 +618,9 @@ async fn log_rejections(
 /// state's bronze files newest first (so the first row of a key is its latest version) and ask the
 /// classifier for each key. A tombstone keeps the record's natural-key fields (from that latest
 /// version) and its fingerprint; every other field, `row_hash` and `source_row_number` are null,
-/// `is_deleted` is true. Returns the number written.
+/// `is_deleted` is true. Each file is read as one stream in its own order (no byte-range
+/// partitions), so the tombstones come in the same order and batches on any machine: a run's file
+/// can be derived again byte for byte (`ingot doctor --fix`). Returns the number written.
 async fn write_tombstones(
     ctx: &SessionContext,
     contract: &Contract,
@@ -629,6 +628,10 @@ async fn write_tombstones(
     classifier: &mut dyn Classifier,
     data: &mut DataWriter,
 ) -> Result<u64> {
+    let state = datafusion::execution::session_state::SessionStateBuilder::new_from_existing(ctx.state())
+        .with_config(ctx.copied_config().with_repartition_file_scans(false))
+        .build();
+    let ctx = &SessionContext::new_with_state(state);
     let key_names = contract.natural_key_names();
     let mut columns = vec!["natural_key_fingerprint"];
     columns.extend(&key_names);

@@ -2,13 +2,15 @@
 //! run or build ([`undo`]), publishing or discarding a held run ([`held`]), replay of failed rows
 //! ([`replay`]), natural-key re-versioning ([`rekey`]), garbage collection ([`gc`]) and the
 //! consistency checks of `ingot doctor` ([`doctor`]) with its check of the committed files'
-//! sizes and checksums ([`scrub`]).
+//! sizes and checksums ([`scrub`]), whose `--fix` derives a damaged bronze file again from its
+//! landing file ([`rederive`]).
 
 pub mod compact;
 pub mod doctor;
 pub mod gc;
 pub mod held;
 pub mod nightly;
+pub mod rederive;
 pub mod rekey;
 pub mod replay;
 pub mod scrub;

@@ -4,11 +4,12 @@
 //! [`check`] compares the sizes of one listing with the recorded ones, and the Parquet footer of
 //! files committed before checksums; with `verify` (`ingot doctor --verify`, a scrub) it reads
 //! every stamped file whole and compares its CRC-32. Each [`Damage`] names the file, its table,
-//! its run or build and what to do: a silver snapshot is built again from bronze and a damaged
-//! segment (a cache) removed, both by `ingot doctor --fix` ([`repair`]); a bronze file is undone
-//! with the runs after it, their files then ingested again in order. [`damaged`] is the quick
-//! form a command runs when its error came from reading a Parquet file (DataFusion's errors
-//! name none), so the error names the file at fault.
+//! its run or build and what to do: a silver snapshot is built again from bronze, a damaged
+//! segment (a cache) removed and a bronze file derived again from its unchanged landing file, all
+//! by `ingot doctor --fix` ([`repair`]); else a bronze file is undone with the runs after it,
+//! their files then ingested again in order. [`damaged`] is the quick form a command runs when
+//! its error came from reading a Parquet file (DataFusion's errors name none), so the error
+//! names the file at fault.
 //!
 //! Hazard: a byte changed in place (the size kept) is found only by `--verify`.
 
@@ -190,43 +191,55 @@ fn fix_for(by: &Committer, runs: &[RunRecord]) -> String {
             "remove {} (a cache of the runs' own files; `ingot doctor --fix` removes it)",
             crate::table::segments::folder(source)
         ),
-        Committer::Run { source, run_id, .. } => {
-            let loaded: Vec<&RunRecord> = runs
-                .iter()
-                .filter(|r| r.source == *source && r.status.is_loaded())
-                .collect();
-            let from = loaded.iter().position(|r| r.run_id == *run_id);
-            let (first, later) = match from {
-                Some(i) => (Some(loaded[i]), &loaded[i + 1..]),
-                None => (None, &loaded[..0]),
-            };
-            let undo: Vec<String> = later
-                .iter()
-                .rev()
-                .chain(first.iter())
-                .map(|r| r.run_id.to_string())
-                .collect();
-            let files: Vec<String> = first
-                .iter()
-                .chain(later.iter())
-                .map(|r| r.file_path.to_string())
-                .collect();
-            if later.is_empty() {
-                format!(
-                    "`ingot undo {run_id}`, then ingest its file again (`ingot ingest {source} {}`)",
-                    files.first().cloned().unwrap_or_default()
-                )
-            } else {
-                format!(
-                    "undo it and the {} later run{} of {source}, newest first (`ingot undo` {}), then ingest their \
-                     files again in order ({})",
-                    later.len(),
-                    if later.len() == 1 { "" } else { "s" },
-                    undo.join(", "),
-                    files.join(", ")
-                )
-            }
-        }
+        Committer::Run {
+            source,
+            run_id,
+            data: true,
+        } => format!(
+            "`ingot doctor --fix` derives it again from its landing file while that file is unchanged; else {}",
+            undo_advice(source, run_id, runs)
+        ),
+        Committer::Run { source, run_id, .. } => undo_advice(source, run_id, runs),
+    }
+}
+
+/// The runs to undo for a damaged file of run `run_id` of `source` (it and every later loaded
+/// run of the source, newest first), and the files to ingest again in order.
+fn undo_advice(source: &str, run_id: &str, runs: &[RunRecord]) -> String {
+    let loaded: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.source == *source && r.status.is_loaded())
+        .collect();
+    let from = loaded.iter().position(|r| r.run_id == *run_id);
+    let (first, later) = match from {
+        Some(i) => (Some(loaded[i]), &loaded[i + 1..]),
+        None => (None, &loaded[..0]),
+    };
+    let undo: Vec<String> = later
+        .iter()
+        .rev()
+        .chain(first.iter())
+        .map(|r| r.run_id.to_string())
+        .collect();
+    let files: Vec<String> = first
+        .iter()
+        .chain(later.iter())
+        .map(|r| r.file_path.to_string())
+        .collect();
+    if later.is_empty() {
+        format!(
+            "`ingot undo {run_id}`, then ingest its file again (`ingot ingest {source} {}`)",
+            files.first().cloned().unwrap_or_default()
+        )
+    } else {
+        format!(
+            "undo it and the {} later run{} of {source}, newest first (`ingot undo` {}), then ingest their \
+             files again in order ({})",
+            later.len(),
+            if later.len() == 1 { "" } else { "s" },
+            undo.join(", "),
+            files.join(", ")
+        )
     }
 }
 
@@ -281,7 +294,7 @@ pub async fn check(
 }
 
 /// The CRC-32 of a lake file, streamed.
-async fn crc_of(lake: &Lake, rel: &str) -> Result<u32> {
+pub(crate) async fn crc_of(lake: &Lake, rel: &str) -> Result<u32> {
     use object_store::ObjectStoreExt;
     let got = lake
         .store
@@ -331,12 +344,30 @@ pub fn is_read_error(e: &Error) -> bool {
     })
 }
 
-/// `ingot doctor --fix` for damaged files: a silver table whose current snapshot has one gets a
-/// full build from bronze, with the rules version of its current build (the damaged snapshot is
-/// then no longer read); a source with a damaged segment loses its segments (a cache: readers go
-/// back to the runs' own files, and compaction writes them again). A damaged bronze or failure
-/// file is left for the operator (see [`Damage::fix`]). Returns what was done, a line each.
-pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Result<Vec<String>> {
+/// What `ingot doctor --fix` did about a damaged file, or why it did not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repair {
+    Fixed(String),
+    NotFixed(String),
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Repair::Fixed(line) => write!(f, "fixed: {line}"),
+            Repair::NotFixed(line) => write!(f, "not fixed: {line}"),
+        }
+    }
+}
+
+/// `ingot doctor --fix` for damaged files, in this order: a damaged bronze data file is derived
+/// again from its run's landing file when that file is unchanged ([`crate::ops::rederive`];
+/// otherwise it is left, saying why, for the undo of [`Damage::fix`]); a source with a damaged
+/// segment loses its segments (a cache: readers go back to the runs' own files, and compaction
+/// writes them again); a silver table whose current snapshot has a damaged file gets a full
+/// build from bronze, with the rules version of its current build (the damaged snapshot is then
+/// no longer read). A damaged failure file is left for the operator. Returns a line per repair.
+pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Result<Vec<Repair>> {
     let lake = &ws.lake;
     let sources: Vec<String> = crate::spec::contract::ContractSet::readable(&ws.contracts_dir)
         .into_keys()
@@ -347,18 +378,39 @@ pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Res
     let sizes = listed_sizes(lake).await?;
     let mut tables = std::collections::BTreeSet::new();
     let mut segments = std::collections::BTreeSet::new();
+    let mut done = Vec::new();
     for d in check(lake, &files, &sizes, &runs, verify).await? {
-        match d.by {
+        match &d.by {
             Committer::Build { table, .. } => {
-                tables.insert(table);
+                tables.insert(table.clone());
             }
             Committer::Segment { source } => {
-                segments.insert(source);
+                segments.insert(source.clone());
+            }
+            Committer::Run {
+                source,
+                run_id,
+                data: true,
+            } => {
+                let why = match crate::ops::rederive::bronze_file(ws, source, run_id).await {
+                    Ok(crate::ops::rederive::Outcome::Rederived(line)) => {
+                        done.push(Repair::Fixed(line));
+                        continue;
+                    }
+                    Ok(crate::ops::rederive::Outcome::Left(why)) => why,
+                    Err(e @ Error::Failpoint(_)) => return Err(e),
+                    Err(e) => format!("deriving it again failed ({e})"),
+                };
+                done.push(Repair::NotFixed(format!(
+                    "{} ({}): not re-derived: {why}; {}",
+                    d.rel,
+                    d.owner(),
+                    undo_advice(source, run_id, &runs)
+                )));
             }
             Committer::Run { .. } => {}
         }
     }
-    let mut done = Vec::new();
     for source in segments {
         // under the source lock: no compaction writes the manifest meanwhile
         let holder = format!("doctor-{}", ws.new_id());
@@ -376,9 +428,9 @@ pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Res
         .await;
         lock.release().await?;
         removed?;
-        done.push(format!(
+        done.push(Repair::Fixed(format!(
             "removed {folder}: a segment of {source} was damaged (a cache; queries read the runs' files)"
-        ));
+        )));
     }
     for table in tables {
         let Some(current) = crate::engine::catalog::latest_build(&builds, &table) else {
@@ -390,10 +442,10 @@ pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Res
             rules_version: Some(current.rules_version),
         };
         let built = crate::silver::build::build(ws, &table, &opts).await?;
-        done.push(format!(
+        done.push(Repair::Fixed(format!(
             "silver.{table}: build {} (full, rules version {}) replaces build {}, whose snapshot had a damaged file",
             built.record.build_id, current.rules_version, current.build_id
-        ));
+        )));
     }
     Ok(done)
 }

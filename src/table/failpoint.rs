@@ -54,8 +54,12 @@ pub const COMPACT: &[&str] = &["compact.before_manifest", "compact.after_manifes
 /// the hint of where the log stands).
 pub const DELTA: &[&str] = &["delta.conform", "delta.before_commit", "delta.after_commit"];
 
+/// Every failpoint of `ingot doctor --fix` deriving a damaged bronze file again: before and after
+/// the derived file replaces the damaged one (`ops::rederive`).
+pub const DOCTOR: &[&str] = &["doctor.before_replace", "doctor.after_replace"];
+
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA, DOCTOR];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

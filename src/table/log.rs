@@ -416,6 +416,15 @@ async fn records_after<T: Record>(lake: &Lake, name: &str, through: u64) -> Resu
     read_records::<T>(lake, listed(lake).await?).await
 }
 
+/// Every record of the log folder `name`, superseded ones too, in slot order: the history a
+/// past state of the log is folded from ([`latest_per_id`] of the records below a slot). Every
+/// record is read (a checkpoint holds only the latest state): for the rare command that needs it.
+pub(crate) async fn every_record<T: Record>(lake: &Lake, name: &str) -> Result<Vec<T>> {
+    let mut every = records_after::<T>(lake, name, 0).await?;
+    every.sort_by_key(|r| r.seq());
+    Ok(every)
+}
+
 /// The records of the listed log objects, each with the slot its name carries. Objects that are
 /// not `<digits>.parquet`, and records no reader can parse, are not part of the log: skipped
 /// (`ingot doctor` reports them).

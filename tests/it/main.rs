@@ -32,6 +32,7 @@ mod model;
 mod nightly;
 mod ops;
 mod power;
+mod rederive;
 mod rekey;
 mod replay;
 mod rules;

@@ -1060,3 +1060,77 @@ fn tables_over_30_mib_on_s3_ingest_build_compact_and_publish_in_parts_s3_accepts
         assert_eq!(got["audit.silver_build_log"], want["audit.silver_build_log"]);
     }
 }
+
+/// A damaged bronze file of an S3 lake fed from `s3://` landing files is derived again from its
+/// landing object (streamed to a local copy), the same bytes as committed; once the landing
+/// object changed, and once it is gone, the damaged file is left and `--fix` says why.
+#[test]
+fn a_damaged_bronze_file_on_s3_is_derived_again_from_its_s3_landing_file() {
+    let moto = Moto::start();
+    moto.upload(&repo().join("data/landing/bookings"), "landing", "in");
+    let t = s3_lake(&moto, "rederive");
+    let url = "s3://landing/in/2026-11-01_bookings.csv";
+    for input in [url, "s3://landing/in/2026-11-04_bookings_corrected.csv"] {
+        assert_ok(&t.run(&["ingest", "bookings", input]));
+    }
+    let runs = t.query("SELECT run_id FROM audit.ingestion_run_log ORDER BY commit_seq");
+    let run = runs[0]["run_id"].as_str().unwrap().to_string();
+    let rel = format!("bronze/bookings/run_id={run}/part-00000.parquet");
+    let q = "SELECT * FROM bronze.bookings ORDER BY ingested_at, source_row_number, natural_key_fingerprint";
+    let rows = t.query(q);
+    let rt = runtime();
+    let lake = ingot::table::lake::Lake::open_with("s3://rederive/lake", &moto.options()).unwrap();
+    let inbox = ingot::table::lake::Lake::open_with("s3://landing/in", &moto.options()).unwrap();
+    let original = rt.block_on(lake.get(&rel)).unwrap().unwrap();
+    let doctor = |args: &[&str]| {
+        let out = t
+            .command()
+            .arg("--rules")
+            .arg(repo().join("rules"))
+            .arg("doctor")
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), stdout(&out) + &stderr(&out))
+    };
+
+    rt.block_on(lake.put(&rel, original.slice(..100))).unwrap();
+    let (code, said) = doctor(&["--fix"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "fixed: bronze.bookings: re-derived run {run}'s file {rel} from its landing file {url} ("
+        )),
+        "{said}"
+    );
+    assert_eq!(rt.block_on(lake.get(&rel)).unwrap().unwrap(), original);
+    assert_eq!(t.query(q), rows);
+
+    rt.block_on(lake.put(&rel, original.slice(..100))).unwrap();
+    let name = "2026-11-01_bookings.csv";
+    let mut changed = rt.block_on(inbox.get(name)).unwrap().unwrap().to_vec();
+    changed.extend_from_slice(
+        b"BK999999,MAD01,x@example.org,bcom,confirmed,2026-11-08,2026-11-12,4,1.00,EUR,,2026-11-01T02:00:00Z\n",
+    );
+    rt.block_on(inbox.put(name, changed.into())).unwrap();
+    let (code, said) = doctor(&["--fix"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "not re-derived: landing file {url} has changed: its SHA-256 is now "
+        )),
+        "{said}"
+    );
+    rt.block_on(inbox.delete(name)).unwrap();
+    let (code, said) = doctor(&["--fix"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!("not re-derived: landing file {url} is gone; undo it")),
+        "{said}"
+    );
+    assert_eq!(
+        rt.block_on(lake.get(&rel)).unwrap().unwrap().len(),
+        100,
+        "left as it was"
+    );
+}
