@@ -307,7 +307,7 @@ pub fn bronze_views(
         // a short history (no checkpoint yet) travels in the plan as VALUES
         None => Ranks::Join(slots_from(ctx, &current, None)?),
     };
-    let reinserts = crate::table::audit::reinserts_before(runs, source);
+    let reinserts = crate::table::versions::reinserts_before(runs, source);
     let superseding = superseding(ctx, lake, contract, &current, reinserts, manifest)?;
     let now = latest_versions(versions, slots, &KeyColumns::of(contract, &current), superseding)?;
     Ok((everything.into_view(), now.into_view()))
@@ -487,7 +487,7 @@ pub fn bronze_runs<'a>(runs: &'a [RunRecord], source: &str) -> Vec<&'a RunRecord
     runs.iter().filter(|r| r.source == source && r.has_data()).collect()
 }
 
-pub use crate::table::audit::current_runs;
+pub use crate::table::versions::current_runs;
 
 /// The build of `table` that was current at `t` (microseconds, UTC): of the builds that had
 /// finished by then and were not rolled back before it, the last committed (highest slot).

@@ -20,7 +20,7 @@ use crate::table::evolve::{read_stored, stored_files};
 use crate::table::lake::Lake;
 
 /// Which versions of `current` (a source's current runs) can supersede another: only those of
-/// runs that updated or deleted records ([`crate::table::audit::supersedes`]). A run writes a row
+/// runs that updated or deleted records ([`crate::table::versions::supersedes`]). A run writes a row
 /// for a key whose version is current only as an update (change detection says `Updated`), and a
 /// key stops being current only by an update or a tombstone; a row for a key that is not current
 /// (a new key, or one deleted before) supersedes nothing that still counts, unless an undo of the
@@ -38,7 +38,7 @@ pub(super) fn superseding(
     let by: Vec<&RunRecord> = current
         .iter()
         .copied()
-        .filter(|r| crate::table::audit::supersedes(r, reinserts_before))
+        .filter(|r| crate::table::versions::supersedes(r, reinserts_before))
         .collect();
     if by.is_empty() {
         return Ok(Superseding::Nothing);

@@ -2,8 +2,8 @@
 //! every write: [`durable`]) and the lake layout
 //! with its commit order ([`lake`]), the writer lock ([`lock`]), failpoints for crash tests
 //! ([`failpoint`]), bronze runs ([`bronze`]) read under later contracts ([`evolve`]) and the audit tables ([`audit`])
-//! with the commit logs they are kept in ([`log`]); every data file goes up through [`upload`]
-//! (parts within S3's multipart rules).
+//! with the commit logs they are kept in ([`log`]), which runs are current ([`versions`]); every
+//! data file goes up through [`upload`] (parts within S3's multipart rules).
 
 pub mod audit;
 pub mod bronze;
@@ -23,3 +23,4 @@ pub mod store;
 pub mod strict;
 pub mod text;
 pub mod upload;
+pub mod versions;

@@ -2,10 +2,11 @@
 //! table, so other engines read them without ranking. It names the files `bronze/<source>` names
 //! for the source's current runs (as `../<path>`, relative to its root), each with an inline
 //! deletion vector of its rows that are not current: versions a later current run superseded,
-//! and tombstones. Only a run that updated or deleted records supersedes anything (see
-//! [`crate::table::audit::supersedes`]), so a run that brought only new records is one `add` appended
-//! without reading a file; any other change recomputes every vector from the run log and the files
-//! ([`desired`]: the fingerprints of the files older than the newest updating run are read).
+//! and tombstones. Only a run that updated or deleted records supersedes anything
+//! ([`crate::table::versions::supersedes`]), so a run that brought only new records is one `add`
+//! appended without reading a file ([`append`], beside bronze's commit); any other change
+//! recomputes every vector from the run log and the files ([`sync`], after bronze's commit: the
+//! fingerprints of the files older than the newest updating run are read).
 //!
 //! Hazard: a position counts the physical rows of the file the table names, in file order; they
 //! are read from that file (a conformed copy or the run's own), never from a plan.
@@ -28,9 +29,10 @@ use crate::error::{Error, Result};
 use crate::hash::fp::{Fp, FpBuild, Heads, for_each_fp, fp_of_hex};
 use crate::spec::columns::{FINGERPRINT, IS_DELETED};
 use crate::spec::contract::Contract;
-use crate::table::audit::{RunRecord, current_runs, read_source_runs, reinserts_before, supersedes};
+use crate::table::audit::{RunRecord, read_source_runs};
 use crate::table::lake::Lake;
 use crate::table::parquet::object_reader;
+use crate::table::versions::{current_runs, reinserts_before, supersedes};
 
 /// The folder of the current table inside a source's bronze table (hidden from its readers and
 /// from Delta's vacuum of it, as `_delta_log` is).
@@ -51,44 +53,44 @@ async fn shape(
         }))
 }
 
-/// After `record` (superseding `previous`) was committed and published to `bronze/<source>`:
-/// its commit of the current table. A record that changes no current file, or adds the file of
-/// a run that superseded nothing, is appended as is; anything else (an update, an undo, a
-/// rekey, a table that lags) recomputes the table ([`sync`]).
-pub async fn after_commit(
+/// After `record` (superseding `previous`) was committed: its commit of the current table when
+/// that is an append, a record that changes no current file or adds the own file of a run that
+/// superseded nothing (a conformed copy is bronze's to write first);
+/// `false` when the table must be recomputed ([`sync`], after `bronze/<source>` is published,
+/// whose conformed copies it names): an update, an undo, a rekey, a table that lags.
+pub async fn append(
     lake: &Lake,
     record: &RunRecord,
     previous: Option<&RunRecord>,
     contract: Option<&Contract>,
-) -> Result<()> {
+) -> Result<bool> {
     let source = record.source.as_str();
     let root = roots::current(source);
     let conform = conform_of(Kind::Bronze, contract, &[record]);
     let Some(shape) = shape(lake, source, &[record], conform.as_ref()).await? else {
-        return Ok(());
+        return Ok(true);
     };
     let was = previous.is_some_and(RunRecord::has_data);
     let adds = match (was, record.has_data()) {
-        (false, false) => Some(Vec::new()),
-        (false, true) if !supersedes(record, None) && !record.is_rekey() => Some(vec![
-            add(lake, source, record, conform.as_ref(), &RoaringTreemap::new()).await?,
-        ]),
-        _ => None,
-    };
-    if let Some(adds) = adds {
-        let change = Change {
-            app: run_app(source),
-            slot: record.seq as i64,
-            operation: super::runs::operation(&adds, &[]),
-            adds,
-            removes: Vec::new(),
-            info: info(source, record.seq, Some(record)),
-        };
-        if log::append(Table::new(lake, &root), &shape, change).await? != Outcome::Lagging {
-            return Ok(());
+        (false, false) => Vec::new(),
+        (false, true)
+            if !supersedes(record, None)
+                && !record.is_rekey()
+                && !conform.as_ref().is_some_and(|c| c.copies(record)) =>
+        {
+            vec![add(lake, source, record, conform.as_ref(), &RoaringTreemap::new()).await?]
         }
-    }
-    sync(lake, source, false, contract).await.map(|_| ())
+        _ => return Ok(false),
+    };
+    let change = Change {
+        app: run_app(source),
+        slot: record.seq as i64,
+        operation: super::runs::operation(&adds, &[]),
+        adds,
+        removes: Vec::new(),
+        info: info(source, record.seq, Some(record)),
+    };
+    Ok(log::append(Table::new(lake, &root), &shape, change).await? != Outcome::Lagging)
 }
 
 fn info(source: &str, slot: u64, record: Option<&RunRecord>) -> HashMap<String, serde_json::Value> {

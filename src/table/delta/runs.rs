@@ -186,13 +186,22 @@ pub async fn after_commit(lake: &Lake, record: &RunRecord, previous: Option<&Run
     if !super::enabled() {
         return;
     }
-    // three tables, three logs: committed side by side; the current versions after bronze,
-    // whose files (conformed copies) they name
+    // four tables, four logs: committed side by side; a recomputation of the current versions
+    // waits for bronze, whose files (conformed copies) it names
     let current = async {
-        let bronze = publish(lake, Kind::Bronze, record, previous, contract).await;
-        let current = match bronze {
-            Ok(()) => super::current::after_commit(lake, record, previous, contract).await,
-            Err(_) => Ok(()),
+        let (bronze, appended) = futures::future::join(
+            publish(lake, Kind::Bronze, record, previous, contract),
+            super::current::append(lake, record, previous, contract),
+        )
+        .await;
+        let current = match (&bronze, appended) {
+            (_, Ok(true)) => Ok(()),
+            (Ok(()), Ok(false)) => super::current::sync(lake, &record.source, false, contract)
+                .await
+                .map(|_| ()),
+            // bronze lags: so does the current table, until the next command
+            (Err(_), Ok(false)) => Ok(()),
+            (_, Err(e)) => Err(e),
         };
         (bronze, current)
     };
@@ -514,11 +523,15 @@ pub async fn sync_all(lake: &Lake, contracts: &super::Contracts) -> Result<Vec<S
                 ));
             }
         }
-        if let Some(v) = super::current::sync(lake, &source, true, contract).await? {
-            out.push(format!(
+        // derived from the files: one that does not read (`ingot doctor` names it) leaves the
+        // table as it was, and the other tables are still synced
+        match super::current::sync(lake, &source, true, contract).await {
+            Ok(Some(v)) => out.push(format!(
                 "{}: {source}'s current versions published as version {v}",
                 super::roots::current(&source)
-            ));
+            )),
+            Ok(None) => {}
+            Err(e) => out.push(format!("{}: not published: {e}", super::roots::current(&source))),
         }
     }
     Ok(out)
