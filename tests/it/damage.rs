@@ -21,7 +21,8 @@ fn ok(t: &TestLake, args: &[&str]) -> String {
     stdout(&out)
 }
 
-fn run_ids(t: &TestLake, source: &str) -> Vec<String> {
+/// The run ids of `source`, in commit order.
+pub fn run_ids(t: &TestLake, source: &str) -> Vec<String> {
     t.query(&format!(
         "SELECT run_id FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY commit_seq"
     ))
@@ -43,7 +44,8 @@ fn flip_a_byte(path: &Path) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn doctor(t: &TestLake, args: &[&str]) -> (Option<i32>, String) {
+/// `ingot doctor` with the repository's rules and `args`: its exit code and everything it printed.
+pub fn doctor(t: &TestLake, args: &[&str]) -> (Option<i32>, String) {
     let out = t
         .command()
         .arg("--rules")

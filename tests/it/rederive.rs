@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::damage::{doctor, run_ids};
 use crate::util::{Rng, TestLake, landing, repo, stderr, stdout};
 
 /// `ingot doctor` with `rules` and `args`: its exit code and everything it printed.
@@ -18,19 +19,6 @@ fn doctor_with(t: &TestLake, rules: &Path, args: &[&str], envs: &[(&str, &str)])
     }
     let out = c.output().unwrap();
     (out.status.code(), stdout(&out) + &stderr(&out))
-}
-
-fn doctor(t: &TestLake, args: &[&str]) -> (Option<i32>, String) {
-    doctor_with(t, &repo().join("rules"), args, &[])
-}
-
-fn run_ids(t: &TestLake, source: &str) -> Vec<String> {
-    t.query(&format!(
-        "SELECT run_id FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY commit_seq"
-    ))
-    .iter()
-    .map(|r| r["run_id"].as_str().unwrap().to_string())
-    .collect()
 }
 
 fn bronze_rel(source: &str, run: &str) -> String {

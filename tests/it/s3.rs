@@ -1082,17 +1082,7 @@ fn a_damaged_bronze_file_on_s3_is_derived_again_from_its_s3_landing_file() {
     let lake = ingot::table::lake::Lake::open_with("s3://rederive/lake", &moto.options()).unwrap();
     let inbox = ingot::table::lake::Lake::open_with("s3://landing/in", &moto.options()).unwrap();
     let original = rt.block_on(lake.get(&rel)).unwrap().unwrap();
-    let doctor = |args: &[&str]| {
-        let out = t
-            .command()
-            .arg("--rules")
-            .arg(repo().join("rules"))
-            .arg("doctor")
-            .args(args)
-            .output()
-            .unwrap();
-        (out.status.code(), stdout(&out) + &stderr(&out))
-    };
+    let doctor = |args: &[&str]| crate::damage::doctor(&t, args);
 
     rt.block_on(lake.put(&rel, original.slice(..100))).unwrap();
     let (code, said) = doctor(&["--fix"]);
