@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use crate::cli::Cli;
 use crate::error::{ExitStatus, Result};
-use crate::ingest::{IngestOptions, expand_inputs, ingest_input};
+use crate::ingest::{IngestOptions, expand_inputs, ingest_input, refuse_api};
 use crate::spec::contract::ContractSet;
 use crate::table::audit::{RunRecord, RunStatus};
 
@@ -30,6 +30,7 @@ pub struct IngestArgs {
 pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
     let ws = cli.writer_workspace(&args.wait)?;
     let contract = ContractSet::load_one(&ws.contracts_dir, &args.source)?;
+    refuse_api(&contract)?;
     let found = expand_inputs(&args.inputs).await?;
     for s in &found.skipped {
         crate::tell!("ingot ingest: skipped {}: {}", s.path, s.reason);

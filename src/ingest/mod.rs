@@ -100,6 +100,18 @@ pub async fn ingest(
     Ok(out)
 }
 
+/// A `format: api` source is pulled, not ingested from files; pulls are not built yet, so its
+/// files are refused before anything is read or written.
+pub fn refuse_api(contract: &Contract) -> Result<()> {
+    if contract.format == Format::Api {
+        return Err(Error::Invalid(format!(
+            "source \"{}\" is format: api: API pulls are not built yet (`ingot pull` is planned); nothing was loaded",
+            contract.source
+        )));
+    }
+    Ok(())
+}
+
 /// Ingest one input as one run: a local file directly, a remote one from a local copy (the run
 /// records its URL; see [`crate::ingest::landing`]).
 pub async fn ingest_input(
@@ -108,6 +120,7 @@ pub async fn ingest_input(
     input: &Input,
     opts: &IngestOptions,
 ) -> Result<RunRecord> {
+    refuse_api(&contract)?;
     match input {
         Input::Local(path) => ingest_file(ws, contract, path, opts).await,
         Input::Remote(remote) => {
@@ -150,6 +163,7 @@ pub async fn ingest_file(
     path: &Path,
     opts: &IngestOptions,
 ) -> Result<RunRecord> {
+    refuse_api(&contract)?;
     let run_id = ws.new_id();
     let started_at = ws.now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
@@ -740,6 +754,10 @@ pub fn open_loader(
     Ok(match contract.format {
         Format::Csv => Box::new(csv::CsvLoader::open(contract, input, display, batch_size, keep_raw)?),
         Format::Ndjson => Box::new(ndjson::NdjsonLoader::open(
+            contract, input, display, batch_size, keep_raw,
+        )?),
+        // Records of an API pull are NDJSON lines (no pull is built yet: `refuse_api` stops it).
+        Format::Api => Box::new(ndjson::NdjsonLoader::open(
             contract, input, display, batch_size, keep_raw,
         )?),
         Format::Parquet => unreachable!("handled above"),

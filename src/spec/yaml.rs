@@ -10,6 +10,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
@@ -341,6 +342,52 @@ pub(crate) fn scalar_bool(file: &Path, node: &Node, what: &str, problems: &mut P
     }
 }
 
+/// A duration: `<digits>(ms|s|m|h|d)`, e.g. `500ms`, `30s`, `5m`; zero is allowed (callers that
+/// need more say so).
+pub(crate) fn scalar_duration(file: &Path, node: &Node, what: &str, problems: &mut Problems) -> Option<Duration> {
+    let s = scalar_str(file, node, what, problems)?;
+    let d = parse_duration(s);
+    if d.is_none() {
+        problems.push(
+            file,
+            node.pos,
+            format!("{what} \"{s}\" is not a duration: use a number with ms, s, m, h or d (e.g. 500ms, 30s, 5m)"),
+        );
+    }
+    d
+}
+
+/// `<digits>(ms|s|m|h|d)`, nothing around it; `None` otherwise or past 100 years.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() || digits.len() > 12 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    let total = n.checked_mul(ms)?;
+    (total <= 100 * 365 * 86_400_000).then(|| Duration::from_millis(total))
+}
+
+/// A duration as a contract writes it: the largest unit that divides it (`90s`, `2m`, `500ms`).
+pub fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms > 0 && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 pub(crate) fn seq<'n>(file: &Path, node: &'n Node, what: &str, problems: &mut Problems) -> Option<&'n [Node]> {
     match &node.kind {
         Kind::Seq(items) => Some(items),
@@ -362,4 +409,40 @@ pub(crate) fn is_valid_name(s: &str) -> bool {
         && b[0].is_ascii_lowercase()
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{parse_duration, show_duration};
+
+    #[test]
+    fn durations_are_digits_and_one_unit() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("2d"), Some(Duration::from_secs(2 * 86_400)));
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        for bad in [
+            "",
+            "30",
+            "s",
+            "30 s",
+            " 30s",
+            "30s ",
+            "1.5s",
+            "-1s",
+            "30sec",
+            "1w",
+            "99999999999999d",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+        assert_eq!(show_duration(Duration::from_secs(60)), "1m");
+        assert_eq!(show_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(show_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(show_duration(Duration::ZERO), "0ms");
+    }
 }

@@ -71,7 +71,7 @@ fn problems_of(name: &str, text: &str) -> Vec<String> {
 fn every_problem_is_reported_with_location_and_choices() {
     let got = problems_of("contracts/bookings.yaml", BAD);
     let expected = [
-        "contracts/bookings.yaml:3:1: unknown key \"formatt\" in the contract; valid keys are: source, version, description, format, csv, unknown_fields, delivery, hold, fields, natural_key, resolve",
+        "contracts/bookings.yaml:3:1: unknown key \"formatt\" in the contract; valid keys are: source, version, description, format, csv, unknown_fields, delivery, hold, fields, natural_key, resolve, api",
         "contracts/bookings.yaml:2:10: version must be an integer >= 1, found \"0\"",
         "contracts/bookings.yaml:6:11: unknown type \"strin\" for field \"booking_ref\"; valid types are: string, int32, int64, float64, decimal(p,s), boolean, date, timestamp (decimal precision 1..=38, 0 <= scale <= precision)",
         "contracts/bookings.yaml:7:23: unknown normalize step \"uper\"; valid steps are: trim, lower, upper, collapse_whitespace, strip_punctuation, digits_only, nfkc",

@@ -1,5 +1,6 @@
 //! The one integration-test binary (each test binary links DataFusion again).
 
+mod api_contract;
 mod bad_input;
 mod build_plan;
 mod chaos;

@@ -5,9 +5,13 @@
 //! first), each with file, line and column and, where the choices are closed, the valid ones.
 //! Cross-contract references (`resolve.lookup`) are checked by [`ContractSet`].
 //!
-//! The reader is in two parts: `read` (top-level keys, csv, natural key, resolve) and `field`
-//! (one entry of `fields`).
+//! The reader is in parts: `read` (top-level keys, csv, natural key, resolve), `field` (one
+//! entry of `fields`), `hold`, and `api_read` with `api_parts` (the `api` section of
+//! `format: api`, typed in `api`).
 
+pub mod api;
+mod api_parts;
+mod api_read;
 mod field;
 mod hold;
 mod read;
@@ -31,10 +35,21 @@ pub enum Format {
     Csv,
     Ndjson,
     Parquet,
+    /// Fetched from an HTTP JSON API (the contract's `api` section); no fetching is built yet.
+    Api,
 }
 
 impl Format {
-    pub const NAMES: &'static [&'static str] = &["csv", "ndjson", "parquet"];
+    pub const NAMES: &'static [&'static str] = &["csv", "ndjson", "parquet", "api"];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Format::Csv => "csv",
+            Format::Ndjson => "ndjson",
+            Format::Parquet => "parquet",
+            Format::Api => "api",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,6 +291,8 @@ pub struct Contract {
     pub fields: Vec<Field>,
     pub natural_key: NaturalKey,
     pub resolve: Vec<Resolve>,
+    /// `format: api` only: how the source is fetched.
+    pub api: Option<Box<api::Api>>,
 }
 
 impl Contract {

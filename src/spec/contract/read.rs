@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use super::{Contract, CsvOptions, Delivery, Format, NaturalKey, OnMissing, Resolve, UnknownFields};
-use crate::spec::yaml::{Doc, MapNode, Node, Pos, Problems, is_valid_name, scalar_bool, scalar_int, scalar_str, seq};
+use crate::spec::yaml::{
+    Doc, Kind, MapNode, Node, Pos, Problems, is_valid_name, scalar_bool, scalar_int, scalar_str, seq,
+};
 
 const CONTRACT_KEYS: &[&str] = &[
     "source",
@@ -18,6 +20,7 @@ const CONTRACT_KEYS: &[&str] = &[
     "fields",
     "natural_key",
     "resolve",
+    "api",
 ];
 const CSV_KEYS: &[&str] = &["delimiter", "header", "quote", "null_values"];
 const NK_KEYS: &[&str] = &["version", "fields"];
@@ -105,6 +108,21 @@ impl ContractReader<'_> {
             None => Some(Vec::new()),
             Some(n) => self.read_resolve(n),
         };
+        let format_pos = map.get("format").map_or(map.pos, |n| n.pos);
+        let api_key_pos = match &self.doc.root.kind {
+            Kind::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.as_str() == Some("api"))
+                .map(|(k, _)| k.pos),
+            _ => None,
+        };
+        let api = self.read_api(
+            map.get("api").zip(api_key_pos),
+            format_pos,
+            format,
+            fields.as_deref(),
+            delivery,
+        );
         if let (Some(fields), Some(key), Some(n)) = (&fields, &natural_key, map.get("natural_key")) {
             for &i in &key.fields {
                 if fields[i].may_be_missing {
@@ -132,6 +150,7 @@ impl ContractReader<'_> {
             fields: fields?,
             natural_key: natural_key?,
             resolve: resolve?,
+            api: api?,
         })
     }
 
@@ -163,6 +182,7 @@ impl ContractReader<'_> {
             "csv" => Some(Format::Csv),
             "ndjson" => Some(Format::Ndjson),
             "parquet" => Some(Format::Parquet),
+            "api" => Some(Format::Api),
             _ => {
                 self.err(
                     n.pos,
