@@ -102,6 +102,17 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
     for (source, contract) in &contracts.contracts {
         let found = landing_files(&ws.landing_dir, source).await?;
         report.skipped.extend(found.skipped);
+        // an API source is pulled, not read from a landing folder: its files there are passed over
+        if contract.format == crate::spec::contract::Format::Api {
+            report.skipped.extend(found.inputs.iter().map(|input| Skipped {
+                path: input.display(),
+                reason: format!(
+                    "source \"{source}\" is format: api: it is pulled, not read from the landing folder \
+                     (API pulls are not built yet)"
+                ),
+            }));
+            continue;
+        }
         for input in found.inputs {
             if already_loaded(&runs, source, contract.version as i32, &input).await? {
                 report.already_loaded += 1;

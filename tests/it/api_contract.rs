@@ -529,7 +529,7 @@ fn format_and_section_must_go_together() {
 }
 
 #[test]
-fn files_of_an_api_source_are_refused_and_nothing_is_written() {
+fn files_of_an_api_source_are_refused_or_passed_over_and_nothing_is_written() {
     let t = TestLake::new();
     std::fs::write(t.contracts().join("orders.yaml"), VALID).unwrap();
     let file = t.dir.path().join("orders.ndjson");
@@ -541,7 +541,7 @@ fn files_of_an_api_source_are_refused_and_nothing_is_written() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains(refusal), "{}", stderr(&out));
 
-    // the nightly job reaches the same refusal for a landing file of the source
+    // the nightly job passes over a landing file of the source, saying why, and goes on
     let landing = t.dir.path().join("landing");
     std::fs::create_dir_all(landing.join("orders")).unwrap();
     std::fs::copy(&file, landing.join("orders/2026-12-01_orders.ndjson")).unwrap();
@@ -554,8 +554,13 @@ fn files_of_an_api_source_are_refused_and_nothing_is_written() {
         .arg("run")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains(refusal), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let said = stdout(&out) + &stderr(&out);
+    assert!(
+        said.contains("2026-12-01_orders.ndjson")
+            && said.contains("source \"orders\" is format: api: it is pulled, not read from the landing folder"),
+        "{said}"
+    );
 
     let written = if t.lake().exists() {
         files_under(&t.lake())
