@@ -1,5 +1,6 @@
 //! Record identity: `row_hash`, `natural_key_fingerprint`, canonical text and `normalize`
-//! steps (docs/formats.md#hashes), as Arrow kernels and as DataFusion scalar UDFs.
+//! steps (docs/formats.md#hashes), as Arrow kernels and as DataFusion scalar UDFs; the
+//! `file_hash` of an API pull over them ([`pull`]).
 //!
 //! Role: the only place that decides which bytes are hashed. Bronze uses the kernels
 //! directly; analysts and the rules engine use the UDFs registered by [`register_udfs`].
@@ -15,6 +16,7 @@ pub mod canonical;
 pub mod fp;
 pub mod json;
 pub mod normalize;
+pub mod pull;
 pub mod udf;
 
 use std::sync::Arc;

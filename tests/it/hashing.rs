@@ -818,3 +818,70 @@ pub(crate) async fn sql_errors_name_the_function_argument_and_type() {
     let err = sql_error(&ctx, "SELECT natural_key_fingerprint(CAST(NULL AS BIGINT), 'a')").await;
     assert!(err.contains("version is null"), "{err}");
 }
+
+/// The worked example of docs/formats.md#file_hash-of-an-api-pull, with ingot's own functions:
+/// the two typed records' fingerprints and row hashes through the SQL UDFs (values typed as the
+/// example's contract types them, `fetched_at` left out as `volatile`), the rejected record's
+/// line, then the pull's hash in either record order; every digest is the one the page shows.
+#[tokio::test]
+async fn the_worked_example_of_a_pull_hash_is_what_the_formats_page_says() {
+    let ctx = context();
+    let record = |id: &str, status: &str, amount: &str, updated: &str| {
+        format!(
+            "SELECT natural_key_fingerprint(1, canonical_text(CAST({id} AS BIGINT))), \
+             row_hash(canonical_text(CAST({id} AS BIGINT)), normalize_text('{status}', 'trim,lower'), \
+             canonical_text(CAST('{amount}' AS DECIMAL(12, 2))), canonical_text(CAST('{updated}' AS TIMESTAMP)))"
+        )
+    };
+    let a = sql_rows(
+        &ctx,
+        &record("9007199254740993", " Shipped ", "12.5", "2026-11-01T10:00:00+01:00"),
+    )
+    .await;
+    let c = sql_rows(&ctx, &record("9007199254740992", "open", "7", "2026-11-01T08:30:00Z")).await;
+    // `amount` spelled 12.50 is the same value
+    let a2 = sql_rows(
+        &ctx,
+        &record("9007199254740993", "shipped", "12.50", "2026-11-01T09:00:00Z"),
+    )
+    .await;
+    assert_eq!(a, a2);
+    let (a, c) = (&a[0], &c[0]);
+    let line = r#"{"order_id":"x1","status":"open","amount":1,"updated_at":"2026-11-01T08:00:00Z","fetched_at":"2026-11-02T06:00:01Z"}"#;
+    let hash = |order: &[usize]| {
+        let mut h = ingot::hash::pull::PullHash::new();
+        for i in order {
+            match i {
+                0 => assert!(h.add(a[0].as_deref().unwrap(), a[1].as_deref().unwrap())),
+                1 => h.add_rejected(line.as_bytes()),
+                _ => assert!(h.add(c[0].as_deref().unwrap(), c[1].as_deref().unwrap())),
+            }
+        }
+        h.finish()
+    };
+    let page =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/formats.md")).unwrap();
+    let section = &page[page.find("### file_hash of an API pull").unwrap()..];
+    let mut digests = vec![
+        a[0].clone().unwrap(),
+        a[1].clone().unwrap(),
+        ingot::hash::sha256_hex(line.as_bytes()),
+        c[0].clone().unwrap(),
+        c[1].clone().unwrap(),
+        hash(&[0, 1, 2]),
+        ingot::hash::pull::PullHash::new().finish(),
+    ];
+    assert_eq!(hash(&[2, 1, 0]), digests[5]);
+    assert_eq!(hash(&[1, 2, 0]), digests[5]);
+    assert_eq!(
+        digests[5],
+        "b3bdf78802022ee2be6d9f3ae0417d13df8db0aa37b0cee2f859566ed3ff014d"
+    );
+    for d in digests.drain(..) {
+        assert!(section.contains(&d), "docs/formats.md does not show {d}");
+    }
+    assert!(
+        section.contains(line),
+        "docs/formats.md does not show the rejected record's line"
+    );
+}

@@ -1,6 +1,6 @@
 //! Hashes recomputed by another system: thousands of random values hashed here and by
 //! `tests/py/recompute_hashes.py` (Python's hashlib from the formulas in docs/formats.md#hashes)
-//! must agree digest for digest.
+//! must agree digest for digest, and so must the `file_hash` of random API pulls of them.
 
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Date32Array, Decimal128Array, Decimal256Array, Float32Array, Float64Array, Int8Array,
@@ -317,9 +317,42 @@ fn python_recomputes_every_vector() {
         vectors.extend(batch_vectors(version, &columns, &fields));
     }
 
+    // Pulls of those records (some twice) and of rejected lines, added in a random order.
+    let mut pulls = Vec::new();
+    for _ in 0..60 {
+        let mut records: Vec<usize> = (0..rng.range(0, 40))
+            .map(|_| rng.below(vectors.len() as u64) as usize)
+            .collect();
+        if let Some(&first) = records.first()
+            && rng.below(2) == 0
+        {
+            records.push(first);
+        }
+        let rejected: Vec<String> = (0..rng.range(0, 4))
+            .map(|_| serde_json::json!({"id": random_string(&mut rng), "n": rng.below(1000)}).to_string())
+            .collect();
+        let mut order: Vec<Option<usize>> = records.iter().map(|&k| Some(k)).collect();
+        order.extend(rejected.iter().map(|_| None));
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let mut h = ingot::hash::pull::PullHash::new();
+        let mut next_rejected = rejected.iter();
+        for item in order {
+            match item {
+                Some(k) => assert!(h.add(
+                    vectors[k]["fingerprint"].as_str().unwrap(),
+                    vectors[k]["row_hash"].as_str().unwrap()
+                )),
+                None => h.add_rejected(next_rejected.next().unwrap().as_bytes()),
+            }
+        }
+        pulls.push(serde_json::json!({"records": records, "rejected": rejected, "hash": h.finish()}));
+    }
+
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vectors.json");
-    let body = serde_json::json!({ "vectors": vectors });
+    let body = serde_json::json!({ "vectors": vectors, "pulls": pulls });
     std::fs::write(&path, serde_json::to_vec(&body).unwrap()).unwrap();
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/recompute_hashes.py");
@@ -336,7 +369,11 @@ fn python_recomputes_every_vector() {
         output.status
     );
     assert!(
-        stdout.contains(&format!("checked {} vectors, 0 mismatches", vectors.len())),
+        stdout.contains(&format!(
+            "checked {} vectors and {} pulls, 0 mismatches",
+            vectors.len(),
+            pulls.len()
+        )),
         "{stdout}"
     );
 }

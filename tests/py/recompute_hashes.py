@@ -11,7 +11,12 @@ VECTORS.json is written by tests/it/hashing.rs:
                   "fields": [{"type": "utf8", "value": "a|b"}, {"type": "float64",
                               "bits": "3ff8000000000000"}, ...],
                   "canonical": ["a|b", "1.5", null, ...],   # what Rust wrote (null = null)
-                  "row_hash": "<hex>", "fingerprint": "<hex>"}, ...]}
+                  "row_hash": "<hex>", "fingerprint": "<hex>"}, ...],
+     "pulls": [{"records": [3, 17, 3], "rejected": ["{\"id\":1}"], "hash": "<hex>"}, ...]}
+
+A pull names vectors as its typed records (by index, a record may come twice) and gives the
+lines of its rejected records; its hash is recomputed from docs/formats.md#file_hash-of-an-api-pull
+over the digests recomputed here.
 
 Typed values are given in a lossless raw form (float bit patterns, integers as decimal
 strings, decimals as unscaled integer + scale, dates as days, timestamps as epoch value +
@@ -120,6 +125,28 @@ def fingerprint(version: int, texts) -> str:
     return hashlib.sha256(f"{version}|{'|'.join(fields)}".encode("utf-8")).hexdigest()
 
 
+def pull_hash(typed, rejected) -> str:
+    """The file_hash of an API pull: typed = [(fingerprint, row_hash)], rejected = [line bytes]."""
+    elements = sorted(f"{fp}|{rh}" for fp, rh in typed)
+    elements += sorted("rejected|" + hashlib.sha256(line).hexdigest() for line in rejected)
+    message = "ingot-pull 1\n" + "".join(e + "\n" for e in elements)
+    return hashlib.sha256(message.encode("ascii")).hexdigest()
+
+
+def check_pulls(vectors, pulls) -> list:
+    mismatches = []
+    for i, pull in enumerate(pulls):
+        typed = []
+        for k in pull["records"]:
+            texts = [canonical(f) for f in vectors[k]["fields"]]
+            typed.append((fingerprint(vectors[k]["version"], texts), row_hash(texts)))
+        rejected = [line.encode("utf-8") for line in pull["rejected"]]
+        expected = pull_hash(typed, rejected)
+        if expected != pull["hash"]:
+            mismatches.append(f"pull {i}: python {expected} != rust {pull['hash']}")
+    return mismatches
+
+
 def check(vectors) -> list:
     mismatches = []
     for i, vector in enumerate(vectors):
@@ -145,16 +172,17 @@ def main(argv) -> int:
         print(f"usage: {argv[0]} VECTORS.json", file=sys.stderr)
         return 2
     with open(argv[1], encoding="utf-8") as f:
-        vectors = json.load(f)["vectors"]
+        body = json.load(f)
+    vectors, pulls = body["vectors"], body.get("pulls", [])
     if not vectors:
         print("no vectors", file=sys.stderr)
         return 2
-    mismatches = check(vectors)
+    mismatches = check(vectors) + check_pulls(vectors, pulls)
     for line in mismatches[:50]:
         print(line)
     if len(mismatches) > 50:
         print(f"... and {len(mismatches) - 50} more")
-    print(f"checked {len(vectors)} vectors, {len(mismatches)} mismatches")
+    print(f"checked {len(vectors)} vectors and {len(pulls)} pulls, {len(mismatches)} mismatches")
     return 1 if mismatches else 0
 
 
