@@ -62,6 +62,30 @@ const SECRETS: &[(&str, &str, &str)] = &[
 ];
 
 impl ContractReader<'_> {
+    /// Report each key of `map` (the section `what`, whose keys are `all`) that belongs to another
+    /// type than `ty`, which takes `takes` (`described` for people); `true` when there is none.
+    fn only_keys_of(
+        &mut self,
+        map: &MapNode<'_>,
+        what: &str,
+        all: &[&str],
+        ty: &str,
+        takes: &[&str],
+        described: &str,
+    ) -> bool {
+        let mut ok = true;
+        for key in all.iter().filter(|k| **k != "type" && !takes.contains(k)) {
+            if let Some(n) = map.get(key) {
+                self.err(
+                    n.pos,
+                    format!("{what}: \"{key}\" does not apply to type {ty}; {ty} takes: {described}"),
+                );
+                ok = false;
+            }
+        }
+        ok
+    }
+
     pub(super) fn read_auth(&mut self, node: &Node) -> Option<Auth> {
         let file = self.doc.file.clone();
         let map = MapNode::new(&file, node, "api.auth", AUTH_KEYS, self.problems)?;
@@ -100,16 +124,7 @@ impl ContractReader<'_> {
                 "token_url, client_id_env or client_id_file, client_secret_env or client_secret_file, scope",
             ),
         };
-        let mut ok = true;
-        for key in AUTH_KEYS.iter().filter(|k| **k != "type" && !takes.contains(k)) {
-            if let Some(n) = map.get(key) {
-                self.err(
-                    n.pos,
-                    format!("api.auth: \"{key}\" does not apply to type {ty}; {ty} takes: {described}"),
-                );
-                ok = false;
-            }
-        }
+        let ok = self.only_keys_of(&map, "api.auth", AUTH_KEYS, ty, takes, described);
         let auth = match ty {
             "none" => Some(Auth::None),
             "bearer" => self.secret(&map, ty, 0).map(|token| Auth::Bearer { token }),
@@ -350,21 +365,12 @@ impl ContractReader<'_> {
             "next_url" => &["path"],
             _ => &[],
         };
-        let mut ok = true;
-        for key in PAGINATION_KEYS.iter().filter(|k| **k != "type" && !takes.contains(k)) {
-            if let Some(n) = map.get(key) {
-                let described = if takes.is_empty() {
-                    "nothing else".to_string()
-                } else {
-                    takes.join(", ")
-                };
-                self.err(
-                    n.pos,
-                    format!("api.pagination: \"{key}\" does not apply to type {ty}; {ty} takes: {described}"),
-                );
-                ok = false;
-            }
-        }
+        let described = if takes.is_empty() {
+            "nothing else".to_string()
+        } else {
+            takes.join(", ")
+        };
+        let ok = self.only_keys_of(&map, "api.pagination", PAGINATION_KEYS, ty, takes, &described);
         let pagination = match ty {
             "none" => Some(Pagination::None),
             "link_header" => Some(Pagination::LinkHeader),
