@@ -19,11 +19,12 @@ use datafusion::parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask
 use deltalake_core::kernel::{Add, DeletionVectorDescriptor};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use futures::StreamExt;
+use object_store::ObjectMeta;
 use roaring::RoaringTreemap;
 
 use super::conform::Conform;
 use super::log::{self, Change, Outcome, Shape, Table};
-use super::runs::{Kind, conform_of, head, shape as bronze_shape, wants};
+use super::runs::{Kind, conform_of, head, listing, shape as bronze_shape, wants};
 use super::{Finding, roots, run_app};
 use crate::error::{Error, Result};
 use crate::hash::fp::{Fp, FpBuild, Heads, for_each_fp, fp_of_hex};
@@ -78,7 +79,9 @@ pub async fn append(
                 && !record.is_rekey()
                 && !conform.as_ref().is_some_and(|c| c.copies(record)) =>
         {
-            vec![add(lake, source, record, conform.as_ref(), &RoaringTreemap::new()).await?]
+            let (_, inside) = named(source, record, conform.as_ref())?;
+            let meta = head(lake, &roots::bronze(source), &inside).await?;
+            vec![add(source, record, conform.as_ref(), &meta, &RoaringTreemap::new())?]
         }
         _ => return Ok(false),
     };
@@ -145,16 +148,16 @@ fn named(source: &str, r: &RunRecord, conform: Option<&Conform<'_>>) -> Result<(
     Ok((format!("{}/{}", roots::bronze(source), want.path), want.path))
 }
 
-/// The `add` of run `r`'s file in the current table, without the rows at `deleted`.
-async fn add(
-    lake: &Lake,
+/// The `add` of run `r`'s file in the current table, without the rows at `deleted`; the file's
+/// size and time from `meta` (its object in the store).
+fn add(
     source: &str,
     r: &RunRecord,
     conform: Option<&Conform<'_>>,
+    meta: &ObjectMeta,
     deleted: &RoaringTreemap,
 ) -> Result<Add> {
     let (_, inside) = named(source, r, conform)?;
-    let meta = head(lake, &roots::bronze(source), &inside).await?;
     let deletion_vector = if deleted.is_empty() {
         None
     } else {
@@ -217,6 +220,9 @@ async fn desired(lake: &Lake, source: &str, runs: &[RunRecord], conform: Option<
                 .map_err(|e| Error::Internal(format!("current versions: {e}")))?
         });
     }
+    // one listing for every file's size and time (not a HEAD per file: a long history on S3)
+    let bronze = roots::bronze(source);
+    let listed = listing(lake, &bronze).await?;
     let mut vectors = futures::stream::iter(scans).buffered(width);
     let mut adds = Vec::with_capacity(current.len());
     for r in &current {
@@ -224,7 +230,13 @@ async fn desired(lake: &Lake, source: &str, runs: &[RunRecord], conform: Option<
             Some(v) => v?,
             None => return Err(Error::Internal("current versions: a file was not read".into())),
         };
-        adds.push(add(lake, source, r, conform, &deleted).await?);
+        let (_, inside) = named(source, r, conform)?;
+        let meta = match listed.get(&inside) {
+            Some(m) => m.clone(),
+            // listed before it was put (a store whose listing lags): ask for it
+            None => head(lake, &bronze, &inside).await?,
+        };
+        adds.push(add(source, r, conform, &meta, &deleted)?);
     }
     Ok(adds)
 }
