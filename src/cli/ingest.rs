@@ -62,6 +62,14 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
 pub fn describe(r: &RunRecord) -> String {
     let ms = (r.finished_at - r.started_at) as f64 / 1000.0;
     match r.status {
+        RunStatus::SkippedDuplicateFile if r.pull.is_some() => format!(
+            "{} {}: skipped, unchanged since the last loaded pull (file_hash {}…){} [run {}]",
+            r.source,
+            r.file_path,
+            r.file_hash.as_deref().map(|h| &h[..12.min(h.len())]).unwrap_or(""),
+            pulled(r),
+            r.run_id
+        ),
         RunStatus::SkippedDuplicateFile => format!(
             "{} {}: skipped, identical to a file already loaded (file_hash {}…) [run {}]",
             r.source,
@@ -87,10 +95,11 @@ pub fn describe(r: &RunRecord) -> String {
             id = r.run_id,
         ),
         _ => format!(
-            "{} {}: {}{}{} ({ms:.0} ms) [run {}]",
+            "{} {}: {}{}{}{} ({ms:.0} ms) [run {}]",
             r.source,
             r.file_path,
             counts(r),
+            pulled(r),
             match (r.rows_deleted, r.rows_superseded) {
                 (0, 0) => String::new(),
                 (0, s) => format!(
@@ -108,6 +117,20 @@ pub fn describe(r: &RunRecord) -> String {
     }
 }
 
+/// `; N pages, N requests (N retried), N bytes` of a pull; empty for a file.
+fn pulled(r: &RunRecord) -> String {
+    let Some(p) = &r.pull else { return String::new() };
+    let retried = if p.retries > 0 {
+        format!(" ({} retried)", p.retries)
+    } else {
+        String::new()
+    };
+    format!(
+        "; {} pages, {} requests{retried}, {} bytes",
+        p.pages, p.requests, p.bytes
+    )
+}
+
 /// `N rows seen: N inserted, N updated, N unchanged, N failed`.
 fn counts(r: &RunRecord) -> String {
     format!(
@@ -116,7 +139,7 @@ fn counts(r: &RunRecord) -> String {
     )
 }
 
-fn record_json(r: &RunRecord) -> String {
+pub(crate) fn record_json(r: &RunRecord) -> String {
     serde_json::json!({
         "run_id": r.run_id,
         "source": r.source,
@@ -133,6 +156,14 @@ fn record_json(r: &RunRecord) -> String {
         "error": r.error,
         "held_reason": r.held_reason,
         "ignored_columns": r.ignored_columns,
+        "pull": r.pull.as_ref().map(|p| serde_json::json!({
+            "requests": p.requests,
+            "pages": p.pages,
+            "bytes": p.bytes,
+            "retries": p.retries,
+            "wait_ms": p.waited_ms,
+            "cursor": p.cursor,
+        })),
     })
     .to_string()
 }

@@ -14,6 +14,7 @@ mod failures;
 mod gc;
 pub(crate) mod ingest;
 mod publish;
+mod pull;
 mod rekey;
 mod replay;
 mod run;
@@ -93,6 +94,17 @@ pub enum Command {
     /// rejected record of a full delivery whose natural key cannot be read) is held: its files
     /// are written, nothing is published, exit 4; `ingot publish` or `ingot discard` it.
     Ingest(ingest::IngestArgs),
+    /// Pull API sources (contracts with `format: api`): one pull of a source is one run.
+    ///
+    /// Every page is fetched (retrying 429, 5xx, timeouts and broken connections as api.retry
+    /// says), the records kept as one gzip NDJSON file beside the run's bronze file, then loaded
+    /// as an ingest loads a file: typed, checked, only new and changed records written. A pull
+    /// whose normalised response equals the last loaded pull's (or a 304 with `conditional:
+    /// true`) is recorded as skipped_duplicate_file and writes nothing. A pull that fails
+    /// publishes nothing and exits 1; its failure_class says whether the next `ingot run` retries
+    /// it (transient) or the contract needs a change (content). The incremental cursor moves only
+    /// with a committed, loaded pull.
+    Pull(pull::PullArgs),
     /// Run read-only SQL over bronze.*, bronze.*_current, silver.* and audit.*: one QUERY, an
     /// interactive shell (no QUERY, on a terminal), or statements from stdin (in a pipe).
     ///
@@ -383,6 +395,7 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
     match &cli.command {
         Command::Check => check::run(&cli).await,
         Command::Ingest(args) => ingest::run(&cli, args).await,
+        Command::Pull(args) => pull::run(&cli, args).await,
         Command::Sql(args) => sql::run(&cli, args).await,
         Command::Build(args) => build::run(&cli, args).await,
         Command::Explain(args) => explain::run(&cli, args).await,

@@ -17,6 +17,7 @@ pub mod landing;
 pub mod ndjson;
 pub mod parquet;
 pub mod pass;
+pub mod pull;
 pub mod replay;
 pub mod sink;
 pub mod spill;
@@ -100,13 +101,13 @@ pub async fn ingest(
     Ok(out)
 }
 
-/// A `format: api` source is pulled, not ingested from files; pulls are not built yet, so its
+/// A `format: api` source is pulled ([`pull`]), not ingested from files, so its
 /// files are refused before anything is read or written.
 pub fn refuse_api(contract: &Contract) -> Result<()> {
     if contract.format == Format::Api {
         return Err(Error::Invalid(format!(
-            "source \"{}\" is format: api: API pulls are not built yet (`ingot pull` is planned); nothing was loaded",
-            contract.source
+            "source \"{}\" is format: api: it is pulled with `ingot pull {}`, not ingested from files; nothing was loaded",
+            contract.source, contract.source
         )));
     }
     Ok(())
@@ -168,16 +169,43 @@ pub async fn ingest_file(
     let started_at = ws.now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
     let mut record = RunRecord {
-        run_id: run_id.clone().into(),
-        source: contract.source.as_str().into(),
-        contract_version: contract.version as i32,
         file_path: match (&opts.replay, &opts.input_name) {
             (Some(r), _) => r.file_path.as_str().into(),
             (None, Some(name)) => name.as_str().into(),
             (None, None) => path.display().to_string().into(),
         },
-        file_hash: None,
         file_bytes,
+        ..new_record(&contract, &run_id, started_at, opts)
+    };
+    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl, ws.lock_wait).await?;
+    // this source's log only: an ingest never pays for the other sources' history
+    let mut runs = Vec::new();
+    let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
+        Ok(read) => {
+            runs = read;
+            record.seq = crate::table::audit::next_seq(&runs, &contract.source);
+            record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
+            record.finished_at = record.started_at;
+            match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
+                Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    conclude(ws, &contract, record, outcome, runs, lock).await
+}
+
+/// A run's record before it runs: `failed` until it succeeds, counts zero, the contract's
+/// versions; the caller sets `file_path` and `file_bytes`.
+fn new_record(contract: &Contract, run_id: &str, started_at: i64, opts: &IngestOptions) -> RunRecord {
+    RunRecord {
+        run_id: run_id.into(),
+        source: contract.source.as_str().into(),
+        contract_version: contract.version as i32,
+        file_path: "".into(),
+        file_hash: None,
+        file_bytes: 0,
         started_at,
         finished_at: started_at,
         status: RunStatus::Failed,
@@ -202,24 +230,22 @@ pub async fn ingest_file(
         decided_at: None,
         data_file: None,
         failure_file: None,
+        pull: None,
         seq: 0,
-    };
-    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl, ws.lock_wait).await?;
-    // this source's log only: an ingest never pays for the other sources' history
-    let mut runs = Vec::new();
-    let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
-        Ok(read) => {
-            runs = read;
-            record.seq = crate::table::audit::next_seq(&runs, &contract.source);
-            record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
-            record.finished_at = record.started_at;
-            match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
-                Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    };
+    }
+}
+
+/// The end of a run, under its source's lock: a run that failed for its input or a passing cause
+/// is recorded as `failed` with its class (nothing published), a run with data may compact the
+/// source, and the lock is released. `runs`: the source's records as the run read them.
+async fn conclude(
+    ws: &Workspace,
+    contract: &Arc<Contract>,
+    mut record: RunRecord,
+    outcome: Result<()>,
+    mut runs: Vec<RunRecord>,
+    lock: crate::table::lock::SourceLock,
+) -> Result<RunRecord> {
     let result = match outcome {
         Ok(()) => Ok(record),
         Err(e @ (Error::RunFailed(_) | Error::RunInterrupted(_))) => {
@@ -241,7 +267,7 @@ pub async fn ingest_file(
             record.rows_superseded = 0;
             record.finished_at = ws.now_micros().max(record.started_at);
             // the slot taken, which is a later one past an object no reader can parse
-            commit_run(&ws.lake, &record, Some(&contract))
+            commit_run(&ws.lake, &record, Some(contract))
                 .await
                 .map(|slot| RunRecord { seq: slot, ..record })
         }
@@ -252,7 +278,7 @@ pub async fn ingest_file(
         if committed.has_data() && crate::engine::compact::automatic() {
             runs.push(committed.clone());
             // the run stands whatever happens here: a compaction that fails is only slower reads
-            if let Err(e) = crate::engine::compact::compact_source(ws, &contract, &runs, false).await {
+            if let Err(e) = crate::engine::compact::compact_source(ws, contract, &runs, false).await {
                 if matches!(e, Error::Failpoint(_)) {
                     return Err(e);
                 }

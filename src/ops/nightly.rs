@@ -107,8 +107,8 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
             report.skipped.extend(found.inputs.iter().map(|input| Skipped {
                 path: input.display(),
                 reason: format!(
-                    "source \"{source}\" is format: api: it is pulled, not read from the landing folder \
-                     (API pulls are not built yet)"
+                    "source \"{source}\" is format: api: it is pulled (`ingot pull {source}`), not read from \
+                     the landing folder"
                 ),
             }));
             continue;

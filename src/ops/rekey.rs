@@ -230,6 +230,7 @@ async fn rekey_locked(ws: &Workspace, contract: &Arc<Contract>, runs: &[RunRecor
         decided_at: None,
         data_file: None,
         failure_file: None,
+        pull: None,
         seq: next_seq(runs, source),
     };
     let hashers = Hashers::new(&ctx, contract)?;

@@ -7,8 +7,8 @@
 //! first release (`ignored_columns`, `rolled_back_at`, `rows_deleted`, `natural_key_version`,
 //! `previous_natural_key_version`, `natural_key_definition`, `rows_superseded`,
 //! `contract_fields`, `failure_class`, `held_reason`, `decided_at`, `data_file_bytes`,
-//! `data_file_crc32`, `failure_file_bytes`, `failure_file_crc32`) read as null (or 0) in older
-//! records; [`RunRecord`] says what each holds. A `held` run wrote its files but publishes nothing
+//! `data_file_crc32`, `failure_file_bytes`, `failure_file_crc32`, the `pull_*` columns of an API
+//! pull) read as null (or 0) in older records; [`RunRecord`] says what each holds. A `held` run wrote its files but publishes nothing
 //! until `ingot publish` commits a loaded copy of its record (or `ingot discard` a `discarded` one).
 //!
 //! Reconciliation of a run record: `rows_seen = rows_inserted + rows_updated + rows_unchanged +
@@ -88,6 +88,27 @@ pub const FAILED_FOR_CONTENT: &str = "content";
 /// `failure_class` of a run that failed for a passing cause (retried by the nightly job).
 pub const FAILED_TRANSIENTLY: &str = "transient";
 
+/// The `pull_*` columns of an API pull's run record (docs/formats.md#tables).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PullStats {
+    /// HTTP requests sent, retries and token requests included.
+    pub requests: i64,
+    /// Pages whose records the pull kept.
+    pub pages: i64,
+    /// Response body bytes received (as sent, before any decompression).
+    pub bytes: i64,
+    /// Requests sent again after a 429, a 5xx, a timeout or a broken connection.
+    pub retries: i64,
+    /// Milliseconds waited on the rate limit, `Retry-After` and backoff.
+    pub waited_ms: i64,
+    /// The incremental cursor after this pull: the largest `cursor_field` value it loaded, in
+    /// the field's canonical text (the previous cursor when it loaded none).
+    pub cursor: Option<Text>,
+    /// The response's `ETag` and `Last-Modified` (pagination `none` with `conditional: true`).
+    pub etag: Option<Text>,
+    pub last_modified: Option<Text>,
+}
+
 /// One row of `audit.ingestion_run_log`. Times are microseconds since the epoch, UTC.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
@@ -149,6 +170,9 @@ pub struct RunRecord {
     /// columns `data_file_bytes`, `data_file_crc32`, `failure_file_…`; none in older records).
     pub data_file: Option<FileStamp>,
     pub failure_file: Option<FileStamp>,
+    /// What an API pull fetched (extension columns `pull_*`; none on file runs and in older
+    /// records).
+    pub pull: Option<PullStats>,
     /// Position of the record among the source's run records (1-based): its commit slot. Not a
     /// column; it is the record's file name.
     pub seq: u64,
@@ -221,6 +245,14 @@ pub fn run_log_schema() -> SchemaRef {
         Field::new("data_file_crc32", DataType::Utf8, true),
         Field::new("failure_file_bytes", DataType::Int64, true),
         Field::new("failure_file_crc32", DataType::Utf8, true),
+        Field::new("pull_requests", DataType::Int64, true),
+        Field::new("pull_pages", DataType::Int64, true),
+        Field::new("pull_bytes", DataType::Int64, true),
+        Field::new("pull_retries", DataType::Int64, true),
+        Field::new("pull_wait_ms", DataType::Int64, true),
+        Field::new("pull_cursor", DataType::Utf8, true),
+        Field::new("pull_etag", DataType::Utf8, true),
+        Field::new("pull_last_modified", DataType::Utf8, true),
     ]))
 }
 
@@ -325,6 +357,26 @@ impl RunRecord {
                     .collect::<StringArray>(),
             ));
         }
+        let counts: [fn(&PullStats) -> i64; 5] =
+            [|p| p.requests, |p| p.pages, |p| p.bytes, |p| p.retries, |p| p.waited_ms];
+        for f in counts {
+            cols.push(Arc::new(
+                records.iter().map(|r| r.pull.as_ref().map(f)).collect::<Int64Array>(),
+            ));
+        }
+        let texts: [fn(&PullStats) -> Option<&str>; 3] = [
+            |p| p.cursor.as_deref(),
+            |p| p.etag.as_deref(),
+            |p| p.last_modified.as_deref(),
+        ];
+        for f in texts {
+            cols.push(Arc::new(
+                records
+                    .iter()
+                    .map(|r| r.pull.as_ref().and_then(f))
+                    .collect::<StringArray>(),
+            ));
+        }
         Ok(RecordBatch::try_new(run_log_schema(), cols)?)
     }
 
@@ -389,6 +441,29 @@ impl RunRecord {
             a.filter(|a| !a.is_null(r))
         }
         let s = |a: Option<&StringArray>, r: usize| a.and_then(|a| Text::of_opt(a, r));
+        let pull_counts = [
+            int64("pull_requests")?,
+            int64("pull_pages")?,
+            int64("pull_bytes")?,
+            int64("pull_retries")?,
+            int64("pull_wait_ms")?,
+        ];
+        let pull_texts = [text("pull_cursor")?, text("pull_etag")?, text("pull_last_modified")?];
+        // a pull's record: its request count is set
+        let pull = |r: usize| -> Option<PullStats> {
+            get(pull_counts[0], r)?;
+            let n = |k: usize| get(pull_counts[k], r).map_or(0, |a| a.value(r));
+            Some(PullStats {
+                requests: n(0),
+                pages: n(1),
+                bytes: n(2),
+                retries: n(3),
+                waited_ms: n(4),
+                cursor: s(pull_texts[0], r),
+                etag: s(pull_texts[1], r),
+                last_modified: s(pull_texts[2], r),
+            })
+        };
         out.reserve(c.batch.num_rows());
         for r in 0..c.batch.num_rows() {
             let status_text = status.value(r);
@@ -425,6 +500,7 @@ impl RunRecord {
                 decided_at: get(decided_at, r).map(|a| a.value(r)),
                 data_file: stamp(0, r),
                 failure_file: stamp(1, r),
+                pull: pull(r),
                 seq: 0,
             });
         }

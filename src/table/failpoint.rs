@@ -58,8 +58,17 @@ pub const DELTA: &[&str] = &["delta.conform", "delta.before_commit", "delta.afte
 /// the derived file replaces the damaged one (`ops::rederive`).
 pub const DOCTOR: &[&str] = &["doctor.before_replace", "doctor.after_replace"];
 
+/// Every failpoint of `ingot pull` before the ingest's own (`ingest::pull`): with the lock, after
+/// every page is fetched into the scratch file, after its hash, after the file is kept in the lake.
+pub const PULL: &[&str] = &[
+    "pull.after_lock",
+    "pull.after_fetch",
+    "pull.after_hash",
+    "pull.after_keep",
+];
+
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA, DOCTOR];
+pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA, DOCTOR, PULL];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {

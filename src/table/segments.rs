@@ -385,6 +385,7 @@ mod tests {
             decided_at: None,
             data_file: None,
             failure_file: None,
+            pull: None,
             seq: slot,
         }
     }

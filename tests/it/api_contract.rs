@@ -1,5 +1,5 @@
 //! `format: api` contracts: `ingot check` validates the whole `api` section with located problems
-//! and never reads a secret; files of an API source are refused (pulls are not built yet).
+//! and never reads a secret; files of an API source are refused (`ingot pull` pulls it: tests/it/pull.rs).
 
 use std::path::Path;
 use std::time::Duration;
@@ -518,7 +518,7 @@ fn format_and_section_must_go_together() {
         contract("contracts/orders.yaml", &no_section).unwrap_err(),
         vec![
             "contracts/orders.yaml:3:9: format: api needs an \"api\" section (base_url, path and records at least; see \
-             docs/guide.md#api-sources-contract-only)"
+             docs/guide.md#api-sources)"
         ]
     );
     let csv = VALID.replace("format: api", "format: csv");
@@ -534,8 +534,8 @@ fn files_of_an_api_source_are_refused_or_passed_over_and_nothing_is_written() {
     std::fs::write(t.contracts().join("orders.yaml"), VALID).unwrap();
     let file = t.dir.path().join("orders.ndjson");
     std::fs::write(&file, "{\"order_id\": 1, \"order_status\": \"open\"}\n").unwrap();
-    let refusal = "source \"orders\" is format: api: API pulls are not built yet (`ingot pull` is planned); nothing \
-                   was loaded";
+    let refusal = "source \"orders\" is format: api: it is pulled with `ingot pull orders`, not ingested from files; \
+                   nothing was loaded";
 
     let out = t.ingest("orders", &file);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -558,7 +558,9 @@ fn files_of_an_api_source_are_refused_or_passed_over_and_nothing_is_written() {
     let said = stdout(&out) + &stderr(&out);
     assert!(
         said.contains("2026-12-01_orders.ndjson")
-            && said.contains("source \"orders\" is format: api: it is pulled, not read from the landing folder"),
+            && said.contains(
+                "source \"orders\" is format: api: it is pulled (`ingot pull orders`), not read from the landing folder"
+            ),
         "{said}"
     );
 

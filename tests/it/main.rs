@@ -1,6 +1,7 @@
 //! The one integration-test binary (each test binary links DataFusion again).
 
 mod api_contract;
+mod api_server;
 mod bad_input;
 mod build_plan;
 mod chaos;
@@ -33,6 +34,7 @@ mod model;
 mod nightly;
 mod ops;
 mod power;
+mod pull;
 mod rederive;
 mod rekey;
 mod replay;

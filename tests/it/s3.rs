@@ -479,6 +479,7 @@ fn record(run_id: &str, seq: u64) -> ingot::table::audit::RunRecord {
         decided_at: None,
         data_file: None,
         failure_file: None,
+        pull: None,
         replay_of: None,
         error: Some(format!("writer {run_id}").into()),
         ingot_version: "test".into(),

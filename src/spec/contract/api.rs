@@ -1,6 +1,6 @@
 //! The contract section `api:` of a `format: api` source: how a later `ingot pull` would fetch
-//! it (docs/guide.md#api-sources-contract-only). Nothing here fetches: only the types and the
-//! JSONPath helpers that `ingot check` needs.
+//! it (docs/guide.md#api-sources). Nothing here fetches (`ingest::pull` does): only the types
+//! and the JSONPath helpers that `ingot check` and the pull need.
 //!
 //! Secrets appear only as names (an environment variable or a file); their values are never
 //! read here. A `ValuePath` is a singular RFC 9535 query (`$` then names and indexes), parsed

@@ -45,7 +45,7 @@ impl ContractReader<'_> {
                 self.err(
                     format_pos,
                     "format: api needs an \"api\" section (base_url, path and records at least; see \
-                     docs/guide.md#api-sources-contract-only)",
+                     docs/guide.md#api-sources)",
                 );
                 return None;
             }
