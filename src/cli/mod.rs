@@ -128,7 +128,7 @@ pub enum Command {
     /// DataFusion logical plans the rules compile to.
     Explain(explain::ExplainArgs),
     /// The nightly job: ingest every new file under <landing>/<source>/ (sorted, one run each),
-    /// then build every silver table whose latest build does not show its inputs' committed
+    /// pull every API source once (--no-pull: not), then build every silver table whose latest build does not show its inputs' committed
     /// state (whatever changed them: this job, a manual ingest, undo, replay, rekey, a killed
     /// build); print one summary table and why each table was built.
     ///

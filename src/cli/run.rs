@@ -11,6 +11,10 @@ use crate::table::audit::{BuildStatus, RunStatus};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Do not pull the API sources (contracts with `format: api`); by default each is pulled
+    /// once, before the silver builds.
+    #[arg(long)]
+    pub no_pull: bool,
     #[command(flatten)]
     pub wait: crate::cli::WaitArgs,
 }
@@ -27,7 +31,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitStatus> {
         s.enable_steady_tick(std::time::Duration::from_millis(120));
         s
     });
-    let report = nightly(&ws, &opts, |step| match &spinner {
+    let report = nightly(&ws, &opts, !args.no_pull, |step| match &spinner {
         Some(s) => s.set_message(crate::error::console::terminal_safe(step).into_owned()),
         None => crate::show!("{step}"),
     })

@@ -10,10 +10,10 @@
 //! it has no succeeded build with its latest rules version yet, or when its latest build no longer
 //! shows the committed state of its inputs, whatever changed them (a manual ingest, undo, replay or
 //! rekey, a build that was killed or failed): the job heals. Running the job twice in a row
-//! changes nothing the second time. A source with a held run (docs/operations.md#held-runs) loads
+//! changes no data the second time. A source with a held run (docs/operations.md#held-runs) loads
 //! no further files until the run is published or discarded: they wait, so that versions commit
 //! in file order. The landing folder can be local or `s3://bucket/prefix`
-//! ([`crate::ingest::landing`]).
+//! ([`crate::ingest::landing`]). Every API source is pulled once a job (one run each).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -87,8 +87,14 @@ async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32,
     Ok(candidates.iter().any(|r| r.file_hash.as_deref() == Some(hash.as_str())))
 }
 
-/// Run the nightly job. `opts` are used for every ingest.
-pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&str)) -> Result<NightlyReport> {
+/// Run the nightly job. `opts` are used for every ingest and pull; `pull`: pull the API sources
+/// (`ingot run --no-pull` passes over them).
+pub async fn run(
+    ws: &Workspace,
+    opts: &IngestOptions,
+    pull: bool,
+    mut on_step: impl FnMut(&str),
+) -> Result<NightlyReport> {
     let mut problems = Problems::default();
     let contracts = ContractSet::load(&ws.contracts_dir, &mut problems);
     let rules = RulesSet::load(&ws.rules_dir, &contracts, &mut problems);
@@ -111,6 +117,37 @@ pub async fn run(ws: &Workspace, opts: &IngestOptions, mut on_step: impl FnMut(&
                      the landing folder"
                 ),
             }));
+            if !pull {
+                continue;
+            }
+            if let Some(held) = report.held.iter().find(|r| r.source == *source) {
+                report.waiting.push((format!("pull {source}"), held.run_id.to_string()));
+                continue;
+            }
+            if let Some(prev) = runs
+                .iter()
+                .rev()
+                .find(|r| r.source == *source && r.pull.is_some() && r.replay_of.is_none())
+                .filter(|r| r.failed_transiently())
+            {
+                report.retried.push((
+                    format!("pull {source}"),
+                    format!(
+                        "run {} failed for a passing cause: {}",
+                        prev.run_id,
+                        prev.error.as_deref().unwrap_or("")
+                    ),
+                ));
+            }
+            on_step(&format!("pull {source}"));
+            let record = crate::ingest::pull::pull(ws, contract.clone(), opts).await?;
+            if record.has_data() {
+                loaded_sources.insert(source.clone());
+            }
+            if record.status == RunStatus::Held {
+                report.held.push(record.clone());
+            }
+            report.runs.push(record);
             continue;
         }
         for input in found.inputs {

@@ -551,7 +551,7 @@ fn files_of_an_api_source_are_refused_or_passed_over_and_nothing_is_written() {
         .arg(&landing)
         .arg("--rules")
         .arg(repo().join("rules"))
-        .arg("run")
+        .args(["run", "--no-pull"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -566,3 +566,47 @@ fn a_pull_killed_mid_fetch_then_run_again_loads_once() {
     assert_eq!(log.len(), 1, "the killed pull left no record");
     assert_eq!(t.query("SELECT count(*) AS n FROM bronze.orders")[0]["n"], 25);
 }
+
+#[test]
+fn the_nightly_job_pulls_each_api_source_once_and_an_unchanged_pull_is_a_skipped_run() {
+    let data = Arc::new(Mutex::new((records(25, 0), 0)));
+    let server = Server::start(vendor(data.clone(), 10));
+    let t = lake_with(&server, "");
+    let landing = t.dir.path().join("landing");
+    std::fs::create_dir_all(&landing).unwrap();
+    // only the API source: the demo contracts' rules would build tables of empty sources
+    for e in std::fs::read_dir(t.contracts()).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != "orders.yaml" {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let rules = t.dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    let job = |args: &[&str]| {
+        t.command()
+            .arg("--landing")
+            .arg(&landing)
+            .arg("--rules")
+            .arg(&rules)
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = job(&[]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains("pull orders"), "{}", stdout(&out));
+    assert_eq!(t.query("SELECT count(*) AS n FROM bronze.orders_current")[0]["n"], 25);
+    let out = job(&[]);
+    assert_ok(&out);
+    let log = runs(&t);
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[1]["status"], "skipped_duplicate_file");
+    assert_eq!(log[1]["file_hash"], log[0]["file_hash"]);
+    server.clear();
+    let out = job(&["--no-pull"]);
+    assert_ok(&out);
+    assert!(server.requests().is_empty(), "--no-pull sends nothing");
+    assert_eq!(runs(&t).len(), 2);
+}
