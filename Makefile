@@ -37,7 +37,8 @@ test: protoc
 ## bench: TPC-H lineitem SF1 through ingot and DuckDB in the same run (release build, venv
 ## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check,
 ## CLUSTER=1 the silver build on a loopback cluster (release build with --features cluster).
-## Writes bench/results-sf$(SF).md.
+## Writes bench/results-sf$(SF).md, and bench/results-pull.md: ingot pull of 1,000,000 records beside
+## dlt rest_api (venv .venv-bench-dlt; PULL=0 leaves it out).
 bench: protoc
 	bash scripts/bench.sh
 

@@ -33,7 +33,7 @@ with another token) the answer is 401 {"error": "unauthorized"}. The token is ne
 Records (i = 0 .. N-1, sorted by updated_at, then order_id, which is the order of i)
   order_id    100000 + i                       (integer)
   customer    "C%05d" % (i % 7919)
-  status      ["open", "shipped", "cancelled", "returned"][i % 4]
+  order_status ["open", "shipped", "cancelled", "returned"][i % 4]
   amount      a decimal string with 2 places, "1.00" to "999.99", from the seed and i
   currency    "EUR" or "USD", from the seed and i
   updated_at  2026-11-01T00:00:00Z plus i seconds (RFC 3339, "Z")
@@ -195,7 +195,7 @@ def render_records(out, idxs, seed, base_s, status_shift, customers=CUSTOMERS, s
             cur_day, day_text = day, day_str(day)
         append(
             f'{{"order_id":{100000 + i},"customer":"{customers[i % 7919]}",'
-            f'"status":"{statuses[(i + status_shift) & 3]}","amount":"{amounts[h % 99900 + off]}",'
+            f'"order_status":"{statuses[(i + status_shift) & 3]}","amount":"{amounts[h % 99900 + off]}",'
             f'"currency":"{currencies[(h >> 7) & 1]}","updated_at":"{day_text}T{times[rem]}Z",'
             f'"fetched_at":"{placeholder}"}}'
         )

@@ -493,6 +493,14 @@ if [ "${SILVER:-1}" = 1 ]; then
   QUERY_ARGS+=(--flight "$(echo "$FLIGHT" | sed -n 's/.* best //p'),$(printf '%.4f' "$BEST_P"),$FROWS")
 fi
 
+# ------------------------------------------------------------------------ 5d. API pull
+# ingot pull of 1,000,000 records in 1,000 pages beside dlt's rest_api source, same server and
+# machine (bench/pull.sh writes bench/results-pull.md); PULL=0 leaves it out.
+if [ "${PULL:-1}" = 1 ]; then
+  step "(pull) the API pull beside dlt (bench/pull.sh)"
+  INGOT_BIN="$INGOT" bench/pull.sh || die "the API pull benchmark failed"
+fi
+
 # ------------------------------------------------------------------------ 6. SF10 (opt.)
 SF10_ARGS=()
 if [ "${SF10:-}" = 1 ]; then
