@@ -44,18 +44,24 @@ pub async fn run(cli: &Cli, args: &IngestArgs) -> Result<ExitStatus> {
     let mut code = ExitStatus::Success;
     for input in &inputs {
         let record = ingest_input(&ws, contract.clone(), input, &opts).await?;
-        if record.status == RunStatus::Failed {
-            code = ExitStatus::Failure;
-        } else if record.status == RunStatus::Held && code == ExitStatus::Success {
-            code = ExitStatus::Held;
-        }
-        if args.json {
-            crate::say!("{}", record_json(&record));
-        } else {
-            crate::show!("{}", describe(&record));
-        }
+        show_run(&record, args.json, &mut code);
     }
     Ok(code)
+}
+
+/// Print a run (a sentence, or its record as JSON) and fold its status into the exit code: a
+/// failed run is 1, a held one 4 unless another failed.
+pub(crate) fn show_run(record: &RunRecord, json: bool, code: &mut ExitStatus) {
+    if record.status == RunStatus::Failed {
+        *code = ExitStatus::Failure;
+    } else if record.status == RunStatus::Held && *code == ExitStatus::Success {
+        *code = ExitStatus::Held;
+    }
+    if json {
+        crate::say!("{}", record_json(record));
+    } else {
+        crate::show!("{}", describe(record));
+    }
 }
 
 /// One sentence per run, for people.

@@ -1,11 +1,10 @@
 //! `ingot pull <source>...`: one pull (one run) per `format: api` source, a line per run.
 
 use crate::cli::Cli;
-use crate::cli::ingest::{describe, record_json};
+use crate::cli::ingest::show_run;
 use crate::error::{Error, ExitStatus, Result};
 use crate::ingest::IngestOptions;
 use crate::spec::contract::{ContractSet, Format};
-use crate::table::audit::RunStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct PullArgs {
@@ -43,16 +42,7 @@ pub async fn run(cli: &Cli, args: &PullArgs) -> Result<ExitStatus> {
     let mut code = ExitStatus::Success;
     for contract in contracts {
         let record = crate::ingest::pull::pull(&ws, contract, &opts).await?;
-        if record.status == RunStatus::Failed {
-            code = ExitStatus::Failure;
-        } else if record.status == RunStatus::Held && code == ExitStatus::Success {
-            code = ExitStatus::Held;
-        }
-        if args.json {
-            crate::say!("{}", record_json(&record));
-        } else {
-            crate::show!("{}", describe(&record));
-        }
+        show_run(&record, args.json, &mut code);
     }
     Ok(code)
 }

@@ -168,7 +168,7 @@ pub async fn ingest_file(
     let run_id = ws.new_id();
     let started_at = ws.now_micros();
     let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len() as i64;
-    let mut record = RunRecord {
+    let record = RunRecord {
         file_path: match (&opts.replay, &opts.input_name) {
             (Some(r), _) => r.file_path.as_str().into(),
             (None, Some(name)) => name.as_str().into(),
@@ -177,8 +177,25 @@ pub async fn ingest_file(
         file_bytes,
         ..new_record(&contract, &run_id, started_at, opts)
     };
-    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl, ws.lock_wait).await?;
-    // this source's log only: an ingest never pays for the other sources' history
+    locked_run(ws, &contract, record, opts, async |record, runs| {
+        run(ws, &contract, path, opts, record, runs).await
+    })
+    .await
+}
+
+/// Run `body` as one run of `contract`'s source under its lock: the record takes the source's
+/// next slot and a start time after every earlier run's, the natural-key version is checked,
+/// then [`conclude`] records the outcome (a failed run included) and releases the lock. Only
+/// this source's log is read: a run never pays for the other sources' history.
+async fn locked_run(
+    ws: &Workspace,
+    contract: &Arc<Contract>,
+    mut record: RunRecord,
+    opts: &IngestOptions,
+    body: impl AsyncFnOnce(&mut RunRecord, &[RunRecord]) -> Result<()>,
+) -> Result<RunRecord> {
+    let lock =
+        crate::table::lock::acquire(&ws.lake, &contract.source, &record.run_id, opts.lock_ttl, ws.lock_wait).await?;
     let mut runs = Vec::new();
     let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
         Ok(read) => {
@@ -186,14 +203,14 @@ pub async fn ingest_file(
             record.seq = crate::table::audit::next_seq(&runs, &contract.source);
             record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
             record.finished_at = record.started_at;
-            match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
-                Ok(()) => run(ws, &contract, path, opts, &mut record, &runs).await,
+            match crate::ingest::key_version::check_key_version(ws, &runs, contract).await {
+                Ok(()) => body(&mut record, &runs).await,
                 Err(e) => Err(e),
             }
         }
         Err(e) => Err(e),
     };
-    conclude(ws, &contract, record, outcome, runs, lock).await
+    conclude(ws, contract, record, outcome, runs, lock).await
 }
 
 /// A run's record before it runs: `failed` until it succeeds, counts zero, the contract's

@@ -53,27 +53,15 @@ pub async fn pull(ws: &Workspace, contract: Arc<Contract>, opts: &IngestOptions)
     };
     let run_id = ws.new_id();
     let started_at = ws.now_micros();
-    let mut record = RunRecord {
+    let record = RunRecord {
         file_path: pages::first_url(api)?.to_string().into(),
         pull: Some(PullStats::default()),
         ..super::new_record(&contract, &run_id, started_at, opts)
     };
-    let lock = crate::table::lock::acquire(&ws.lake, &contract.source, &run_id, opts.lock_ttl, ws.lock_wait).await?;
-    let mut runs = Vec::new();
-    let outcome = match crate::table::audit::read_source_runs(&ws.lake, &contract.source).await {
-        Ok(read) => {
-            runs = read;
-            record.seq = crate::table::audit::next_seq(&runs, &contract.source);
-            record.started_at = crate::table::audit::not_before(&runs, &contract.source, record.started_at);
-            record.finished_at = record.started_at;
-            match crate::ingest::key_version::check_key_version(ws, &runs, &contract).await {
-                Ok(()) => run(ws, &contract, api, opts, &mut record, &runs).await,
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    };
-    super::conclude(ws, &contract, record, outcome, runs, lock).await
+    super::locked_run(ws, &contract, record, opts, async |record, runs| {
+        run(ws, &contract, api, opts, record, runs).await
+    })
+    .await
 }
 
 async fn run(
