@@ -610,3 +610,43 @@ fn the_nightly_job_pulls_each_api_source_once_and_an_unchanged_pull_is_a_skipped
     assert!(server.requests().is_empty(), "--no-pull sends nothing");
     assert_eq!(runs(&t).len(), 2);
 }
+
+#[test]
+fn a_conditional_pull_sends_the_last_etag_and_a_304_is_a_skipped_run() {
+    let data = Arc::new(Mutex::new((records(5, 0), 0)));
+    let d = data.clone();
+    let server = Server::start(move |req: &Request| {
+        let (recs, rev) = d.lock().unwrap().clone();
+        let etag = format!("\"v{rev}\"");
+        if req.header("if-none-match") == Some(etag.as_str()) {
+            return Reply::status(304, "").header("ETag", &etag);
+        }
+        Reply::json(format!("{{\"data\": [{}]}}", recs.join(","))).header("ETag", &etag)
+    });
+    let t = lake_with(&server, "  conditional: true\n");
+    let c = std::fs::read_to_string(t.contracts().join("orders.yaml"))
+        .unwrap()
+        .replace(
+            r#"  pagination: {type: cursor, cursor_path: "$.meta.next", param: cursor}"#,
+            "",
+        );
+    std::fs::write(t.contracts().join("orders.yaml"), c).unwrap();
+    let first = pull(&t);
+    assert_eq!(first["rows_inserted"], 5, "{first}");
+    assert_eq!(server.requests()[0].header("if-none-match"), None);
+    let again = pull(&t);
+    assert_eq!(again["status"], "skipped_duplicate_file", "{again}");
+    assert_eq!(again["file_hash"], first["file_hash"]);
+    assert_eq!(server.requests()[1].header("if-none-match"), Some("\"v0\""));
+    *data.lock().unwrap() = (records(5, 2), 2);
+    let changed = pull(&t);
+    assert_eq!(
+        (changed["rows_updated"].as_i64(), changed["rows_unchanged"].as_i64()),
+        (Some(1), Some(4)),
+        "{changed}"
+    );
+    let log = runs(&t);
+    assert_eq!(log[2]["pull_etag"], "\"v2\"");
+    // the 304 carried the etag it was asked with: the next pull still sends the loaded one
+    assert_eq!(log[1]["pull_etag"], "\"v0\"");
+}
