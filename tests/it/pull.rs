@@ -650,3 +650,30 @@ fn a_conditional_pull_sends_the_last_etag_and_a_304_is_a_skipped_run() {
     // the 304 carried the etag it was asked with: the next pull still sends the loaded one
     assert_eq!(log[1]["pull_etag"], "\"v0\"");
 }
+
+#[test]
+fn the_kept_pull_file_goes_with_its_run_when_gc_removes_an_undone_pull() {
+    let data = Arc::new(Mutex::new((records(25, 0), 0)));
+    let server = Server::start(vendor(data.clone(), 10));
+    let t = lake_with(&server, "");
+    let first = pull(&t);
+    let run_id = first["run_id"].as_str().unwrap();
+    let kept = t.lake().join(format!("bronze/orders/run_id={run_id}/pull.ndjson.gz"));
+    assert!(kept.exists());
+    let out = t.run(&["doctor"]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("0 violations, 0 orphan files"),
+        "{}",
+        stdout(&out)
+    );
+    assert_ok(&t.run(&["undo", run_id]));
+    assert_ok(&t.run(&["gc", "--grace", "0s"]));
+    assert!(!kept.exists(), "gc removed the undone pull's records");
+    // the next pull loads them again, as the first did
+    let again = pull(&t);
+    assert_eq!(
+        (again["rows_inserted"].as_i64(), again["file_hash"].as_str()),
+        (Some(25), first["file_hash"].as_str())
+    );
+}
