@@ -15,6 +15,11 @@ pub struct RunArgs {
     /// once, before the silver builds.
     #[arg(long)]
     pub no_pull: bool,
+    /// Pull at most N API sources at once (each under its own lock, with a 1/N share of
+    /// `--memory-limit`).
+    #[arg(long, value_name = "N", default_value_t = crate::ops::nightly::DEFAULT_PULL_JOBS as u16,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub pull_jobs: u16,
     #[command(flatten)]
     pub wait: crate::cli::WaitArgs,
 }
@@ -31,7 +36,10 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitStatus> {
         s.enable_steady_tick(std::time::Duration::from_millis(120));
         s
     });
-    let report = nightly(&ws, &opts, !args.no_pull, |step| match &spinner {
+    let pull = crate::ops::nightly::PullPlan {
+        jobs: if args.no_pull { 0 } else { usize::from(args.pull_jobs) },
+    };
+    let report = nightly(&ws, &opts, pull, |step| match &spinner {
         Some(s) => s.set_message(crate::error::console::terminal_safe(step).into_owned()),
         None => crate::show!("{step}"),
     })

@@ -13,7 +13,8 @@
 //! changes no data the second time. A source with a held run (docs/operations.md#held-runs) loads
 //! no further files until the run is published or discarded: they wait, so that versions commit
 //! in file order. The landing folder can be local or `s3://bucket/prefix`
-//! ([`crate::ingest::landing`]). Every API source is pulled once a job (one run each).
+//! ([`crate::ingest::landing`]). Every API source is pulled once a job (one run each), before the
+//! landing files, several at a time ([`PullPlan`]).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -87,12 +88,29 @@ async fn already_loaded(runs: &[RunRecord], source: &str, contract_version: i32,
     Ok(candidates.iter().any(|r| r.file_hash.as_deref() == Some(hash.as_str())))
 }
 
-/// Run the nightly job. `opts` are used for every ingest and pull; `pull`: pull the API sources
-/// (`ingot run --no-pull` passes over them).
+/// How `ingot run` pulls its API sources.
+#[derive(Debug, Clone, Copy)]
+pub struct PullPlan {
+    /// At most this many sources pulled at once (0: none, `ingot run --no-pull`). The memory
+    /// limit is shared: each pull gets `--memory-limit / jobs`.
+    pub jobs: usize,
+}
+
+impl Default for PullPlan {
+    fn default() -> PullPlan {
+        PullPlan { jobs: DEFAULT_PULL_JOBS }
+    }
+}
+
+/// API sources pulled at once by default (`ingot run --pull-jobs`).
+pub const DEFAULT_PULL_JOBS: usize = 4;
+
+/// Run the nightly job. `opts` are used for every ingest and pull; `pull`: how the API sources
+/// are pulled, all of them before the first landing file is read.
 pub async fn run(
     ws: &Workspace,
     opts: &IngestOptions,
-    pull: bool,
+    pull: PullPlan,
     mut on_step: impl FnMut(&str),
 ) -> Result<NightlyReport> {
     let mut problems = Problems::default();
@@ -105,6 +123,9 @@ pub async fn run(
     let runs = read_run_log(&ws.lake).await?;
     let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
     report.held = runs.iter().filter(|r| r.status == RunStatus::Held).cloned().collect();
+    if pull.jobs > 0 {
+        pull_all(ws, opts, pull.jobs, &contracts, &runs, &mut report, &mut loaded_sources, &mut on_step).await?;
+    }
     for (source, contract) in &contracts.contracts {
         let found = landing_files(&ws.landing_dir, source).await?;
         report.skipped.extend(found.skipped);
@@ -117,37 +138,6 @@ pub async fn run(
                      the landing folder"
                 ),
             }));
-            if !pull {
-                continue;
-            }
-            if let Some(held) = report.held.iter().find(|r| r.source == *source) {
-                report.waiting.push((format!("pull {source}"), held.run_id.to_string()));
-                continue;
-            }
-            if let Some(prev) = runs
-                .iter()
-                .rev()
-                .find(|r| r.source == *source && r.pull.is_some() && r.replay_of.is_none())
-                .filter(|r| r.failed_transiently())
-            {
-                report.retried.push((
-                    format!("pull {source}"),
-                    format!(
-                        "run {} failed for a passing cause: {}",
-                        prev.run_id,
-                        prev.error.as_deref().unwrap_or("")
-                    ),
-                ));
-            }
-            on_step(&format!("pull {source}"));
-            let record = crate::ingest::pull::pull(ws, contract.clone(), opts).await?;
-            if record.has_data() {
-                loaded_sources.insert(source.clone());
-            }
-            if record.status == RunStatus::Held {
-                report.held.push(record.clone());
-            }
-            report.runs.push(record);
             continue;
         }
         for input in found.inputs {
@@ -214,6 +204,88 @@ pub async fn run(
         report.builds.push(build(ws, table, &BuildOptions::default()).await?);
     }
     Ok(report)
+}
+
+/// Pull every API source once, at most `jobs` at a time (each under its own source lock, with
+/// its share of the memory limit), and add the runs to `report` in source order. A source with a
+/// held run waits. Every pull started is finished before an infrastructure error of one of them
+/// is returned, so none is left holding its lock.
+#[allow(clippy::too_many_arguments)]
+async fn pull_all(
+    ws: &Workspace,
+    opts: &IngestOptions,
+    jobs: usize,
+    contracts: &ContractSet,
+    runs: &[RunRecord],
+    report: &mut NightlyReport,
+    loaded_sources: &mut BTreeSet<String>,
+    on_step: &mut impl FnMut(&str),
+) -> Result<()> {
+    use futures::StreamExt as _;
+    let mut todo = Vec::new();
+    for (source, contract) in &contracts.contracts {
+        if contract.format != crate::spec::contract::Format::Api {
+            continue;
+        }
+        if let Some(held) = report.held.iter().find(|r| r.source == *source) {
+            report.waiting.push((format!("pull {source}"), held.run_id.to_string()));
+            continue;
+        }
+        if let Some(prev) = runs
+            .iter()
+            .rev()
+            .find(|r| r.source == *source && r.pull.is_some() && r.replay_of.is_none())
+            .filter(|r| r.failed_transiently())
+        {
+            report.retried.push((
+                format!("pull {source}"),
+                format!(
+                    "run {} failed for a passing cause: {}",
+                    prev.run_id,
+                    prev.error.as_deref().unwrap_or("")
+                ),
+            ));
+        }
+        todo.push(contract.clone());
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let jobs = jobs.clamp(1, todo.len());
+    let names: Vec<&str> = todo.iter().map(|c| c.source.as_str()).collect();
+    on_step(&format!("pull {}", names.join(", ")));
+    let shared = Workspace {
+        memory_limit: (ws.memory_limit / jobs).max(1),
+        ..ws.clone()
+    };
+    // one spinner line for them all: bars of pulls at once would write over each other
+    let opts = IngestOptions {
+        progress: opts.progress && jobs == 1,
+        ..opts.clone()
+    };
+    let done: Vec<Result<RunRecord>> = futures::stream::iter(todo)
+        .map(|contract| crate::ingest::pull::pull(&shared, contract, &opts))
+        .buffered(jobs)
+        .collect()
+        .await;
+    let mut first_error = None;
+    for record in done {
+        match record {
+            Ok(record) => {
+                if record.has_data() {
+                    loaded_sources.insert(record.source.to_string());
+                }
+                if record.status == RunStatus::Held {
+                    report.held.push(record.clone());
+                }
+                report.runs.push(record);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Why `table`'s latest succeeded build no longer shows the committed state of its inputs (an

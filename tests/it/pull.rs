@@ -677,3 +677,92 @@ fn the_kept_pull_file_goes_with_its_run_when_gc_removes_an_undone_pull() {
         (Some(25), first["file_hash"].as_str())
     );
 }
+
+#[test]
+fn the_nightly_job_pulls_api_sources_at_once_up_to_pull_jobs_and_each_loads_as_alone() {
+    let data = Arc::new(Mutex::new((records(30, 0), 0)));
+    let mut vendor = vendor(data.clone(), 10);
+    // every page takes a while, so pulls at once interleave their requests
+    let server = Server::start(move |req: &Request| Reply {
+        delay: Duration::from_millis(150),
+        ..vendor(req)
+    });
+    let t = lake_with(&server, "");
+    for e in std::fs::read_dir(t.contracts()).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != "orders.yaml" {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let refunds = contract(&server.url(), "")
+        .replace("source: orders", "source: refunds")
+        .replace("path: /orders", "path: /refunds");
+    std::fs::write(t.contracts().join("refunds.yaml"), refunds).unwrap();
+    let landing = t.dir.path().join("landing");
+    let rules = t.dir.path().join("rules");
+    std::fs::create_dir_all(&landing).unwrap();
+    std::fs::create_dir_all(&rules).unwrap();
+    let job = |args: &[&str]| {
+        let out = t
+            .command()
+            .arg("--landing")
+            .arg(&landing)
+            .arg("--rules")
+            .arg(&rules)
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        out
+    };
+    // the order in which the two sources' requests arrived: "o" or "r" per request
+    let arrivals = || -> String {
+        server
+            .requests()
+            .iter()
+            .map(|r| if r.path.ends_with("/orders") { 'o' } else { 'r' })
+            .collect()
+    };
+    let out = job(&[]);
+    let summary = stdout(&out);
+    assert!(summary.contains("pull orders, refunds"), "{summary}");
+    let seen = arrivals();
+    assert_eq!((seen.matches('o').count(), seen.matches('r').count()), (3, 3), "{seen}");
+    assert!(
+        seen != "ooorrr" && seen != "rrrooo",
+        "two API sources were pulled one after the other: {seen}"
+    );
+    // each source loads exactly as when it is pulled alone
+    let bronze = |source: &str| {
+        t.query(&format!(
+            "SELECT order_id, order_status, amount, updated_at, fetched_at, row_hash, natural_key_fingerprint, \
+             source_row_number FROM bronze.{source} ORDER BY order_id"
+        ))
+    };
+    let alone = {
+        let a = lake_with(&server, "");
+        pull(&a);
+        a.query(
+            "SELECT order_id, order_status, amount, updated_at, fetched_at, row_hash, natural_key_fingerprint, \
+             source_row_number FROM bronze.orders ORDER BY order_id",
+        )
+    };
+    assert_eq!(bronze("orders").len(), 30);
+    assert_eq!(bronze("orders"), alone);
+    assert_eq!(bronze("refunds"), alone);
+    let log = runs(&t);
+    assert_eq!(log.len(), 2);
+    assert!(log.iter().all(|r| r["status"] == "succeeded"), "{log:?}");
+    // one at a time when told so: every request of one source before the other's
+    server.clear();
+    job(&["--pull-jobs", "1"]);
+    let seen = arrivals();
+    assert!(seen == "ooorrr" || seen == "rrrooo", "--pull-jobs 1 pulled at once: {seen}");
+    let log = runs(&t);
+    assert_eq!(log.len(), 4);
+    assert!(log[2..].iter().all(|r| r["status"] == "skipped_duplicate_file"), "{log:?}");
+    let out = t.command().args(["run", "--pull-jobs", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--pull-jobs"), "{}", stderr(&out));
+}
