@@ -2,8 +2,8 @@
 //! current contract, as a new run with `replay_of` set (docs/operations.md).
 //!
 //! The rows are written to a temporary file in the source's format (CSV: the original header line,
-//! kept beside the run's failure file as `header.csv` at ingest, then each raw record; NDJSON: each
-//! raw line) and ingested as one ordinary run, except that its `replay_of` names the original, its
+//! kept beside the run's failure file as `header.csv` at ingest, then each raw record; NDJSON and
+//! an API pull: each raw line, a pull's record as it was kept) and ingested as one ordinary run, except that its `replay_of` names the original, its
 //! `file_path` is the original's with ` (replay)`, and each row keeps its original record number
 //! (`source_row_number`). It keeps `replay.json` beside its failure file: the record numbers it
 //! replayed and the SHA-256 of the contract file it used.
@@ -134,9 +134,14 @@ pub async fn replay(ws: &Workspace, run_id: &str, opts: &IngestOptions) -> Resul
         }
         RunStatus::Failed | RunStatus::SkippedDuplicateFile | RunStatus::Discarded => {
             return Ok(Replayed::Nothing(format!(
-                "run {} is {}: it has no failed rows to replay (a failed run is retried by ingesting its file again)",
+                "run {} is {}: it has no failed rows to replay (a failed run is retried by {} again)",
                 run.run_id,
-                run.status.as_str()
+                run.status.as_str(),
+                if run.pull.is_some() {
+                    format!("pulling {}", run.source)
+                } else {
+                    "ingesting its file".to_string()
+                }
             )));
         }
         RunStatus::Succeeded | RunStatus::SucceededWithFailures => {}

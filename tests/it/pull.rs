@@ -766,3 +766,73 @@ fn the_nightly_job_pulls_api_sources_at_once_up_to_pull_jobs_and_each_loads_as_a
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--pull-jobs"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_pulls_failed_records_are_replayed_alone_after_a_contract_fix_and_a_re_pull_then_changes_nothing() {
+    // revision 2: orders 3, 7 and 11 have a status the contract does not allow yet
+    let data = Arc::new(Mutex::new((records(25, 2), 2)));
+    let server = Server::start(vendor(data.clone(), 10));
+    let strict = |t: &TestLake, allowed: &str| {
+        let c = contract(&server.url(), "").replace(
+            "normalize: [trim, lower]}",
+            &format!("normalize: [trim, lower], allowed: [{allowed}]}}"),
+        );
+        std::fs::write(t.contracts().join("orders.yaml"), c).unwrap();
+    };
+    let t = lake_with(&server, "");
+    strict(&t, "open");
+    let first = pull(&t);
+    assert_eq!(first["rows_failed"], 3, "{first}");
+    let original = first["run_id"].as_str().unwrap().to_string();
+    let failed = t.query(&format!(
+        "SELECT source_row_number, rule FROM audit.row_failure_log WHERE run_id = '{original}' ORDER BY 1"
+    ));
+    assert_eq!(
+        failed
+            .iter()
+            .map(|r| (r["source_row_number"].as_i64().unwrap(), r["rule"].as_str().unwrap()))
+            .collect::<Vec<_>>(),
+        vec![(4, "allowed:order_status"), (8, "allowed:order_status"), (12, "allowed:order_status")]
+    );
+    // the fix: the vendor's new status is allowed; only the 3 failed records go through it
+    strict(&t, "open, shipped");
+    server.clear();
+    let out = t.run(&["replay", &original]);
+    assert_ok(&out);
+    assert!(server.requests().is_empty(), "a replay sends no request");
+    let log = runs(&t);
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[1]["replay_of"], Value::from(original.as_str()));
+    assert_eq!(log[1]["rows_inserted"], 3);
+    assert_eq!(log[1]["rows_failed"], 0);
+    assert!(log[1]["file_path"].as_str().unwrap().ends_with("/v2/orders (replay)"), "{:?}", log[1]);
+    assert!(log[1].get("pull_requests").is_none_or(Value::is_null), "a replay is not a pull: {:?}", log[1]);
+    // the source now equals one clean pull under the fixed contract
+    let cols = "order_id, order_status, amount, updated_at, fetched_at, row_hash, natural_key_fingerprint, \
+                source_row_number, file_hash IS NOT NULL AS has_hash";
+    let clean = lake_with(&server, "");
+    strict(&clean, "open, shipped");
+    assert_eq!(pull(&clean)["rows_failed"], 0);
+    let current = |t: &TestLake| t.query(&format!("SELECT {cols} FROM bronze.orders_current ORDER BY order_id"));
+    assert_eq!(current(&t), current(&clean));
+    // replaying again adds nothing; a failed or skipped run has nothing to replay
+    let out = t.run(&["replay", &original]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains("no failed rows left"), "{}", stdout(&out));
+    assert_eq!(runs(&t).len(), 2);
+    // the same response pulled again: every record is already there
+    let again = pull(&t);
+    assert_eq!(again["status"], "succeeded", "{again}");
+    assert_eq!((again["rows_inserted"].as_i64(), again["rows_updated"].as_i64()), (Some(0), Some(0)));
+    assert_eq!(again["rows_unchanged"], 25);
+    let out = t.run(&["pull", "orders", "--json"]);
+    let skipped: Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(skipped["status"], "skipped_duplicate_file");
+    let out = t.run(&["replay", skipped["run_id"].as_str().unwrap()]);
+    assert!(
+        stdout(&out).contains("is skipped_duplicate_file: it has no failed rows to replay (a failed run is retried by pulling orders again)"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
