@@ -1,6 +1,7 @@
 //! `ingot doctor --fix` for a damaged bronze data file: derive it again from its run's landing
-//! file. The landing file must still be what the run loaded (its SHA-256 equals the run's
-//! `file_hash`) and the contract the one the run was loaded under. The run's own pass runs again
+//! file (an API pull: the file it kept in the lake). The landing file must still be what the run
+//! loaded (its SHA-256, or a pull's typed records' hash, equals the run's `file_hash`) and the
+//! contract the one the run was loaded under. The run's own pass runs again
 //! ([`crate::ingest::rederive`]) against the source's log as it stood when the run took its slot
 //! (later runs do not count), with the run's stamps, into a scratch run's folder; the new file
 //! replaces the damaged one only if its counts equal the run's and, when the run recorded them,
@@ -51,7 +52,12 @@ pub async fn bronze_file(ws: &Workspace, source: &str, run_id: &str) -> Result<O
     if let Some(why) = other_contract(&contract, run) {
         return Ok(Outcome::Left(why));
     }
-    let landing = match Landing::open(run).await {
+    let opened = if run.pull.is_some() {
+        Landing::kept(&ws.lake, run).await
+    } else {
+        Landing::open(run).await
+    };
+    let landing = match opened {
         Ok(l) => l,
         Err(why) => return Ok(Outcome::Left(why)),
     };
@@ -128,14 +134,23 @@ fn other_contract(contract: &Contract, run: &RunRecord) -> Option<String> {
     None
 }
 
-/// A run's landing file, found and checked against the run's `file_hash`.
+/// A run's landing file, found and checked against the run's `file_hash`, or a pull's kept file.
 struct Landing {
-    /// The path or URL, as the run recorded it.
+    /// The path or URL, for messages.
     display: String,
-    /// The file to read: the landing file, or a local copy of a remote one.
+    /// What it is, for messages: `landing file` or `kept pull file`.
+    kind: &'static str,
+    /// The file to read: the landing file, or a local copy of a remote one or of a kept pull.
     path: PathBuf,
-    remote: bool,
-    _copy: Option<crate::ingest::landing::Scratch>,
+    /// The name the run read it under (its `file_path`) when `path` is a copy.
+    name: Option<String>,
+    _copy: Option<Copy>,
+}
+
+/// A local copy's scratch folder, removed with it.
+enum Copy {
+    Remote(#[allow(dead_code)] crate::ingest::landing::Scratch),
+    Kept(#[allow(dead_code)] tempfile::TempDir),
 }
 
 impl Landing {
@@ -161,8 +176,9 @@ impl Landing {
             }
             Landing {
                 display,
+                kind: "landing file",
                 path,
-                remote: false,
+                name: None,
                 _copy: None,
             }
         };
@@ -198,9 +214,48 @@ impl Landing {
             .map_err(|e| format!("landing file {url} cannot be read ({e})"))?;
         Ok(Landing {
             display: url.to_string(),
+            kind: "landing file",
             path: copy.path.clone(),
-            remote: true,
-            _copy: Some(copy),
+            name: Some(url.to_string()),
+            _copy: Some(Copy::Remote(copy)),
+        })
+    }
+
+    /// The file an API pull kept in the lake ([`crate::ingest::pull::layout_pull_file`]), copied
+    /// to a local scratch file. Its records are checked against the run's `file_hash` as they are
+    /// loaded again ([`crate::ingest::rederive`]): a pull's hash is of its typed records.
+    async fn kept(lake: &Lake, run: &RunRecord) -> std::result::Result<Landing, String> {
+        use futures::StreamExt as _;
+        use std::io::Write as _;
+        let rel = crate::ingest::pull::layout_pull_file(&run.source, &run.run_id);
+        let display = lake.url(&rel);
+        let cannot = |e: &dyn std::fmt::Display| format!("kept pull file {display} cannot be read ({e})");
+        let got = match lake.store.get(&lake.path(&rel)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(format!(
+                    "kept pull file {display} is gone: the pull's records can only be pulled again"
+                ));
+            }
+            Err(e) => return Err(cannot(&e)),
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("ingot-kept-pull-")
+            .tempdir()
+            .map_err(|e| cannot(&e))?;
+        let path = dir.path().join("pull.ndjson.gz");
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| cannot(&e))?);
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            out.write_all(&chunk.map_err(|e| cannot(&e))?).map_err(|e| cannot(&e))?;
+        }
+        out.flush().map_err(|e| cannot(&e))?;
+        Ok(Landing {
+            display,
+            kind: "kept pull file",
+            path,
+            name: Some(run.file_path.to_string()),
+            _copy: Some(Copy::Kept(dir)),
         })
     }
 }
@@ -243,21 +298,21 @@ async fn derive_locked(
         .unwrap_or(run.seq);
     history.retain(|r| r.seq < first);
     let before = crate::table::log::latest_per_id(history, |r| r.run_id.as_str(), |r| r.seq);
-    let name = landing.remote.then_some(landing.display.as_str());
+    let name = landing.name.as_deref();
     let derived = match crate::ingest::rederive(ws, contract, &landing.path, name, run, &before, scratch).await {
         Ok(d) => d,
         Err(e @ (Error::RunFailed(_) | Error::RunInterrupted(_))) => {
             return Ok(Outcome::Left(format!(
-                "deriving it again from landing file {} failed ({e}); the damaged file is left as it is",
-                landing.display
+                "deriving it again from {} {} failed ({e}); the damaged file is left as it is",
+                landing.kind, landing.display
             )));
         }
         Err(e) => return Err(e),
     };
     if let Some(why) = differs(run, &derived) {
         return Ok(Outcome::Left(format!(
-            "deriving it again from landing file {} gave {why}; the damaged file is left as it is",
-            landing.display
+            "deriving it again from {} {} gave {why}; the damaged file is left as it is",
+            landing.kind, landing.display
         )));
     }
     failpoint::hit("doctor.before_replace")?;
@@ -272,7 +327,8 @@ async fn derive_locked(
         None => "its run recorded no CRC-32: the counts match",
     };
     Ok(Outcome::Rederived(format!(
-        "bronze.{source}: re-derived run {run_id}'s file {rel} from its landing file {} ({} rows, {checked})",
+        "bronze.{source}: re-derived run {run_id}'s file {rel} from its {} {} ({} rows, {checked})",
+        landing.kind,
         landing.display,
         run.rows_written()
     )))

@@ -31,6 +31,8 @@ pub enum Committer {
     Build { table: String, build_id: String },
     /// A segment of a source's history cache.
     Segment { source: String },
+    /// The records an API pull kept ([`crate::ingest::pull::layout_pull_file`]).
+    Kept { source: String, run_id: String },
 }
 
 /// A committed file and what its commit recorded of it: its size and CRC-32 (none of either in
@@ -96,6 +98,7 @@ impl Damage {
             }
             Committer::Build { table, build_id } => format!("silver.{table}, build {build_id}"),
             Committer::Segment { source } => format!("bronze.{source}, a segment"),
+            Committer::Kept { source, run_id } => format!("the kept records of bronze.{source}, run {run_id}"),
         }
     }
 }
@@ -129,6 +132,19 @@ pub async fn committed_files(
                 r.failure_file,
                 by(false),
             ));
+        }
+        if r.pull.is_some() && r.replay_of.is_none() && r.status != crate::table::audit::RunStatus::SkippedDuplicateFile
+        {
+            // its size is the run's `file_bytes`; its CRC-32 is gzip's own, checked by `--verify`
+            out.push(Committed {
+                rel: crate::ingest::pull::layout_pull_file(&r.source, &r.run_id),
+                bytes: u64::try_from(r.file_bytes).ok(),
+                crc32: None,
+                by: Committer::Kept {
+                    source: r.source.to_string(),
+                    run_id: r.run_id.to_string(),
+                },
+            });
         }
     }
     // the files readers read of each table: those its current build names, stamped by the
@@ -200,6 +216,11 @@ fn fix_for(by: &Committer, runs: &[RunRecord]) -> String {
             undo_advice(source, run_id, runs)
         ),
         Committer::Run { source, run_id, .. } => undo_advice(source, run_id, runs),
+        Committer::Kept { source, run_id } => format!(
+            "it is read only to derive the run's bronze file again, which is whole: nothing is lost; for a whole \
+             copy, {}",
+            undo_advice(source, run_id, runs)
+        ),
     }
 }
 
@@ -226,7 +247,9 @@ fn undo_advice(source: &str, run_id: &str, runs: &[RunRecord]) -> String {
         .chain(later.iter())
         .map(|r| r.file_path.to_string())
         .collect();
-    if later.is_empty() {
+    if later.is_empty() && first.is_some_and(|r| r.pull.is_some()) {
+        format!("`ingot undo {run_id}`, then pull again (`ingot pull {source}`)")
+    } else if later.is_empty() {
         format!(
             "`ingot undo {run_id}`, then ingest its file again (`ingot ingest {source} {}`)",
             files.first().cloned().unwrap_or_default()
@@ -257,12 +280,22 @@ pub async fn check(
     let mut out = Vec::new();
     for f in files {
         let Some(&size) = sizes.get(&f.rel) else {
+            // a lost data file is the file checks' to report; nothing else knows of a kept pull
+            if let Committer::Kept { .. } = f.by {
+                out.push(Damage {
+                    rel: f.rel.clone(),
+                    by: f.by.clone(),
+                    what: "it is gone".into(),
+                    fix: fix_for(&f.by, runs),
+                });
+            }
             continue;
         };
         let committer = match &f.by {
             Committer::Run { .. } => "its run committed",
             Committer::Build { .. } => "its build wrote",
             Committer::Segment { .. } => "the segment manifest says",
+            Committer::Kept { .. } => "its run recorded",
         };
         let what = match (f.bytes, f.crc32) {
             (Some(bytes), _) if bytes != size => Some(format!("it is {size} bytes, {committer} {bytes}")),
@@ -274,6 +307,10 @@ pub async fn check(
                     )
                 })
             }
+            (_, None) if matches!(f.by, Committer::Kept { .. }) => match verify {
+                true => gzip_damage(lake, &f.rel).await?,
+                false => None,
+            },
             // recorded before checksums: at least a whole Parquet footer
             (_, None) => crate::table::parquet::check_footer(lake, &f.rel, size)
                 .await
@@ -291,6 +328,30 @@ pub async fn check(
         }
     }
     Ok(out)
+}
+
+/// What is wrong with a gzip file of the lake, read whole (its trailer's CRC-32 and length are
+/// checked against what it decompresses to), if anything.
+async fn gzip_damage(lake: &Lake, rel: &str) -> Result<Option<String>> {
+    use object_store::ObjectStoreExt;
+    use std::io::Write as _;
+    let got = lake
+        .store
+        .get(&lake.path(rel))
+        .await
+        .map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
+    let mut stream = got.into_stream();
+    let mut gz = flate2::write::GzDecoder::new(std::io::sink());
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
+        if let Err(e) = gz.write_all(&chunk) {
+            return Ok(Some(format!("it is not whole gzip ({e})")));
+        }
+    }
+    Ok(gz
+        .try_finish()
+        .err()
+        .map(|e| format!("it is not whole gzip ({e}): its bytes changed after they were written")))
 }
 
 /// The CRC-32 of a lake file, streamed.
@@ -408,7 +469,7 @@ pub async fn repair(ws: &crate::engine::session::Workspace, verify: bool) -> Res
                     undo_advice(source, run_id, &runs)
                 )));
             }
-            Committer::Run { .. } => {}
+            Committer::Run { .. } | Committer::Kept { .. } => {}
         }
     }
     for source in segments {

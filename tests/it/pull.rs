@@ -12,10 +12,10 @@ use serde_json::Value;
 use crate::api_server::{Reply, Request, Server};
 use crate::util::{LakeSnapshot, TestLake, assert_ok, files_under, sha256_hex, stderr, stdout};
 
-const SECRET: &str = "pull-secret-7d1c9e20-never-shown";
+pub(crate) const SECRET: &str = "pull-secret-7d1c9e20-never-shown";
 
 /// The vendor's data: `n` orders, revision `rev` changing status and amount of orders 3, 7, 11.
-fn records(n: usize, rev: u32) -> Vec<String> {
+pub(crate) fn records(n: usize, rev: u32) -> Vec<String> {
     (0..n)
         .map(|i| {
             let changed = rev > 0 && [3, 7, 11].contains(&i);
@@ -38,7 +38,7 @@ fn chrono_like(rev: u32, i: usize) -> String {
     format!("2026-12-0{}T0{}:00:0{}Z", 1 + rev % 8, i % 10, rev % 10)
 }
 
-fn contract(url: &str, extra: &str) -> String {
+pub(crate) fn contract(url: &str, extra: &str) -> String {
     format!(
         r#"source: orders
 version: 1
@@ -66,7 +66,7 @@ natural_key:
 
 /// A cursor-paginated vendor over `data` (shared, so a test can change it between pulls),
 /// `page` records a page, the records of each page in reverse order on odd revisions.
-fn vendor(data: Arc<Mutex<(Vec<String>, u32)>>, page: usize) -> impl FnMut(&Request) -> Reply + Send {
+pub(crate) fn vendor(data: Arc<Mutex<(Vec<String>, u32)>>, page: usize) -> impl FnMut(&Request) -> Reply + Send {
     move |req: &Request| {
         if req.param("api_key") != Some(SECRET) {
             return Reply::status(401, r#"{"error":"bad key"}"#);
@@ -92,20 +92,20 @@ fn vendor(data: Arc<Mutex<(Vec<String>, u32)>>, page: usize) -> impl FnMut(&Requ
     }
 }
 
-fn lake_with(server: &Server, extra: &str) -> TestLake {
+pub(crate) fn lake_with(server: &Server, extra: &str) -> TestLake {
     let mut t = TestLake::new();
     std::fs::write(t.contracts().join("orders.yaml"), contract(&server.url(), extra)).unwrap();
     t.envs.push(("ORDERS_KEY".into(), SECRET.into()));
     t
 }
 
-fn pull(t: &TestLake) -> Value {
+pub(crate) fn pull(t: &TestLake) -> Value {
     let out = t.run(&["pull", "orders", "--json"]);
     assert_ok(&out);
     serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap()
 }
 
-fn runs(t: &TestLake) -> Vec<BTreeMap<String, Value>> {
+pub(crate) fn runs(t: &TestLake) -> Vec<BTreeMap<String, Value>> {
     t.query("SELECT * FROM audit.ingestion_run_log ORDER BY started_at")
 }
 

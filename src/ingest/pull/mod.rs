@@ -170,7 +170,7 @@ async fn skip(ws: &Workspace, contract: &Contract, record: &mut RunRecord) -> Re
 
 /// The pull's file hash and the largest incremental cursor value among the records that typed:
 /// a pass over the file (parse, type, hash) before the load, whose rows are stamped with it.
-async fn hash_pull(
+pub(crate) async fn hash_pull(
     ws: &Workspace,
     contract: &Arc<Contract>,
     path: &Path,
