@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # The whole story on the bundled hotel-marketing data, run by run: bronze, silver, and an
-# incident (undo, replay, doctor, gc). Called by `make demo`.
+# incident (undo, replay, doctor, gc), and a vendor API pulled from a local server. Called by
+# `make demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INGOT="${INGOT:-ingot}"
 LAKE="${INGOT_LAKE:-data/lake}"
 export INGOT_LAKE="$LAKE"
 rm -rf "$LAKE"
+
+# scratch folders and the demo's vendor API server go when the demo ends, however it ends
+SCRATCH=$(mktemp -d)
+SERVER_PID=
+cleanup() {
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  rm -rf "$SCRATCH" "${FIXED:-}"
+}
+trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ ingot %s\n' "$*"; "$INGOT" "$@"; }
@@ -95,7 +105,6 @@ run sql "SELECT status, count(*) AS runs FROM audit.ingestion_run_log GROUP BY 1
 
 say "14. Rows rejected by a too-strict contract: allow booking_status 'tentative', replay day one"
 FIXED=$(mktemp -d)
-trap 'rm -rf "$FIXED"' EXIT
 cp contracts/*.yaml "$FIXED/"
 sed -i 's/allowed: \[confirmed, cancelled, no_show\]/allowed: [confirmed, cancelled, no_show, tentative]/' "$FIXED/bookings.yaml"
 DAY_ONE=$("$INGOT" sql "SELECT run_id FROM audit.ingestion_run_log WHERE file_path LIKE '%11-01_bookings.csv' AND replay_of IS NULL" --format csv | tail -n 1)
@@ -116,5 +125,47 @@ ls "$LAKE/silver/bookings/_delta_log"
 echo "   -> one Delta commit per build (and undo); DuckDB reads the same rows with"
 echo "      SELECT * FROM delta_scan('$LAKE/silver/bookings'), Spark with"
 echo "      spark.read.format(\"delta\").load(...), Python with deltalake.DeltaTable(...).scan()"
+
+say "17. A vendor API: the booking engine's orders, pulled page by page (one pull = one run)"
+echo "   scripts/api_server.py serves 2,000 orders in pages of 500 on loopback, behind a bearer"
+echo "   token; examples/api/orders.yaml is the contract (format: api), its base_url pointed at the"
+echo "   server's port (below, one folder holds it and contracts/). The token is read from"
+echo "   DEMO_VENDOR_TOKEN and never printed or stored."
+python3 scripts/api_server.py --port 0 --port-file "$SCRATCH/port" --records 2000 --page-size 500 \
+  --token demo-token >/dev/null &
+SERVER_PID=$!
+for _ in $(seq 100); do [ -s "$SCRATCH/port" ] && break; sleep 0.1; done
+[ -s "$SCRATCH/port" ] || { echo "the demo's API server did not start (scripts/api_server.py)" >&2; exit 1; }
+PORT=$(cat "$SCRATCH/port")
+mkdir -p "$SCRATCH/contracts"
+cp contracts/*.yaml "$SCRATCH/contracts/"
+sed "s#http://127.0.0.1:8765/v2#http://127.0.0.1:$PORT/v2#" examples/api/orders.yaml >"$SCRATCH/contracts/orders.yaml"
+export DEMO_VENDOR_TOKEN=demo-token
+api() { printf '$ ingot --contracts <contracts/ + examples/api> %s\n' "$*"; "$INGOT" --contracts "$SCRATCH/contracts" "$@"; }
+vendor_revision() {
+  python3 -c 'import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], data=sys.argv[2].encode(), method="POST"))' \
+    "http://127.0.0.1:$PORT/_control/revision" "{\"revision\": $1}"
+}
+api check
+api pull orders
+echo "   -> every page fetched, the records kept as one gzip NDJSON file beside the run's bronze file,"
+echo "      then loaded as an NDJSON file would be. Pulled again, nothing changed (only fetched_at,"
+echo "      which the contract marks volatile): a skipped run, no Parquet written"
+api pull orders
+echo "   -> the vendor corrects 3 orders; the next pull sends updated_since (the cursor the last"
+echo "      loaded pull committed, minus the 1h lookback) and writes only the 3 updates"
+vendor_revision 1
+api pull orders
+echo "   -> 2 new orders: the cursor moved to the corrected orders' updated_at, so this pull asks"
+echo "      only for the last hour's changes; the overlap loads as unchanged"
+vendor_revision 2
+api pull orders
+api sql "SELECT status, rows_seen, rows_inserted, rows_updated, rows_unchanged, pull_pages, pull_requests, pull_cursor FROM audit.ingestion_run_log WHERE source = 'orders' ORDER BY started_at"
+api sql "SELECT order_id, order_status, amount, updated_at FROM bronze.orders WHERE natural_key_fingerprint IN (SELECT natural_key_fingerprint FROM bronze.orders GROUP BY 1 HAVING count(*) > 1) ORDER BY order_id, updated_at"
+printf '$ ls %s/bronze/orders/run_id=*/\n' "$LAKE"
+ls "$LAKE"/bronze/orders/run_id=*/
+kill "$SERVER_PID" 2>/dev/null || true
+wait "$SERVER_PID" 2>/dev/null || true
+SERVER_PID=
 
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""

@@ -49,6 +49,13 @@ pub async fn run(cli: &Cli, args: &DoctorArgs) -> Result<ExitStatus> {
             "delta behind: {l}; the next command of it or `ingot delta sync` publishes the rest (not a violation)"
         );
     }
+    for source in &report.uncontracted {
+        crate::show!(
+            "not checked: bronze.{source}: the run log has runs of it and no contract in {} reads it; doctor \
+             with `--contracts` the folder holding {source}.yaml checks it (not a violation)",
+            ws.contracts_dir.display()
+        );
+    }
     for o in &report.orphans {
         crate::show!("orphan: {o}: no loaded run or succeeded build reads it (`ingot gc` removes it)");
     }

@@ -131,9 +131,12 @@ fn pulled(r: &RunRecord) -> String {
     } else {
         String::new()
     };
+    let n = |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     format!(
-        "; {} pages, {} requests{retried}, {} bytes",
-        p.pages, p.requests, p.bytes
+        "; {}, {}{retried}, {}",
+        n(p.pages, "page", "pages"),
+        n(p.requests, "request", "requests"),
+        n(p.bytes, "byte", "bytes")
     )
 }
 

@@ -64,6 +64,9 @@ pub struct DoctorReport {
     /// Delta tables behind the logs (a notice each: the next command of the source or table, or
     /// `ingot delta sync`, publishes what they lack).
     pub delta_lags: Vec<String>,
+    /// Sources with runs in the log and no contract here: their rows are not counted or keyed
+    /// (a notice each; another `--contracts` folder may have them).
+    pub uncontracted: Vec<String>,
 }
 
 /// What the file checks found lost: the query checks skip it, as it cannot be read.
@@ -73,11 +76,13 @@ struct Damaged {
     tables: BTreeSet<String>,
     /// Some failure file is missing: the failure counts are not checked.
     failures: bool,
+    /// Sources with no contract here: they cannot be read, so they are not checked.
+    uncontracted: BTreeSet<String>,
 }
 
 impl Damaged {
     fn has(&self, name: &str) -> bool {
-        self.tables.contains(name)
+        self.tables.contains(name) || self.uncontracted.contains(name)
     }
 }
 
@@ -208,6 +213,12 @@ pub async fn doctor_with(ws: &Workspace, verify: bool) -> Result<DoctorReport> {
         return Ok(report);
     }
     let catalog = crate::engine::catalog::open(ws).await?;
+    damaged.uncontracted = all_runs
+        .iter()
+        .map(|r| r.source.to_string())
+        .filter(|s| !catalog.contracts.contracts.contains_key(s))
+        .collect();
+    report.uncontracted = damaged.uncontracted.iter().cloned().collect();
     let runs = catalog.runs().await?;
     for contract in catalog.contracts.contracts.values() {
         if damaged.has(&contract.source) {

@@ -836,3 +836,138 @@ fn a_pulls_failed_records_are_replayed_alone_after_a_contract_fix_and_a_re_pull_
         stderr(&out)
     );
 }
+
+/// `scripts/api_server.py` serving on a free port (its port file read), killed when dropped.
+struct DemoServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for DemoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl DemoServer {
+    fn start(dir: &std::path::Path) -> DemoServer {
+        let port_file = dir.join("port");
+        let child = std::process::Command::new("python3")
+            .arg(crate::util::repo().join("scripts/api_server.py"))
+            .args(["--port", "0", "--records", "2000", "--page-size", "500", "--token", "demo-token"])
+            .arg("--port-file")
+            .arg(&port_file)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = DemoServer { child, port: 0 };
+        for _ in 0..300 {
+            if let Ok(p) = std::fs::read_to_string(&port_file)
+                && let Ok(p) = p.trim().parse()
+            {
+                server.port = p;
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("scripts/api_server.py did not write its port file");
+    }
+
+    fn revision(&self, k: u32) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let body = format!("{{\"revision\": {k}}}");
+        write!(
+            s,
+            "POST /_control/revision HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 204") || reply.starts_with("HTTP/1.0 204"), "{reply}");
+    }
+}
+
+/// The demo's API story (`make demo` step 17) with examples/api/orders.yaml against
+/// scripts/api_server.py: what the demo says happens does.
+#[test]
+fn the_demo_api_source_loads_skips_and_takes_the_vendors_corrections_as_the_demo_says() {
+    let mut t = TestLake::new();
+    let server = DemoServer::start(t.dir.path());
+    let contract = std::fs::read_to_string(crate::util::repo().join("examples/api/orders.yaml"))
+        .unwrap()
+        .replace("http://127.0.0.1:8765/v2", &format!("http://127.0.0.1:{}/v2", server.port));
+    std::fs::write(t.contracts().join("orders.yaml"), contract).unwrap();
+    assert_ok(&t.run(&["check"]));
+    t.envs.push(("DEMO_VENDOR_TOKEN".into(), "demo-token".into()));
+    let base = || {
+        t.query(
+            "SELECT order_id, customer, order_status, amount, currency, updated_at FROM bronze.orders_current \
+             WHERE order_id IN (100007, 100011, 100013) ORDER BY order_id",
+        )
+    };
+    pull(&t);
+    let before = base();
+    assert_eq!(t.run(&["pull", "orders"]).status.code(), Some(0));
+    server.revision(1);
+    pull(&t);
+    server.revision(2);
+    pull(&t);
+    let log = t.query(
+        "SELECT status, rows_seen, rows_inserted, rows_updated, rows_unchanged, pull_pages, pull_cursor \
+         FROM audit.ingestion_run_log ORDER BY started_at",
+    );
+    let got: Vec<String> = log
+        .iter()
+        .map(|r| {
+            [
+                "status",
+                "rows_seen",
+                "rows_inserted",
+                "rows_updated",
+                "rows_unchanged",
+                "pull_pages",
+                "pull_cursor",
+            ]
+            .iter()
+            .map(|c| r[*c].to_string().trim_matches('"').to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "succeeded 2000 2000 0 0 4 2026-11-01T00:33:19Z",
+            "skipped_duplicate_file 0 0 0 0 4 2026-11-01T00:33:19Z",
+            "succeeded 2000 0 3 1997 4 2026-12-01T00:00:13Z",
+            "succeeded 5 2 0 3 1 2026-12-01T00:33:21Z",
+        ]
+    );
+    // each correction: the next status, amount + 10.01, updated_at moved to 2026-12-01 (the
+    // server's documented revision 1), every other field as before
+    let statuses = ["open", "shipped", "cancelled", "returned"];
+    let want: Vec<BTreeMap<String, Value>> = before
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            let i = r["order_id"].as_i64().unwrap() - 100000;
+            let s = statuses.iter().position(|s| *s == r["order_status"].as_str().unwrap()).unwrap();
+            r.insert("order_status".into(), statuses[(s + 1) % 4].into());
+            let amount = r["amount"].to_string();
+            let cents = (amount.trim_matches('"').parse::<f64>().unwrap() * 100.0).round() as i64 + 1001;
+            let text = format!("{}.{:02}", cents / 100, cents % 100);
+            // decimals come back as JSON numbers or text: keep the query's own form
+            r.insert("amount".into(), serde_json::from_str(&amount.replace(amount.trim_matches('"'), &text)).unwrap());
+            r.insert("updated_at".into(), format!("2026-12-01T00:00:{i:02}Z").into());
+            r
+        })
+        .collect();
+    assert_eq!(base(), want);
+    assert_eq!(
+        t.query("SELECT order_id FROM bronze.orders_current WHERE order_id >= 102000 ORDER BY 1"),
+        t.query("SELECT * FROM (VALUES (102000), (102001)) AS v(order_id)")
+    );
+}

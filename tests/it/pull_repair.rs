@@ -156,3 +156,22 @@ fn doctor_finds_a_kept_pull_file_cut_short_altered_or_gone_and_the_tables_still_
     let (code, said) = doctor(&t, &["--verify"]);
     assert_eq!(code, Some(0), "{said}");
 }
+
+/// A lake whose API source's contract lives in another folder (the demo's): doctor checks the
+/// rest and says which source it could not read, instead of counting its files as empty.
+#[test]
+fn doctor_without_a_sources_contract_says_it_did_not_check_it_and_finds_nothing_amiss() {
+    let (_server, t, _runs) = two_pulls();
+    // the API source's contract moved out of the lake's contracts folder
+    std::fs::rename(t.contracts().join("orders.yaml"), t.dir.path().join("orders.yaml")).unwrap();
+    let (code, said) = doctor(&t, &["--verify"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "not checked: bronze.orders: the run log has runs of it and no contract in {} reads it",
+            t.contracts().display()
+        )),
+        "{said}"
+    );
+    assert!(said.contains(" 0 violations"), "{said}");
+}
