@@ -105,10 +105,12 @@ async fn run(
         .map_err(|e| Error::io("a scratch folder for the pull", e))?;
     let path = scratch.path().join("pull.ndjson.gz");
     let mut file = PullFile::create(&path)?;
-    let fetched = {
-        let mut sink = |lines: Vec<u8>| file.write(lines);
-        pages::fetch(&mut client, api, source, sent, validators, &mut sink).await
+    let fetched = match file.tx.take() {
+        Some(tx) => pages::fetch(&mut client, api, source, sent, validators, &tx).await,
+        None => Err(Error::Internal("the pull file has no writer".into())),
     };
+    // the writer's own error (a full disk) is the cause of a send that failed
+    let written = file.finish();
     let c = &client.counters;
     let stats = PullStats {
         requests: c.requests,
@@ -121,8 +123,8 @@ async fn run(
         last_modified: None,
     };
     record.pull = Some(stats);
+    written?;
     let fetched = fetched?;
-    file.finish()?;
     failpoint::hit("pull.after_fetch")?;
     if let Some(p) = record.pull.as_mut() {
         p.etag = fetched.etag.clone().map(Into::into);
@@ -244,9 +246,10 @@ async fn keep_file(ws: &Workspace, path: &Path, rel: &str) -> Result<()> {
     Ok(())
 }
 
-/// The pull's records, gzip-compressed on a thread of their own while pages arrive.
+/// The pull's records, gzip-compressed on a thread of their own while pages arrive (a bounded
+/// channel: the fetch waits while the writer is behind).
 struct PullFile {
-    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    tx: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
     done: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     path: String,
 }
@@ -254,12 +257,12 @@ struct PullFile {
 impl PullFile {
     fn create(path: &Path) -> Result<PullFile> {
         let f = std::fs::File::create(path).map_err(|e| Error::io(path.display(), e))?;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
         let done = std::thread::Builder::new()
             .name("ingot-pull-file".into())
             .spawn(move || {
                 let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(f), flate2::Compression::fast());
-                for lines in rx {
+                while let Some(lines) = rx.blocking_recv() {
                     gz.write_all(&lines)?;
                 }
                 let mut w = gz.finish()?;
@@ -272,15 +275,6 @@ impl PullFile {
             done: Some(done),
             path: path.display().to_string(),
         })
-    }
-
-    fn write(&mut self, lines: Vec<u8>) -> Result<()> {
-        let sent = self.tx.as_ref().map(|tx| tx.send(lines));
-        match sent {
-            Some(Ok(())) => Ok(()),
-            // the thread stopped: its error is the one to report
-            _ => self.finish(),
-        }
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -210,14 +210,14 @@ fn link_next(headers: &HeaderMap, base: &url::Url) -> Option<url::Url> {
     None
 }
 
-/// Fetch every page, handing each page's record lines to `sink` as they come.
+/// Fetch every page, sending each page's record lines to `sink` as they come.
 pub async fn fetch(
     client: &mut Client,
     api: &Api,
     source: &str,
     incremental: Option<(String, String)>,
     validators: (Option<String>, Option<String>),
-    sink: &mut (dyn FnMut(Vec<u8>) -> Result<()> + Send),
+    sink: &tokio::sync::mpsc::Sender<Vec<u8>>,
 ) -> Result<Fetched> {
     let first = first_url(api)?;
     let mut url = first.clone();
@@ -306,7 +306,10 @@ pub async fn fetch(
         previous_page = Some(digest);
         out.pages += 1;
         out.records += count as u64;
-        sink(lines)?;
+        // waits (without blocking the thread) while the file's writer is behind
+        sink.send(lines)
+            .await
+            .map_err(|_| Error::Internal("the pull file's writer stopped".into()))?;
         let root: Option<&RawValue> = std::str::from_utf8(&resp.body)
             .ok()
             .and_then(|t| serde_json::from_str(t).ok());
