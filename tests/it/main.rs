@@ -35,6 +35,7 @@ mod nightly;
 mod ops;
 mod power;
 mod pull;
+mod pull_kinds;
 mod pull_repair;
 mod rederive;
 mod rekey;

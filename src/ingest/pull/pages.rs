@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::ingest::pull::http::Client;
-use crate::spec::contract::api::{Api, Method, PageStop, Pagination, RecordsPath, Step, ValuePath};
+use crate::spec::contract::api::{Api, Method, PageStop, Pagination, RecordsPath, Step, ValuePath, parse_value_path};
 
 /// What [`fetch`] got.
 #[derive(Debug, Default)]
@@ -106,9 +106,63 @@ pub fn minify(raw: &str, out: &mut Vec<u8>) {
     }
 }
 
-/// The records of one response, each minified and followed by `\n`, appended to `out`; their
-/// count. `Err`: the body is not JSON (the reason).
-pub fn records(body: &[u8], path: &RecordsPath, out: &mut Vec<u8>) -> std::result::Result<usize, String> {
+/// The members of an array, or of an object; `None` for another value.
+fn members(v: &RawValue) -> Option<std::result::Result<Vec<&RawValue>, serde_json::Error>> {
+    match v.get().as_bytes().first() {
+        Some(b'[') => Some(serde_json::from_str(v.get())),
+        Some(b'{') => {
+            Some(serde_json::from_str::<Members<'_>>(v.get()).map(|m| m.0.into_iter().map(|(_, v)| v).collect()))
+        }
+        _ => None,
+    }
+}
+
+/// For a records path that filters or slices one array (`$.data[?@.kind == 'order']`,
+/// `$.data[1:]`): the steps to that array, whose members are what the server sent as the page.
+fn filtered_array(text: &str) -> Option<Vec<Step>> {
+    if parse_value_path(text).is_some() {
+        return None;
+    }
+    text.char_indices().filter(|&(_, c)| c == '[').find_map(|(i, _)| {
+        let steps = parse_value_path(&text[..i])?;
+        one_selection(&text[i..]).then_some(steps)
+    })
+}
+
+/// `rest` is one bracketed selection: its `[` closes at its very end (quotes skipped).
+fn one_selection(rest: &str) -> bool {
+    let (mut depth, mut quote, mut escaped) = (0usize, None, false);
+    for (i, c) in rest.char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '[' | '(' => depth += 1,
+            ']' | ')' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1 == rest.len();
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The records of one response, each minified and followed by `\n`, appended to `out`: their
+/// count, and the page's size as the server sent it, which pagination goes by (a filter such as
+/// `$.data[?@.kind == 'order']` keeps fewer records than the page holds: the page's size is then
+/// the array's). `Err`: the body is not JSON (the reason).
+pub fn records(body: &[u8], path: &RecordsPath, out: &mut Vec<u8>) -> std::result::Result<(usize, usize), String> {
     let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8 ({e})"))?;
     let root: &RawValue = serde_json::from_str(text).map_err(|e| format!("the body is not JSON ({e})"))?;
     let mut n = 0;
@@ -119,19 +173,11 @@ pub fn records(body: &[u8], path: &RecordsPath, out: &mut Vec<u8>) -> std::resul
     };
     if let Some(steps) = &path.simple {
         // `$.a.b[*]`: the members of the array (or object) the steps name; absent or null: none
-        let Some(at) = walk(root, steps) else { return Ok(0) };
-        match at.get().as_bytes().first() {
-            Some(b'[') => {
-                let a: Vec<&RawValue> = serde_json::from_str(at.get()).map_err(|e| e.to_string())?;
-                a.into_iter().for_each(|v| push(v, out));
-            }
-            Some(b'{') => {
-                let m: Members<'_> = serde_json::from_str(at.get()).map_err(|e| e.to_string())?;
-                m.0.into_iter().for_each(|(_, v)| push(v, out));
-            }
-            _ => {}
+        let Some(at) = walk(root, steps) else { return Ok((0, 0)) };
+        if let Some(m) = members(at) {
+            m.map_err(|e| e.to_string())?.into_iter().for_each(|v| push(v, out));
         }
-        return Ok(n);
+        return Ok((n, n));
     }
     // any other query: evaluated on the parsed body, each match then read raw at its location
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("the body is not JSON ({e})"))?;
@@ -147,7 +193,14 @@ pub fn records(body: &[u8], path: &RecordsPath, out: &mut Vec<u8>) -> std::resul
             push(v, out);
         }
     }
-    Ok(n)
+    let sent = match filtered_array(&path.text)
+        .and_then(|steps| walk(root, &steps))
+        .and_then(members)
+    {
+        Some(m) => m.map_err(|e| e.to_string())?.len(),
+        None => n,
+    };
+    Ok((n, sent.max(n)))
 }
 
 /// The URL of the first page: `base_url` and `path` joined, then `params` in file order.
@@ -177,10 +230,20 @@ fn request(api: &Api, url: &url::Url, set: &[(String, String)]) -> (url::Url, Op
             (u, None)
         }
         Method::Post { body } => {
+            // the pagination's own numbers (page, offset, limit) are JSON numbers; a cursor is text
+            let number = |k: &str| match &api.pagination {
+                Pagination::PageNumber { param, .. } => k == param,
+                Pagination::Offset { param, limit_param, .. } => k == param || k == limit_param,
+                _ => false,
+            };
             let mut v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!({}));
             if let Some(o) = v.as_object_mut() {
                 for (k, val) in set {
-                    o.insert(k.clone(), serde_json::Value::String(val.clone()));
+                    let val = match val.parse::<i64>() {
+                        Ok(n) if number(k) => serde_json::Value::from(n),
+                        _ => serde_json::Value::String(val.clone()),
+                    };
+                    o.insert(k.clone(), val);
                 }
             }
             (url.clone(), Some(v))
@@ -285,7 +348,7 @@ pub async fn fetch(
             out.last_modified = header(reqwest::header::LAST_MODIFIED);
         }
         let mut lines = Vec::with_capacity(resp.body.len());
-        let count = records(&resp.body, &api.records, &mut lines).map_err(|why| {
+        let (count, sent) = records(&resp.body, &api.records, &mut lines).map_err(|why| {
             Error::RunInterrupted(format!(
                 "{source}: {shown}: {why}; nothing was published, the next pull starts over"
             ))
@@ -324,7 +387,7 @@ pub async fn fetch(
             &url,
             &resp.headers,
             root,
-            count,
+            sent,
         )?;
         let Some(next) = next else { return Ok(out) };
         if matches!(api.pagination, Pagination::NextUrl { .. } | Pagination::LinkHeader) {
@@ -372,6 +435,29 @@ fn next_url(
     Ok(u)
 }
 
+/// `stop: total`: the total of `what` (pages or records) the first page gives at `path`. A page
+/// with records and no such number fails the pull: the contract's path is wrong (or the vendor
+/// moved it), and ending on an empty page instead could end it short or never.
+fn read_total(
+    root: Option<&RawValue>,
+    path: &ValuePath,
+    count: usize,
+    what: &str,
+    source: &str,
+    shown: &str,
+) -> Result<Option<u64>> {
+    let total = root.and_then(|r| value_text(r, path)).and_then(|t| t.parse().ok());
+    if total.is_none() && count > 0 {
+        return Err(Error::RunFailed(format!(
+            "{source}: {shown}: api.pagination.total_path \"{}\" names no number in the response (stop: total \
+             needs the number of {what} there); give the path of that number, or use stop: empty; nothing was \
+             published",
+            path.text
+        )));
+    }
+    Ok(total)
+}
+
 /// The state of a pull's walk over its pages.
 struct Walk {
     first: url::Url,
@@ -403,7 +489,7 @@ fn next_request(
         Pagination::None => None,
         Pagination::PageNumber { param, start, stop } => {
             if let (PageStop::Total(p), None) = (stop, w.total) {
-                w.total = root.and_then(|r| value_text(r, p)).and_then(|t| t.parse().ok());
+                w.total = read_total(root, p, count, "pages", source, shown)?;
             }
             let last = match (stop, w.total) {
                 (PageStop::Total(_), Some(t)) => w.page_no >= start + t as i64 - 1,
@@ -421,7 +507,7 @@ fn next_request(
         }
         Pagination::Offset { param, stop, .. } => {
             if let (PageStop::Total(p), None) = (stop, w.total) {
-                w.total = root.and_then(|r| value_text(r, p)).and_then(|t| t.parse().ok());
+                w.total = read_total(root, p, count, "records", source, shown)?;
             }
             // by the records received, so a server that caps the page size skips nothing
             w.offset += count as u64;
@@ -481,7 +567,7 @@ mod tests {
             {"id":2} ], "meta": {"next": null}}"#;
         for p in ["$.data[*]", "$.data[?@.id]", "$..data[*]"] {
             let mut out = Vec::new();
-            assert_eq!(records(body, &path(p), &mut out), Ok(2), "{p}");
+            assert_eq!(records(body, &path(p), &mut out), Ok((2, 2)), "{p}");
             assert_eq!(
                 String::from_utf8(out).unwrap(),
                 "{\"id\":9007199254740993,\"s\":\"a b\\\" , c\",\"n\":12.50}\n{\"id\":2}\n",
@@ -489,13 +575,33 @@ mod tests {
             );
         }
         let mut out = Vec::new();
-        assert_eq!(records(br#"{"meta":{}}"#, &path("$.data[*]"), &mut out), Ok(0));
+        assert_eq!(records(br#"{"meta":{}}"#, &path("$.data[*]"), &mut out), Ok((0, 0)));
         assert!(
             records(b"{\"data\": [", &path("$.data[*]"), &mut out)
                 .unwrap_err()
                 .contains("not JSON")
         );
         assert!(records(b"<html>", &path("$.data[*]"), &mut out).is_err());
+    }
+
+    #[test]
+    fn a_filtered_page_counts_what_the_server_sent() {
+        let body = br#"{"data": [{"k": "a"}, {"k": "b"}, {"k": "a"}], "g": [{"o": [1, 2]}, {"o": [3]}]}"#;
+        for (p, want) in [
+            ("$.data[?@.k == 'a']", (2, 3)),
+            ("$.data[?@.k == 'c']", (0, 3)),
+            ("$.data[1:]", (2, 3)),
+            ("$['data'][?(@.k == 'b' || @.k == ']')]", (1, 3)),
+            ("$.g[*].o[*]", (3, 3)),
+            ("$..o[*]", (3, 3)),
+            ("$.data[0]", (1, 1)),
+            ("$.nope[?@.k]", (0, 0)),
+        ] {
+            assert_eq!(records(body, &path(p), &mut Vec::new()), Ok(want), "{p}");
+        }
+        assert_eq!(filtered_array("$.a['x[?y]'][?@.z]"), parse_value_path("$.a['x[?y]']"));
+        assert_eq!(filtered_array("$.a[?@.z].b"), None);
+        assert_eq!(filtered_array("$.a[?@.z][0]"), None);
     }
 
     #[test]

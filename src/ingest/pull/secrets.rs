@@ -159,12 +159,15 @@ impl Credentials {
             Credentials::None => vec![],
             Credentials::Bearer(s) => vec![s.0.clone()],
             Credentials::ApiKeyHeader { key, .. } | Credentials::ApiKeyQuery { key, .. } => vec![key.0.clone()],
-            Credentials::Basic { username, password } => vec![username.0.clone(), password.0.clone()],
+            // and the header that carries both, which a server may echo back
+            Credentials::Basic { username, password } => {
+                vec![username.0.clone(), password.0.clone(), basic_pair(username, password)]
+            }
             Credentials::OAuth2 {
                 client_id,
                 client_secret,
                 ..
-            } => vec![client_id.0.clone(), client_secret.0.clone()],
+            } => vec![client_id.0.clone(), client_secret.0.clone(), basic_pair(client_id, client_secret)],
         }
     }
 
@@ -175,6 +178,12 @@ impl Credentials {
             _ => None,
         }
     }
+}
+
+/// `user:password` as HTTP Basic sends it (RFC 7617): base64, without the `Basic ` in front.
+fn basic_pair(user: &Secret, password: &Secret) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, password.0))
 }
 
 /// Removes secrets from every text a pull shows: each secret's value (and its form as a URL
@@ -271,6 +280,15 @@ mod tests {
         assert_eq!(
             r.text("token s3cr3t/+=value and s3cr3t%2F%2B%3Dvalue"),
             "token *** and ***"
+        );
+        let basic = Credentials::Basic {
+            username: Secret("svc".into()),
+            password: Secret("open sesame".into()),
+        };
+        assert_eq!(
+            Redactor::new(&basic).text("got: Basic c3ZjOm9wZW4gc2VzYW1l"),
+            "got: Basic ***",
+            "the header a server echoes"
         );
         let mut r = Redactor::default();
         r.add("abc");
