@@ -37,6 +37,8 @@ mod power;
 mod pull;
 mod pull_kinds;
 mod pull_repair;
+#[cfg(feature = "s3")]
+mod pull_s3;
 mod rederive;
 mod rekey;
 mod replay;

@@ -38,7 +38,7 @@ fn moto_server() -> PathBuf {
 }
 
 /// A moto S3 server on a free loopback port; killed (by its pid) when dropped.
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
     port: u16,
 }
@@ -51,7 +51,7 @@ impl Drop for Moto {
 }
 
 impl Moto {
-    fn start() -> Moto {
+    pub(crate) fn start() -> Moto {
         let bin = moto_server();
         for _ in 0..5 {
             let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -79,7 +79,7 @@ impl Moto {
     }
 
     /// One plain HTTP request; the response, or `None` when the server is not listening yet.
-    fn http(&self, method: &str, path: &str) -> Option<String> {
+    pub(crate) fn http(&self, method: &str, path: &str) -> Option<String> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         write!(
@@ -115,7 +115,7 @@ impl Moto {
 
     /// The same as object_store options, for in-process lakes (tests do not change their
     /// process environment).
-    fn options(&self) -> Vec<(String, String)> {
+    pub(crate) fn options(&self) -> Vec<(String, String)> {
         vec![
             ("aws_endpoint".into(), self.endpoint()),
             ("aws_access_key_id".into(), "testing".into()),
@@ -147,7 +147,7 @@ impl Moto {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -156,7 +156,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A test lake on `s3://<bucket>/lake` of `moto` (contracts copied locally as for every TestLake).
-fn s3_lake(moto: &Moto, bucket: &str) -> TestLake {
+pub(crate) fn s3_lake(moto: &Moto, bucket: &str) -> TestLake {
     moto.create_bucket(bucket);
     let mut t = TestLake::new();
     t.lake_url = Some(format!("s3://{bucket}/lake"));
