@@ -35,7 +35,7 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
     };
     let mut unknown = Vec::new();
     for (j, name) in names.iter().enumerate() {
-        match contract.field_index(name) {
+        match contract.input_index(name) {
             Some(i) if map.field_column[i].is_some() => {
                 return Err(Error::RunFailed(format!(
                     "{at}: column \"{name}\" appears twice (columns {} and {})",
@@ -69,7 +69,7 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
                     if unknown.len() > 1 { "s" } else { "" },
                     quoted(&unknown),
                     contract.path.display(),
-                    contract.field_names().join(", ")
+                    contract.input_names().join(", ")
                 )));
             }
             UnknownFields::Ignore => map.ignored = unknown,
@@ -84,7 +84,7 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
         .filter(|(f, c)| !f.may_be_missing && c.is_none())
         .map(|(f, _)| f)
         .collect();
-    let missing: Vec<&str> = absent.iter().filter(|f| f.required).map(|f| f.name.as_str()).collect();
+    let missing: Vec<&str> = absent.iter().filter(|f| f.required).map(|f| f.input_name()).collect();
     if !missing.is_empty() {
         return Err(Error::RunFailed(format!(
             "{at}: required column{} {} missing; the columns are: {}",
@@ -93,15 +93,15 @@ pub fn match_columns(contract: &Contract, names: &[String], at: &str) -> Result<
             names.join(", ")
         )));
     }
-    let absent: Vec<&str> = absent.iter().map(|f| f.name.as_str()).collect();
+    let absent: Vec<&str> = absent.iter().map(|f| f.input_name()).collect();
     if !absent.is_empty() {
         let renamed = if map.ignored.is_empty() {
             String::new()
         } else {
             format!(
-                "; the file has column{} the contract does not declare: {} (renamed upstream? then \
-                 rename the field in the contract and add `renamed_from: {}` to it, so the runs loaded \
-                 before read under the new name)",
+                "; the file has column{} the contract does not declare: {} (renamed upstream? then give \
+                 the field `source_name: <its new name>`, or rename the field in the contract and add \
+                 `renamed_from: {}` to it, so the runs loaded before read under the new name)",
                 if map.ignored.len() > 1 { "s" } else { "" },
                 quoted(&map.ignored),
                 absent[0]

@@ -104,12 +104,12 @@ impl NdjsonLoader {
         };
         self.objects += 1;
         for (i, f) in self.contract.fields.iter().enumerate() {
-            if !self.seen[i] && obj.contains_key(&f.name) {
+            if !self.seen[i] && obj.contains_key(f.input_name()) {
                 self.seen[i] = true;
             }
         }
         for key in obj.keys() {
-            if self.contract.field_index(key).is_none() {
+            if self.contract.input_index(key).is_none() {
                 match self.contract.unknown_fields {
                     UnknownFields::Reject => {
                         return Err(Error::RunFailed(format!(
@@ -117,7 +117,7 @@ impl NdjsonLoader {
                              Add the field to the contract or set unknown_fields: ignore",
                             self.display,
                             self.contract.path.display(),
-                            self.contract.field_names().join(", ")
+                            self.contract.input_names().join(", ")
                         )));
                     }
                     UnknownFields::Ignore => {
@@ -132,7 +132,7 @@ impl NdjsonLoader {
             .contract
             .fields
             .iter()
-            .map(|f| match obj.get(&f.name).map(|r| r.get()) {
+            .map(|f| match obj.get(f.input_name()).map(|r| r.get()) {
                 None | Some("null") => Scalar::Null,
                 Some(raw) if raw.starts_with('"') => match serde_json::from_str::<Cow<'_, str>>(raw) {
                     Ok(s) => Scalar::Text(s),
@@ -227,7 +227,7 @@ impl Loader for NdjsonLoader {
             .iter()
             .zip(&self.seen)
             .filter(|(f, seen)| !**seen && !f.may_be_missing)
-            .map(|(f, _)| f.name.as_str())
+            .map(|(f, _)| f.input_name())
             .collect();
         if self.objects == 0 || absent.is_empty() {
             return None;
@@ -237,8 +237,8 @@ impl Loader for NdjsonLoader {
             String::new()
         } else {
             format!(
-                "; the records have keys the contract does not declare: {} (renamed upstream? then rename the \
-                 field in the contract and add `renamed_from: {}` to it)",
+                "; the records have keys the contract does not declare: {} (renamed upstream? then give the field \
+                 `source_name: <its new key>`, or rename the field and add `renamed_from: {}` to it)",
                 quoted(self.ignored.iter().map(String::as_str).collect()),
                 absent[0]
             )

@@ -4,17 +4,16 @@
 //! A landing file is *new* unless a run of its source already has the same file name and file
 //! hash, with a status other than `failed` (a file that failed for its content is retried only
 //! after the contract version changes; one that failed for a passing cause, class `transient`,
-//! is retried by the next job). Files are ingested per source in sorted order, one run each, so a re-sent
-//! copy under another name is recorded as `skipped_duplicate_file` once. A table is built
+//! is retried by the next job). Files are ingested per source in sorted order, one run each, so a
+//! re-sent copy under another name is recorded as `skipped_duplicate_file` once. A table is built
 //! (incrementally) when this job loaded data into its source or one of its `resolve` lookups, when
 //! it has no succeeded build with its latest rules version yet, or when its latest build no longer
 //! shows the committed state of its inputs, whatever changed them (a manual ingest, undo, replay or
 //! rekey, a build that was killed or failed): the job heals. Running the job twice in a row
 //! changes no data the second time. A source with a held run (docs/operations.md#held-runs) loads
 //! no further files until the run is published or discarded: they wait, so that versions commit
-//! in file order. The landing folder can be local or `s3://bucket/prefix`
-//! ([`crate::ingest::landing`]). Every API source is pulled once a job (one run each), before the
-//! landing files, several at a time ([`PullPlan`]).
+//! in file order. The landing folder can be local or `s3://` ([`crate::ingest::landing`]). Every
+//! API source is pulled once a job, before the landing files, several at once ([`PullPlan`]).
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -335,8 +335,9 @@ natural_key: {version: 1, fields: [id]}
     let want = format!(
         "{}:1: header: declared column \"amount\" missing, so it would be null in every record; the \
          columns are: id, amt, note; the file has column the contract does not declare: \"amt\" \
-         (renamed upstream? then rename the field in the contract and add `renamed_from: amount` to it, \
-         so the runs loaded before read under the new name). A field that files may lack \
+         (renamed upstream? then give the field `source_name: <its new name>`, or rename the field in the \
+         contract and add `renamed_from: amount` to it, so the runs loaded before read under the new name). \
+         A field that files may lack \
          says `missing: null` in {}",
         renamed.display(),
         t.contracts().join("spend.yaml").display()
@@ -364,6 +365,28 @@ natural_key: {version: 1, fields: [id]}
             r#"{"amount":"3.00","id":"c","note":"<null>"}"#,
         ]
     );
+
+    // the rename itself, read through `source_name` (a header with a space too)
+    let contract = std::fs::read_to_string(t.contracts().join("spend.yaml")).unwrap();
+    std::fs::write(
+        t.contracts().join("spend.yaml"),
+        contract
+            .replace("{name: amount, type: \"decimal(10,2)\"}", "{name: amount, type: \"decimal(10,2)\", source_name: amt}")
+            .replace("{name: id, type: string, required: true}", "{name: id, type: string, required: true, source_name: Spend Id}"),
+    )
+    .unwrap();
+    let respelled = t.dir.path().join("respelled.csv");
+    std::fs::write(&respelled, "Spend Id,amt,note\na,9.99,x\n").unwrap();
+    let out = t.ingest_ok("spend", &respelled);
+    assert!(out.contains("1 rows seen: 0 inserted, 1 updated"), "{out}");
+    let rows = t.query("SELECT id, CAST(amount AS VARCHAR) AS amount FROM bronze.spend_current WHERE id = 'a'");
+    assert_eq!(serde_json::to_string(&rows[0]).unwrap(), r#"{"amount":"9.99","id":"a"}"#);
+    // the old header names are no longer the fields' names in the input
+    let old_names = t.dir.path().join("old_names.csv");
+    std::fs::write(&old_names, "id,amount,note\nd,4.00,w\n").unwrap();
+    let out = t.ingest("spend", &old_names);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("required column \"Spend Id\" missing"), "{}", stdout(&out));
 }
 
 #[test]
@@ -423,8 +446,9 @@ natural_key: {version: 1, fields: [id]}
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let want = format!(
         "{}: no record has the declared key \"amount\", so it would be null in every record; the records have \
-         keys the contract does not declare: \"amt\" (renamed upstream? then rename the field in the contract and \
-         add `renamed_from: amount` to it). A field that records may lack says `missing: null` in {}",
+         keys the contract does not declare: \"amt\" (renamed upstream? then give the field `source_name: <its new \
+         key>`, or rename the field and add `renamed_from: amount` to it). A field that records may lack says \
+         `missing: null` in {}",
         renamed.display(),
         t.contracts().join("events.yaml").display()
     );
@@ -435,4 +459,18 @@ natural_key: {version: 1, fields: [id]}
     let failed = t.query("SELECT status, error FROM audit.ingestion_run_log WHERE status = 'failed'");
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["error"], serde_json::Value::from(want));
+
+    // the first fix the message offers: the field reads the new key, under its own name
+    let contract = std::fs::read_to_string(t.contracts().join("events.yaml")).unwrap();
+    std::fs::write(
+        t.contracts().join("events.yaml"),
+        contract.replace("{name: amount, type: int32}", "{name: amount, type: int32, source_name: amt}"),
+    )
+    .unwrap();
+    let out = t.ingest_ok("events", &renamed);
+    assert!(out.contains("2 rows seen: 1 inserted, 1 updated, 0 unchanged, 0 failed"), "{out}");
+    assert_eq!(
+        t.query("SELECT id, amount FROM bronze.events_current ORDER BY id"),
+        t.query("SELECT * FROM (VALUES ('a', 5), ('b', NULL), ('c', 6)) AS v(id, amount)")
+    );
 }

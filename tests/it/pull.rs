@@ -971,3 +971,67 @@ fn the_demo_api_source_loads_skips_and_takes_the_vendors_corrections_as_the_demo
         t.query("SELECT * FROM (VALUES (102000), (102001)) AS v(order_id)")
     );
 }
+
+/// A vendor's own key names (camelCase, and `status`, which ingot reserves for itself) are read, as sent
+/// into the contract's fields with `source_name`; `ingot check` refuses two fields reading one key.
+#[test]
+fn vendor_keys_in_camel_case_or_reserved_are_read_through_source_name() {
+    let server = Server::start(|_: &Request| {
+        Reply::json(
+            r#"{"items": [
+              {"orderId": 1, "status": "OPEN", "totalAmount": "10.50", "updatedAt": "2026-11-01T10:00:00Z"},
+              {"orderId": 2, "status": "shipped", "totalAmount": "7.25", "updatedAt": "2026-11-02T10:00:00Z"},
+              {"orderId": 3, "status": "open", "totalAmount": "0.99", "updatedAt": "2026-11-03T10:00:00Z"}
+            ]}"#,
+        )
+    });
+    let mut t = TestLake::new();
+    let contract = |extra: &str| {
+        format!(
+            r#"source: vendor_orders
+version: 1
+format: api
+api:
+  base_url: {}/v1
+  path: /orders
+  records: "$.items[*]"
+fields:
+  - {{name: order_id, type: int64, required: true, source_name: orderId}}
+  - {{name: order_status, type: string, normalize: [lower], source_name: status}}
+  - {{name: amount, type: "decimal(8,2)", source_name: totalAmount}}
+  - {{name: updated_at, type: timestamp, source_name: updatedAt}}
+{extra}natural_key:
+  version: 1
+  fields: [order_id]
+"#,
+            server.url()
+        )
+    };
+    let path = t.contracts().join("vendor_orders.yaml");
+    std::fs::write(&path, contract("  - {name: also_status, type: string, source_name: status}\n")).unwrap();
+    let out = t.run(&["check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(
+            "fields \"order_status\" and \"also_status\" both read the input's \"status\"; give one of them another \
+             source_name"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&path, contract("")).unwrap();
+    assert_ok(&t.run(&["check"]));
+    t.envs.clear();
+    let out = t.run(&["pull", "vendor_orders", "--json"]);
+    assert_ok(&out);
+    assert_eq!(
+        t.query(
+            "SELECT order_id, order_status, CAST(amount AS VARCHAR) AS amount, CAST(updated_at AS VARCHAR) AS updated_at \
+             FROM bronze.vendor_orders ORDER BY order_id"
+        ),
+        t.query(
+            "SELECT * FROM (VALUES (1, 'OPEN', '10.50', '2026-11-01T10:00:00Z'), (2, 'shipped', '7.25', \
+             '2026-11-02T10:00:00Z'), (3, 'open', '0.99', '2026-11-03T10:00:00Z')) AS v(order_id, order_status, amount, updated_at)"
+        )
+    );
+}

@@ -123,6 +123,7 @@ mod tests {
             pattern: None,
             volatile: false,
             may_be_missing: false,
+            source_name: None,
             renamed_from: None,
             cast_older: false,
             description: None,

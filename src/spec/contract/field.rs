@@ -27,6 +27,7 @@ const FIELD_KEYS: &[&str] = &[
     "renamed_from",
     "older_values",
     "description",
+    "source_name",
 ];
 
 impl ContractReader<'_> {
@@ -59,6 +60,23 @@ impl ContractReader<'_> {
             match field {
                 Some(f) => out.push(f),
                 None => ok = false,
+            }
+        }
+        // each input column or key feeds one field
+        let mut inputs: BTreeMap<&str, &str> = BTreeMap::new();
+        for f in &out {
+            if let Some(other) = inputs.insert(f.input_name(), &f.name) {
+                let pos = seen.get(&f.name).copied().unwrap_or_default();
+                self.err(
+                    pos,
+                    format!(
+                        "fields \"{other}\" and \"{}\" both read the input's \"{}\"; give one of them another \
+                         source_name",
+                        f.name,
+                        f.input_name()
+                    ),
+                );
+                ok = false;
             }
         }
         for f in &out {
@@ -104,6 +122,7 @@ impl ContractReader<'_> {
             .get("description")
             .and_then(|n| scalar_str(&file, n, "description", self.problems))
             .map(str::to_string);
+        let source_name = map.get("source_name").and_then(|n| self.read_source_name(n, &label));
         let normalize = match map.get("normalize") {
             Some(n) => self.read_normalize(n, &label, ty),
             None => Vec::new(),
@@ -137,6 +156,7 @@ impl ContractReader<'_> {
                 renamed_from,
                 cast_older: cast_older.unwrap_or(false),
                 description,
+                source_name,
             }),
             _ => None,
         };
@@ -173,6 +193,24 @@ impl ContractReader<'_> {
             return None;
         }
         Some(may)
+    }
+
+    /// `source_name`: what the input calls the field (any text: `orderId`, `status`,
+    /// `Booking Ref`), when it is not the field's name.
+    fn read_source_name(&mut self, node: &Node, label: &str) -> Option<String> {
+        let file = self.doc.file.clone();
+        let s = scalar_str(&file, node, "source_name", self.problems)?;
+        if s.is_empty() || s.len() > 1024 || s.chars().any(char::is_control) {
+            self.err(
+                node.pos,
+                format!(
+                    "source_name for field \"{label}\" must be the input's name for it: 1 to 1024 characters, no \
+                     control characters"
+                ),
+            );
+            return None;
+        }
+        (s != label).then(|| s.to_string())
     }
 
     /// `renamed_from`: the name the field had in runs loaded before it was renamed (those runs

@@ -173,6 +173,16 @@ pub struct Field {
     /// `older_values: cast`: runs loaded under another type read with `TRY_CAST`.
     pub cast_older: bool,
     pub description: Option<String>,
+    /// `source_name`: the field's name in the input (a CSV header, a JSON key, a Parquet
+    /// column) when it is not `name`, e.g. a vendor's `orderId` or `status`.
+    pub source_name: Option<String>,
+}
+
+impl Field {
+    /// The name the input calls this field: `source_name`, else `name`.
+    pub fn input_name(&self) -> &str {
+        self.source_name.as_deref().unwrap_or(&self.name)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,6 +348,16 @@ impl Contract {
 
     pub fn field_index(&self, name: &str) -> Option<usize> {
         self.fields.iter().position(|f| f.name == name)
+    }
+
+    /// The field an input column or key feeds: the one whose [`Field::input_name`] it is.
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.input_name() == name)
+    }
+
+    /// The names the input gives the fields, in field order.
+    pub fn input_names(&self) -> Vec<&str> {
+        self.fields.iter().map(Field::input_name).collect()
     }
 
     pub fn field_names(&self) -> Vec<&str> {
