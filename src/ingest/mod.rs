@@ -428,7 +428,17 @@ pub async fn rederive(
             )));
         }
         let lines = run.rows_seen.max(0) as u64;
-        load(ws, contract, path, &opts, &mut record, &runs, &FileDigest::ready(hashed), lines).await?;
+        load(
+            ws,
+            contract,
+            path,
+            &opts,
+            &mut record,
+            &runs,
+            &FileDigest::ready(hashed),
+            lines,
+        )
+        .await?;
         stamp.check(path)?;
         return Ok(record);
     }

@@ -97,7 +97,9 @@ pub struct PullPlan {
 
 impl Default for PullPlan {
     fn default() -> PullPlan {
-        PullPlan { jobs: DEFAULT_PULL_JOBS }
+        PullPlan {
+            jobs: DEFAULT_PULL_JOBS,
+        }
     }
 }
 
@@ -123,7 +125,17 @@ pub async fn run(
     let mut loaded_sources: BTreeSet<String> = BTreeSet::new();
     report.held = runs.iter().filter(|r| r.status == RunStatus::Held).cloned().collect();
     if pull.jobs > 0 {
-        pull_all(ws, opts, pull.jobs, &contracts, &runs, &mut report, &mut loaded_sources, &mut on_step).await?;
+        pull_all(
+            ws,
+            opts,
+            pull.jobs,
+            &contracts,
+            &runs,
+            &mut report,
+            &mut loaded_sources,
+            &mut on_step,
+        )
+        .await?;
     }
     for (source, contract) in &contracts.contracts {
         let found = landing_files(&ws.landing_dir, source).await?;

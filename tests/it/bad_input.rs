@@ -371,8 +371,14 @@ natural_key: {version: 1, fields: [id]}
     std::fs::write(
         t.contracts().join("spend.yaml"),
         contract
-            .replace("{name: amount, type: \"decimal(10,2)\"}", "{name: amount, type: \"decimal(10,2)\", source_name: amt}")
-            .replace("{name: id, type: string, required: true}", "{name: id, type: string, required: true, source_name: Spend Id}"),
+            .replace(
+                "{name: amount, type: \"decimal(10,2)\"}",
+                "{name: amount, type: \"decimal(10,2)\", source_name: amt}",
+            )
+            .replace(
+                "{name: id, type: string, required: true}",
+                "{name: id, type: string, required: true, source_name: Spend Id}",
+            ),
     )
     .unwrap();
     let respelled = t.dir.path().join("respelled.csv");
@@ -380,13 +386,20 @@ natural_key: {version: 1, fields: [id]}
     let out = t.ingest_ok("spend", &respelled);
     assert!(out.contains("1 rows seen: 0 inserted, 1 updated"), "{out}");
     let rows = t.query("SELECT id, CAST(amount AS VARCHAR) AS amount FROM bronze.spend_current WHERE id = 'a'");
-    assert_eq!(serde_json::to_string(&rows[0]).unwrap(), r#"{"amount":"9.99","id":"a"}"#);
+    assert_eq!(
+        serde_json::to_string(&rows[0]).unwrap(),
+        r#"{"amount":"9.99","id":"a"}"#
+    );
     // the old header names are no longer the fields' names in the input
     let old_names = t.dir.path().join("old_names.csv");
     std::fs::write(&old_names, "id,amount,note\nd,4.00,w\n").unwrap();
     let out = t.ingest("spend", &old_names);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-    assert!(stdout(&out).contains("required column \"Spend Id\" missing"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("required column \"Spend Id\" missing"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
@@ -464,11 +477,17 @@ natural_key: {version: 1, fields: [id]}
     let contract = std::fs::read_to_string(t.contracts().join("events.yaml")).unwrap();
     std::fs::write(
         t.contracts().join("events.yaml"),
-        contract.replace("{name: amount, type: int32}", "{name: amount, type: int32, source_name: amt}"),
+        contract.replace(
+            "{name: amount, type: int32}",
+            "{name: amount, type: int32, source_name: amt}",
+        ),
     )
     .unwrap();
     let out = t.ingest_ok("events", &renamed);
-    assert!(out.contains("2 rows seen: 1 inserted, 1 updated, 0 unchanged, 0 failed"), "{out}");
+    assert!(
+        out.contains("2 rows seen: 1 inserted, 1 updated, 0 unchanged, 0 failed"),
+        "{out}"
+    );
     assert_eq!(
         t.query("SELECT id, amount FROM bronze.events_current ORDER BY id"),
         t.query("SELECT * FROM (VALUES ('a', 5), ('b', NULL), ('c', 6)) AS v(id, amount)")

@@ -758,10 +758,16 @@ fn the_nightly_job_pulls_api_sources_at_once_up_to_pull_jobs_and_each_loads_as_a
     server.clear();
     job(&["--pull-jobs", "1"]);
     let seen = arrivals();
-    assert!(seen == "ooorrr" || seen == "rrrooo", "--pull-jobs 1 pulled at once: {seen}");
+    assert!(
+        seen == "ooorrr" || seen == "rrrooo",
+        "--pull-jobs 1 pulled at once: {seen}"
+    );
     let log = runs(&t);
     assert_eq!(log.len(), 4);
-    assert!(log[2..].iter().all(|r| r["status"] == "skipped_duplicate_file"), "{log:?}");
+    assert!(
+        log[2..].iter().all(|r| r["status"] == "skipped_duplicate_file"),
+        "{log:?}"
+    );
     let out = t.command().args(["run", "--pull-jobs", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--pull-jobs"), "{}", stderr(&out));
@@ -792,7 +798,11 @@ fn a_pulls_failed_records_are_replayed_alone_after_a_contract_fix_and_a_re_pull_
             .iter()
             .map(|r| (r["source_row_number"].as_i64().unwrap(), r["rule"].as_str().unwrap()))
             .collect::<Vec<_>>(),
-        vec![(4, "allowed:order_status"), (8, "allowed:order_status"), (12, "allowed:order_status")]
+        vec![
+            (4, "allowed:order_status"),
+            (8, "allowed:order_status"),
+            (12, "allowed:order_status")
+        ]
     );
     // the fix: the vendor's new status is allowed; only the 3 failed records go through it
     strict(&t, "open, shipped");
@@ -805,8 +815,16 @@ fn a_pulls_failed_records_are_replayed_alone_after_a_contract_fix_and_a_re_pull_
     assert_eq!(log[1]["replay_of"], Value::from(original.as_str()));
     assert_eq!(log[1]["rows_inserted"], 3);
     assert_eq!(log[1]["rows_failed"], 0);
-    assert!(log[1]["file_path"].as_str().unwrap().ends_with("/v2/orders (replay)"), "{:?}", log[1]);
-    assert!(log[1].get("pull_requests").is_none_or(Value::is_null), "a replay is not a pull: {:?}", log[1]);
+    assert!(
+        log[1]["file_path"].as_str().unwrap().ends_with("/v2/orders (replay)"),
+        "{:?}",
+        log[1]
+    );
+    assert!(
+        log[1].get("pull_requests").is_none_or(Value::is_null),
+        "a replay is not a pull: {:?}",
+        log[1]
+    );
     // the source now equals one clean pull under the fixed contract
     let cols = "order_id, order_status, amount, updated_at, fetched_at, row_hash, natural_key_fingerprint, \
                 source_row_number, file_hash IS NOT NULL AS has_hash";
@@ -823,7 +841,10 @@ fn a_pulls_failed_records_are_replayed_alone_after_a_contract_fix_and_a_re_pull_
     // the same response pulled again: every record is already there
     let again = pull(&t);
     assert_eq!(again["status"], "succeeded", "{again}");
-    assert_eq!((again["rows_inserted"].as_i64(), again["rows_updated"].as_i64()), (Some(0), Some(0)));
+    assert_eq!(
+        (again["rows_inserted"].as_i64(), again["rows_updated"].as_i64()),
+        (Some(0), Some(0))
+    );
     assert_eq!(again["rows_unchanged"], 25);
     let out = t.run(&["pull", "orders", "--json"]);
     let skipped: Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
@@ -855,7 +876,16 @@ impl DemoServer {
         let port_file = dir.join("port");
         let child = std::process::Command::new("python3")
             .arg(crate::util::repo().join("scripts/api_server.py"))
-            .args(["--port", "0", "--records", "2000", "--page-size", "500", "--token", "demo-token"])
+            .args([
+                "--port",
+                "0",
+                "--records",
+                "2000",
+                "--page-size",
+                "500",
+                "--token",
+                "demo-token",
+            ])
             .arg("--port-file")
             .arg(&port_file)
             .stdout(std::process::Stdio::null())
@@ -886,7 +916,10 @@ impl DemoServer {
         .unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
-        assert!(reply.starts_with("HTTP/1.1 204") || reply.starts_with("HTTP/1.0 204"), "{reply}");
+        assert!(
+            reply.starts_with("HTTP/1.1 204") || reply.starts_with("HTTP/1.0 204"),
+            "{reply}"
+        );
     }
 }
 
@@ -898,7 +931,10 @@ fn the_demo_api_source_loads_skips_and_takes_the_vendors_corrections_as_the_demo
     let server = DemoServer::start(t.dir.path());
     let contract = std::fs::read_to_string(crate::util::repo().join("examples/api/orders.yaml"))
         .unwrap()
-        .replace("http://127.0.0.1:8765/v2", &format!("http://127.0.0.1:{}/v2", server.port));
+        .replace(
+            "http://127.0.0.1:8765/v2",
+            &format!("http://127.0.0.1:{}/v2", server.port),
+        );
     std::fs::write(t.contracts().join("orders.yaml"), contract).unwrap();
     assert_ok(&t.run(&["check"]));
     t.envs.push(("DEMO_VENDOR_TOKEN".into(), "demo-token".into()));
@@ -954,13 +990,19 @@ fn the_demo_api_source_loads_skips_and_takes_the_vendors_corrections_as_the_demo
         .map(|r| {
             let mut r = r.clone();
             let i = r["order_id"].as_i64().unwrap() - 100000;
-            let s = statuses.iter().position(|s| *s == r["order_status"].as_str().unwrap()).unwrap();
+            let s = statuses
+                .iter()
+                .position(|s| *s == r["order_status"].as_str().unwrap())
+                .unwrap();
             r.insert("order_status".into(), statuses[(s + 1) % 4].into());
             let amount = r["amount"].to_string();
             let cents = (amount.trim_matches('"').parse::<f64>().unwrap() * 100.0).round() as i64 + 1001;
             let text = format!("{}.{:02}", cents / 100, cents % 100);
             // decimals come back as JSON numbers or text: keep the query's own form
-            r.insert("amount".into(), serde_json::from_str(&amount.replace(amount.trim_matches('"'), &text)).unwrap());
+            r.insert(
+                "amount".into(),
+                serde_json::from_str(&amount.replace(amount.trim_matches('"'), &text)).unwrap(),
+            );
             r.insert("updated_at".into(), format!("2026-12-01T00:00:{i:02}Z").into());
             r
         })
@@ -1008,7 +1050,11 @@ fields:
         )
     };
     let path = t.contracts().join("vendor_orders.yaml");
-    std::fs::write(&path, contract("  - {name: also_status, type: string, source_name: status}\n")).unwrap();
+    std::fs::write(
+        &path,
+        contract("  - {name: also_status, type: string, source_name: status}\n"),
+    )
+    .unwrap();
     let out = t.run(&["check"]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(

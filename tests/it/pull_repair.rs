@@ -53,7 +53,10 @@ fn a_pulls_damaged_bronze_file_is_derived_again_from_its_kept_file_without_a_req
         truncate(&path, 300);
         let (code, said) = doctor(&t, &[]);
         assert_eq!(code, Some(1), "{said}");
-        assert!(said.contains(&format!("{rel}: damaged (bronze.orders, run {run})")), "{said}");
+        assert!(
+            said.contains(&format!("{rel}: damaged (bronze.orders, run {run})")),
+            "{said}"
+        );
         server.clear();
         let (code, said) = doctor(&t, &["--fix"]);
         assert_eq!(code, Some(0), "{said}");
@@ -66,7 +69,11 @@ fn a_pulls_damaged_bronze_file_is_derived_again_from_its_kept_file_without_a_req
         );
         assert!(said.contains(&kept_rel(run)), "{said}");
         assert!(said.contains(&format!(" ({n} rows, CRC-32 matches)")), "{said}");
-        assert_eq!(std::fs::read(&path).unwrap(), committed, "the run's file, byte for byte");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            committed,
+            "the run's file, byte for byte"
+        );
         assert_eq!(bronze_rows(&t), rows);
         let (code, said) = doctor(&t, &["--verify"]);
         assert_eq!(code, Some(0), "{said}");
@@ -95,7 +102,9 @@ fn a_kept_pull_file_altered_or_gone_leaves_the_damaged_file_and_says_why() {
     let (code, said) = doctor(&t, &["--fix"]);
     assert_eq!(code, Some(1), "{said}");
     assert!(
-        said.contains(&format!("not fixed: {rel} (bronze.orders, run {run}): not re-derived: deriving it again from kept pull file ")),
+        said.contains(&format!(
+            "not fixed: {rel} (bronze.orders, run {run}): not re-derived: deriving it again from kept pull file "
+        )),
         "{said}"
     );
     assert!(said.contains("no longer hash to its file_hash"), "{said}");
@@ -104,10 +113,15 @@ fn a_kept_pull_file_altered_or_gone_leaves_the_damaged_file_and_says_why() {
     let (code, said) = doctor(&t, &["--fix"]);
     assert_eq!(code, Some(1), "{said}");
     assert!(
-        said.contains(&format!("not fixed: {rel} (bronze.orders, run {run}): not re-derived: kept pull file ")),
+        said.contains(&format!(
+            "not fixed: {rel} (bronze.orders, run {run}): not re-derived: kept pull file "
+        )),
         "{said}"
     );
-    assert!(said.contains(" is gone: the pull's records can only be pulled again"), "{said}");
+    assert!(
+        said.contains(" is gone: the pull's records can only be pulled again"),
+        "{said}"
+    );
     assert_eq!(std::fs::read(&path).unwrap(), damaged, "the damaged file is left");
 }
 
@@ -144,12 +158,18 @@ fn doctor_finds_a_kept_pull_file_cut_short_altered_or_gone_and_the_tables_still_
     assert_eq!(code, Some(0), "{said}");
     let (code, said) = doctor(&t, &["--verify"]);
     assert_eq!(code, Some(1), "{said}");
-    assert!(said.contains(&format!("{rel}: damaged ({owner}): it is not whole gzip (")), "{said}");
+    assert!(
+        said.contains(&format!("{rel}: damaged ({owner}): it is not whole gzip (")),
+        "{said}"
+    );
     // gone
     std::fs::remove_file(&kept).unwrap();
     let (code, said) = doctor(&t, &[]);
     assert_eq!(code, Some(1), "{said}");
-    assert!(said.contains(&format!("{rel}: damaged ({owner}): it is gone")), "{said}");
+    assert!(
+        said.contains(&format!("{rel}: damaged ({owner}): it is gone")),
+        "{said}"
+    );
     // the source still answers: the kept file is a copy
     assert_eq!(t.query("SELECT count(*) AS n FROM bronze.orders_current")[0]["n"], 25);
     std::fs::write(&kept, &whole).unwrap();

@@ -377,18 +377,7 @@ pub async fn fetch(
             .ok()
             .and_then(|t| serde_json::from_str(t).ok());
         // the next request, or the end
-        let next = next_request(
-            &mut w,
-            api,
-            client,
-            source,
-            &shown,
-            &u,
-            &url,
-            &resp.headers,
-            root,
-            sent,
-        )?;
+        let next = next_request(&mut w, api, client, source, &shown, &u, &url, &resp.headers, root, sent)?;
         let Some(next) = next else { return Ok(out) };
         if matches!(api.pagination, Pagination::NextUrl { .. } | Pagination::LinkHeader) {
             // a next URL is taken as given: its own query carries the state

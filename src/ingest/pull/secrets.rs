@@ -167,7 +167,11 @@ impl Credentials {
                 client_id,
                 client_secret,
                 ..
-            } => vec![client_id.0.clone(), client_secret.0.clone(), basic_pair(client_id, client_secret)],
+            } => vec![
+                client_id.0.clone(),
+                client_secret.0.clone(),
+                basic_pair(client_id, client_secret),
+            ],
         }
     }
 
