@@ -333,41 +333,40 @@ pub async fn check(
 /// What is wrong with a gzip file of the lake, read whole (its trailer's CRC-32 and length are
 /// checked against what it decompresses to), if anything.
 async fn gzip_damage(lake: &Lake, rel: &str) -> Result<Option<String>> {
-    use object_store::ObjectStoreExt;
     use std::io::Write as _;
-    let got = lake
-        .store
-        .get(&lake.path(rel))
-        .await
-        .map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
-    let mut stream = got.into_stream();
     let mut gz = flate2::write::GzDecoder::new(std::io::sink());
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
-        if let Err(e) = gz.write_all(&chunk) {
-            return Ok(Some(format!("it is not whole gzip ({e})")));
+    let mut broken = None;
+    each_chunk(lake, rel, |chunk| {
+        if broken.is_none()
+            && let Err(e) = gz.write_all(chunk)
+        {
+            broken = Some(format!("it is not whole gzip ({e})"));
         }
-    }
-    Ok(gz
-        .try_finish()
-        .err()
-        .map(|e| format!("it is not whole gzip ({e}): its bytes changed after they were written")))
+    })
+    .await?;
+    Ok(broken.or_else(|| {
+        gz.try_finish()
+            .err()
+            .map(|e| format!("it is not whole gzip ({e}): its bytes changed after they were written"))
+    }))
 }
 
 /// The CRC-32 of a lake file, streamed.
 pub(crate) async fn crc_of(lake: &Lake, rel: &str) -> Result<u32> {
-    use object_store::ObjectStoreExt;
-    let got = lake
-        .store
-        .get(&lake.path(rel))
-        .await
-        .map_err(|e| crate::table::store::explain(&lake.url(rel), e))?;
-    let mut stream = got.into_stream();
     let mut crc = crc32fast::Hasher::new();
-    while let Some(chunk) = stream.next().await {
-        crc.update(&chunk.map_err(|e| crate::table::store::explain(&lake.url(rel), e))?);
-    }
+    each_chunk(lake, rel, |chunk| crc.update(chunk)).await?;
     Ok(crc.finalize())
+}
+
+/// Read a lake file whole, handing each chunk to `f` as it arrives.
+async fn each_chunk(lake: &Lake, rel: &str, mut f: impl FnMut(&[u8])) -> Result<()> {
+    use object_store::ObjectStoreExt;
+    let explain = |e| crate::table::store::explain(&lake.url(rel), e);
+    let mut stream = lake.store.get(&lake.path(rel)).await.map_err(explain)?.into_stream();
+    while let Some(chunk) = stream.next().await {
+        f(&chunk.map_err(explain)?);
+    }
+    Ok(())
 }
 
 /// The size of every file under the prefixes committed files live in.
