@@ -17,6 +17,7 @@ mod publish;
 mod pull;
 mod rekey;
 mod replay;
+mod resolve;
 mod run;
 mod runs;
 #[cfg(feature = "flight")]
@@ -110,8 +111,9 @@ pub enum Command {
     ///
     /// Tables: bronze.<source> (every version), bronze.<source>_current (latest version per
     /// natural key), silver.<table> (the latest succeeded build), audit.ingestion_run_log,
-    /// audit.row_failure_log, audit.silver_build_log. The UDFs row_hash,
-    /// natural_key_fingerprint, canonical_text and normalize_text are available. DDL, DML,
+    /// audit.row_failure_log, audit.silver_build_log, audit.source_conflict_log,
+    /// audit.source_conflict_decision_log. The UDFs row_hash, natural_key_fingerprint,
+    /// canonical_text, normalize_text and namespaced_fingerprint are available. DDL, DML,
     /// COPY and SET are refused. In the shell: \d lists tables with descriptions, \d <table>
     /// its columns, \format csv|json|table, \timing on|off, \q quits; statements end with ';'.
     Sql(sql::SqlArgs),
@@ -151,6 +153,17 @@ pub enum Command {
     /// (only a table's latest build can be undone). The run or build is marked rolled_back in its
     /// audit log; its files stay until `ingot gc`. Undoing twice is a no-op that says so.
     Undo(undo::UndoArgs),
+    /// Decide one conflict between the sources of a silver table: the field takes --take's value.
+    ///
+    /// The decision (who, when, why) is committed to audit.source_conflict_decision_log. The next
+    /// build applies it while the conflict's candidates stay as they are; when one of them
+    /// changes, the decision goes stale and the conflict is open again (counted in the build
+    /// log). `ingot undo <decision id>` withdraws it. Giving the same decision again records
+    /// nothing.
+    Resolve(resolve::ResolveArgs),
+    /// List the conflicts between sources that a silver table holds (its latest build), with
+    /// every candidate's value; --history lists every build's.
+    Conflicts(resolve::ConflictsArgs),
     /// Publish a held run: it takes effect now, exactly as if it had succeeded now.
     ///
     /// Its bronze rows, tombstones and failure rows become visible with one commit of its run
@@ -403,6 +416,8 @@ async fn dispatch(cli: Cli) -> Result<ExitStatus> {
         Command::Runs(args) => runs::run(&cli, args).await,
         Command::Failures(args) => failures::run(&cli, args).await,
         Command::Undo(args) => undo::run(&cli, args).await,
+        Command::Resolve(args) => resolve::resolve(&cli, args).await,
+        Command::Conflicts(args) => resolve::conflicts(&cli, args).await,
         Command::Publish(args) => publish::publish(&cli, args).await,
         Command::Discard(args) => publish::discard(&cli, args).await,
         Command::Replay(args) => replay::run(&cli, args).await,

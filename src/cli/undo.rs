@@ -5,8 +5,8 @@ use crate::error::{ExitStatus, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct UndoArgs {
-    /// The run_id of an ingestion run (`ingot runs`) or the build_id of a silver build
-    /// (audit.silver_build_log).
+    /// The run_id of an ingestion run (`ingot runs`), the build_id of a silver build
+    /// (audit.silver_build_log) or the decision_id of a conflict decision (`ingot resolve`).
     pub id: String,
     #[command(flatten)]
     pub wait: crate::cli::WaitArgs,

@@ -151,6 +151,34 @@ pub fn failure_table(lake: &Lake, runs: &[RunRecord], builds: &[BuildRecord]) ->
     table_over(files, failure_log_schema())
 }
 
+/// `audit.source_conflict_log`: the conflict files of the succeeded builds (not rolled back) of
+/// tables fed by several sources, each build's the conflicts its table held after it.
+pub fn conflict_table(lake: &Lake, builds: &[BuildRecord]) -> Result<Arc<dyn TableProvider>> {
+    let files = builds
+        .iter()
+        .filter(|b| b.status == BuildStatus::Succeeded && b.conflicts_open + b.conflicts_decided > 0)
+        .map(|b| lake.url(&crate::table::conflicts::file(&b.table, &b.build_id)))
+        .collect();
+    table_over(files, crate::table::conflicts::log_schema())
+}
+
+/// `audit.source_conflict_decision_log`: every table's decisions, each as its latest record
+/// (a withdrawn one with `withdrawn_at`); a few rows, read into memory.
+pub async fn decision_table(lake: &Lake) -> Result<Arc<dyn TableProvider>> {
+    use crate::table::log::Record;
+    let mut batches = Vec::new();
+    for table in lake.list_dirs(crate::table::decisions::DIR).await? {
+        for d in crate::table::decisions::read_decisions(lake, &table).await? {
+            batches.push(d.to_batch()?);
+        }
+    }
+    let schema = crate::table::decisions::log_schema();
+    Ok(Arc::new(datafusion::datasource::MemTable::try_new(
+        schema,
+        vec![batches],
+    )?))
+}
+
 /// Where an audit log's table reads from: see [`log_table`].
 struct LogTable<'a> {
     dir: &'a str,
@@ -624,6 +652,14 @@ pub async fn register_descriptions(ctx: &SessionContext, ws: &Workspace, contrac
             "every rejected row, bronze and silver, with its raw payload",
         ),
         ("silver_build_log", "one row per silver build"),
+        (
+            "source_conflict_log",
+            "per build of a table fed by several sources, the conflicts it holds",
+        ),
+        (
+            "source_conflict_decision_log",
+            "one row per decision on a conflict (ingot resolve), withdrawn ones included",
+        ),
     ] {
         tables.push(["audit".into(), t.into(), "audit".into(), d.into()]);
     }

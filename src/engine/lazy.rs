@@ -227,7 +227,13 @@ impl std::fmt::Debug for AuditSchema {
 }
 
 /// The tables of the audit schema.
-pub const AUDIT_TABLES: [&str; 3] = ["ingestion_run_log", "row_failure_log", "silver_build_log"];
+pub const AUDIT_TABLES: [&str; 5] = [
+    "ingestion_run_log",
+    "row_failure_log",
+    "silver_build_log",
+    "source_conflict_log",
+    "source_conflict_decision_log",
+];
 
 impl AuditSchema {
     pub fn new(
@@ -263,11 +269,17 @@ impl SchemaProvider for AuditSchema {
         if let Some(t) = self.built.lock().map_err(poisoned)?.get(name) {
             return Ok(Some(t.clone()));
         }
-        let all = self.logs.all().await.map_err(external)?;
-        let table = if name == "ingestion_run_log" {
-            crate::engine::catalog::run_log_table(&self.ctx, &self.lake, all)
-        } else {
-            crate::engine::catalog::failure_table(&self.lake, &all.records, &self.builds)
+        let table = match name {
+            "source_conflict_log" => crate::engine::catalog::conflict_table(&self.lake, &self.builds),
+            "source_conflict_decision_log" => crate::engine::catalog::decision_table(&self.lake).await,
+            "ingestion_run_log" => {
+                let all = self.logs.all().await.map_err(external)?;
+                crate::engine::catalog::run_log_table(&self.ctx, &self.lake, all)
+            }
+            _ => {
+                let all = self.logs.all().await.map_err(external)?;
+                crate::engine::catalog::failure_table(&self.lake, &all.records, &self.builds)
+            }
         }
         .map_err(external)?;
         self.built

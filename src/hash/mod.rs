@@ -15,6 +15,7 @@
 pub mod canonical;
 pub mod fp;
 pub mod json;
+pub mod namespace;
 pub mod normalize;
 pub mod pull;
 pub mod udf;
@@ -197,6 +198,7 @@ pub fn udfs() -> Vec<ScalarUDF> {
         ScalarUDF::from(udf::NaturalKeyFingerprint::new()),
         ScalarUDF::from(udf::CanonicalText::new()),
         ScalarUDF::from(udf::NormalizeText::new()),
+        namespace::namespaced_fingerprint_udf(),
     ]
 }
 

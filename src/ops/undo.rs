@@ -27,6 +27,9 @@ pub enum Undone {
         record: BuildRecord,
         restored: Option<BuildRecord>,
     },
+    /// The decision on a conflict is withdrawn (the committed copy): the conflict is open again
+    /// at the next build.
+    Decision(crate::table::decisions::DecisionRecord),
     /// Nothing to do, and why (already rolled back, or it published nothing).
     Nothing(String),
 }
@@ -54,6 +57,11 @@ impl Undone {
                     record.build_id, record.table, record.table
                 ),
             },
+            Undone::Decision(d) => format!(
+                "withdrew decision {} on silver.{} (record {}, field {}: take {}); the next `ingot build {}` \
+                 opens the conflict again",
+                d.decision_id, d.table, d.fingerprint, d.field, d.take, d.table
+            ),
             Undone::Nothing(why) => why.clone(),
         }
     }
@@ -69,8 +77,14 @@ pub async fn undo(ws: &Workspace, id: &str) -> Result<Undone> {
     if let Some(b) = builds.iter().find(|b| b.build_id == id) {
         return undo_build(ws, &builds, b.clone()).await;
     }
+    match crate::ops::resolve::withdraw(ws, id).await? {
+        Some(Ok(d)) => return Ok(Undone::Decision(d)),
+        Some(Err(why)) => return Ok(Undone::Nothing(why)),
+        None => {}
+    }
     Err(Error::Invalid(format!(
-        "no committed run or build has the id \"{id}\" (`ingot runs` lists runs; builds are in audit.silver_build_log)"
+        "no committed run, build or conflict decision has the id \"{id}\" (`ingot runs` lists runs; builds are \
+         in audit.silver_build_log, decisions in audit.source_conflict_decision_log)"
     )))
 }
 

@@ -1,6 +1,6 @@
 //! The `steps` of a [`RuleSet`] as DataFrame operations (no SQL text, no execution).
 
-use datafusion::common::Column;
+use datafusion::common::{Column, DFSchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::{Case, Expr, ExprSchemable, lit};
 
@@ -11,8 +11,17 @@ use crate::spec::rules::{RuleSet, Step};
 /// (`bronze.<source>_current` plus the resolve values). Each step becomes one projection or
 /// filter; the plan is lazy.
 pub fn apply_steps(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
-    let missing: Vec<&str> = rules
-        .input_schema
+    apply_step_list(df, &rules.input_schema, &rules.steps, &rules.path)
+}
+
+/// Apply `steps` (of the file `path`) to `df`, which must have the columns of `input_schema`.
+pub fn apply_step_list(
+    df: DataFrame,
+    input_schema: &DFSchemaRef,
+    steps: &[Step],
+    path: &std::path::Path,
+) -> Result<DataFrame> {
+    let missing: Vec<&str> = input_schema
         .fields()
         .iter()
         .map(|f| f.name().as_str())
@@ -21,13 +30,13 @@ pub fn apply_steps(df: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
     if !missing.is_empty() {
         return Err(Error::Invalid(format!(
             "{}: the input lacks column{} {}",
-            rules.path.display(),
+            path.display(),
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", ")
         )));
     }
     let mut df = df;
-    for step in &rules.steps {
+    for step in steps {
         df = apply_step(df, step)?;
     }
     Ok(df)

@@ -30,6 +30,10 @@ pub use crate::hash::fp::{Fp, FpBuild, FpSet, for_each_fp, fp_of_hex, fp128_udf,
 /// No run (not current / not in the previous state).
 pub const NONE: u32 = u32::MAX;
 
+/// In the previous state's place: the record is processed whatever its state says (a decision
+/// on one of its conflicts was recorded or withdrawn since the previous build).
+pub const FORCED: u32 = u32::MAX - 2;
+
 /// While the current runs are read: the record's latest version is a tombstone (it is not
 /// current, and older versions must not make it so). [`Keys::forget_deleted`] turns it into
 /// [`NONE`].
@@ -101,6 +105,10 @@ pub struct Keys {
     pub mode: Mode,
     /// Records whose latest version is a tombstone (dropped from `map` by [`Keys::forget_deleted`]).
     pub tombstones: FpSet,
+    /// A table with several sources: per current combination (an entry's `cur`, the run id of
+    /// `runs` being the combination's id), each source's run index or [`NONE`]
+    /// ([`crate::silver::sources`]); empty for one source.
+    pub combos: Vec<Vec<u32>>,
 }
 
 impl Keys {
@@ -112,6 +120,7 @@ impl Keys {
             current_runs,
             mode: Mode::Full,
             tombstones: FpSet::default(),
+            combos: Vec::new(),
         }
     }
 
@@ -178,7 +187,7 @@ impl Keys {
         match &self.mode {
             Mode::Full => true,
             Mode::Incremental { version } => e.prev != e.cur || (e.outcome != PASSED && e.version != *version),
-            Mode::Rebuild { matching } => e.prev != NONE && matching.contains(&e.version),
+            Mode::Rebuild { matching } => e.prev != NONE && (e.prev == FORCED || matching.contains(&e.version)),
         }
     }
 
@@ -187,7 +196,9 @@ impl Keys {
         match &self.mode {
             Mode::Full => false,
             Mode::Incremental { .. } => e.cur != NONE && e.prev == e.cur && e.outcome == PASSED && !self.process(e),
-            Mode::Rebuild { matching } => e.prev != NONE && e.outcome == PASSED && !matching.contains(&e.version),
+            Mode::Rebuild { matching } => {
+                e.prev != NONE && e.prev != FORCED && e.outcome == PASSED && !matching.contains(&e.version)
+            }
         }
     }
 
@@ -203,6 +214,13 @@ impl Keys {
     pub fn get(&self, fp: &Fp) -> Option<&Entry> {
         self.map.get(fp)
     }
+
+    /// Several sources: the number of sources with a current candidate of the record.
+    pub fn candidates(&self, e: &Entry) -> usize {
+        self.combos
+            .get(e.cur as usize)
+            .map_or(0, |c| c.iter().filter(|r| **r != NONE).count())
+    }
 }
 
 // ---- UDFs ---------------------------------------------------------------------------------------
@@ -214,6 +232,11 @@ enum Test {
     Pick(Arc<Keys>, u32),
     /// The row's group (its arguments, the `by` columns) is in the set.
     InGroups(Arc<GroupSet>),
+    /// Several sources: the record is processed and its candidate of source `.1` is in that
+    /// source's run `.2`.
+    PickSource(Arc<Keys>, u32, u32),
+    /// Several sources: the record is processed and has more than one candidate (`.1`) or one.
+    Multi(Arc<Keys>, bool),
 }
 
 /// A boolean UDF over a fingerprint column ([`pick_udf`]) or group columns
@@ -236,6 +259,8 @@ impl PartialEq for KeyTest {
             && match (&self.test, &other.test) {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 (Test::InGroups(a), Test::InGroups(b)) => Arc::ptr_eq(a, b),
+                (Test::PickSource(a, s, x), Test::PickSource(b, t, y)) => Arc::ptr_eq(a, b) && s == t && x == y,
+                (Test::Multi(a, x), Test::Multi(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 _ => false,
             }
     }
@@ -249,6 +274,8 @@ impl std::hash::Hash for KeyTest {
         let p = match &self.test {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
             Test::InGroups(a) => Arc::as_ptr(a) as usize,
+            Test::PickSource(a, s, x) => Arc::as_ptr(a) as usize ^ ((*s as usize) << 32) ^ (*x as usize),
+            Test::Multi(a, x) => Arc::as_ptr(a) as usize ^ usize::from(*x),
         };
         p.hash(state);
     }
@@ -295,6 +322,13 @@ impl ScalarUDFImpl for KeyTest {
         let test = |fp: Fp| -> bool {
             match &self.test {
                 Test::Pick(keys, run) => keys.get(&fp).is_some_and(|e| e.cur == *run && keys.process(e)),
+                Test::PickSource(keys, source, run) => keys.get(&fp).is_some_and(|e| {
+                    keys.process(e)
+                        && keys.combos.get(e.cur as usize).and_then(|c| c.get(*source as usize)) == Some(run)
+                }),
+                Test::Multi(keys, many) => keys
+                    .get(&fp)
+                    .is_some_and(|e| keys.process(e) && (keys.candidates(e) > 1) == *many),
                 Test::InGroups(_) => false, // answered above
             }
         };
@@ -310,6 +344,21 @@ fn key_test(name: &str, test: Test) -> ScalarUDF {
         test,
         signature: Signature::any(1, Volatility::Immutable),
     })
+}
+
+/// `__ingot_pick_source(fp)`: the row (of run `run` of source `source`, both indexes) is the
+/// current candidate of a record to process.
+pub fn pick_source_udf(keys: Arc<Keys>, source: u32, run: u32) -> ScalarUDF {
+    key_test("__ingot_pick_source", Test::PickSource(keys, source, run))
+}
+
+/// `__ingot_multi(fp)`: the record is processed and has more than one candidate (`many`), or
+/// exactly one.
+pub fn multi_udf(keys: Arc<Keys>, many: bool) -> ScalarUDF {
+    key_test(
+        if many { "__ingot_multi" } else { "__ingot_single" },
+        Test::Multi(keys, many),
+    )
 }
 
 /// `__ingot_pick(fp)`: the row (of run `run`) is the current version of a record to process.

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod build;
 pub mod compile;
 pub mod keys;
+pub mod sources;
 
 pub use apply::apply_steps;
 

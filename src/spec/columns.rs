@@ -44,6 +44,10 @@ pub const RESERVED_COLUMNS: &[&str] = &[
     "anomaly_flags",
     "is_anomaly",
     "silver_build_id",
+    // silver, a table with several sources (crate::spec::rules::sources::PROVENANCE_COLUMNS)
+    "contributing_sources",
+    "field_sources",
+    "conflict_fields",
     // audit.ingestion_run_log
     "run_id",
     "source",

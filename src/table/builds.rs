@@ -65,6 +65,12 @@ pub struct BuildRecord {
     pub error: Option<String>,
     /// When `ingot undo` rolled the build back (microseconds, UTC); extension column.
     pub rolled_back_at: Option<i64>,
+    /// A table with several sources: conflicts open, conflicts a decision settles, and
+    /// decisions that no longer apply (a candidate changed) after the build; extension columns
+    /// (null, read as 0, in older records and for one source).
+    pub conflicts_open: i64,
+    pub conflicts_decided: i64,
+    pub decisions_stale: i64,
     /// Position among the table's build records (1-based): its commit slot and file name.
     pub seq: u64,
 }
@@ -88,6 +94,9 @@ pub fn build_log_schema() -> SchemaRef {
         Field::new("rows_flagged", DataType::Int64, false),
         Field::new("error", DataType::Utf8, true),
         Field::new("rolled_back_at", timestamp_type(), true),
+        Field::new("conflicts_open", DataType::Int64, true),
+        Field::new("conflicts_decided", DataType::Int64, true),
+        Field::new("decisions_stale", DataType::Int64, true),
     ]))
 }
 
@@ -110,6 +119,9 @@ impl BuildRecord {
             i64_array(self.rows_flagged),
             str_array(self.error.as_deref()),
             opt_ts_array(self.rolled_back_at),
+            i64_array(self.conflicts_open),
+            i64_array(self.conflicts_decided),
+            i64_array(self.decisions_stale),
         ];
         Ok(RecordBatch::try_new(build_log_schema(), cols)?)
     }
@@ -137,11 +149,27 @@ impl BuildRecord {
                 rows_flagged: c.i64("rows_flagged")?.value(r),
                 error: c.opt("error", r)?,
                 rolled_back_at: c.opt_ts("rolled_back_at", r)?,
+                conflicts_open: opt_count(c, "conflicts_open", r)?,
+                conflicts_decided: opt_count(c, "conflicts_decided", r)?,
+                decisions_stale: opt_count(c, "decisions_stale", r)?,
                 seq: 0,
             });
         }
         Ok(out)
     }
+}
+
+/// An extension count column: 0 when the record predates it or holds a null.
+fn opt_count(c: &LogColumns<'_>, name: &str, row: usize) -> Result<i64> {
+    if !c.has(name) {
+        return Ok(0);
+    }
+    let a = c.i64(name)?;
+    Ok(if datafusion::arrow::array::Array::is_valid(a, row) {
+        a.value(row)
+    } else {
+        0
+    })
 }
 
 impl Record for BuildRecord {

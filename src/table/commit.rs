@@ -79,7 +79,7 @@ fn in_slot<T: Record + Clone>(record: &T, slot: u64) -> std::borrow::Cow<'_, T> 
 /// Put `record` into its slot of `name`'s log, create-if-absent, with `failpoint` hit before the
 /// put, then a checkpoint when one is due; the slot taken (a later one when the slot holds an
 /// object no reader can parse), or [`Error::Locked`] saying `taken()` when a record holds it.
-async fn put_committed<T: Record>(
+pub(crate) async fn put_committed<T: Record>(
     lake: &Lake,
     name: &str,
     record: &T,

@@ -336,6 +336,10 @@ impl Lake {
     }
 
     pub async fn delete(&self, rel: &str) -> Result<()> {
+        // a file deleted is no file a commit may name (a build's scratch files)
+        if let Some(Ok(mut w)) = self.written.as_ref().map(|w| w.lock()) {
+            w.remove(rel);
+        }
         match self.store.delete(&self.path(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error(rel, e)),

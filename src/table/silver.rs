@@ -78,6 +78,13 @@ pub struct Manifest {
     /// manifest of the build that wrote them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub files: std::collections::BTreeMap<String, crate::table::upload::FileStamp>,
+    /// A table with several sources: the build's conflict file, when it holds any conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflicts: Option<String>,
+    /// A table with several sources: the ids of the conflict decisions in force when it was
+    /// built (a decision recorded or withdrawn since makes the next build process its record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decisions: Option<Vec<String>>,
 }
 
 /// The files of a snapshot as Delta readers see it: the base and layer files, each with a
@@ -182,6 +189,8 @@ pub fn relayer(m: &Manifest, table: &str, build_id: &str) -> Manifest {
         published: m.published.clone(),
         // stamps stay with the build that wrote the files
         files: Default::default(),
+        conflicts: m.conflicts.as_ref().map(|n| manifest_rel(table, build_id, n)),
+        decisions: m.decisions.clone(),
     }
 }
 
@@ -194,7 +203,7 @@ pub async fn build_files(lake: &Lake, table: &str, build_id: &str) -> Result<Vec
         layout::silver_manifest(table, build_id),
         layout::silver_inputs(table, build_id),
     ];
-    out.extend(m.data.into_iter().chain(m.state));
+    out.extend(m.data.into_iter().chain(m.state).chain(m.conflicts));
     for f in m.published.iter().flat_map(|p| &p.files) {
         out.push(f.path.clone());
         out.extend(f.dv.as_ref().map(|d| d.file.clone()));

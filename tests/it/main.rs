@@ -43,6 +43,7 @@ mod rederive;
 mod rekey;
 mod replay;
 mod rules;
+mod rules_sources;
 #[cfg(feature = "s3")]
 mod s3;
 mod scale;
@@ -54,6 +55,7 @@ mod silver_compile;
 mod silver_delta;
 mod size;
 mod slt;
+mod sources;
 mod undo;
 mod util;
 mod workspace;

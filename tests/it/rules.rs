@@ -291,7 +291,7 @@ fn every_problem_of_a_bad_rules_file_is_reported_at_once() {
     let f = "rules/orders/v2.yaml";
     let expected = vec![
         format!(
-            "{f}:4:1: unknown key \"descripton\" in the rules file; valid keys are: table, source, version, description, steps, validate, anomalies"
+            "{f}:4:1: unknown key \"descripton\" in the rules file; valid keys are: table, source, sources, version, description, survivorship, conflicts, steps, validate, anomalies"
         ),
         format!("{f}:1:8: table \"order\" must equal the folder name \"orders\""),
         format!(
@@ -547,7 +547,9 @@ version: 1
         &problems_of(f, "description: no keys\n"),
         &[
             format!("{f}:1:1: missing required key \"table\" (the silver table name)"),
-            format!("{f}:1:1: missing required key \"source\" (the bronze source the table reads)"),
+            format!(
+                "{f}:1:1: missing required key \"source\" (the bronze source the table reads), or \"sources\" (a list of sources in precedence order)"
+            ),
             format!("{f}:1:1: missing required key \"version\""),
         ],
     );

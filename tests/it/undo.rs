@@ -159,7 +159,7 @@ fn undo_of_an_unknown_id_or_a_run_that_loaded_nothing() {
     t.ingest_ok("bookings", &landing(DAY_ONE));
     let out = t.run(&["undo", "no-such-run"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("no committed run or build has the id \"no-such-run\""));
+    assert!(stderr(&out).contains("no committed run, build or conflict decision has the id \"no-such-run\""));
     t.ingest_ok("bookings", &landing(DAY_ONE)); // skipped duplicate
     let ids = run_ids(&t);
     let said = undo(&t, &ids[1]);

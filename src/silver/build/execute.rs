@@ -19,6 +19,7 @@ use super::parts::{
 use super::plan::{BuildPlan, reads_whole};
 use super::publish::{Outputs, fail_build, publish_full, publish_unchanged};
 use super::scan::run_table;
+use super::sources;
 use super::windows::{delta_windows, window_sets};
 use super::{Built, SILVER_BUILD_ID};
 use crate::engine::catalog::{Catalog, table_over};
@@ -60,7 +61,14 @@ pub(super) async fn execute(
     plan: BuildPlan<'_>,
     record: &mut BuildRecord,
 ) -> Result<Built> {
-    if let (Some(m), Some(prev)) = (plan.unchanged.clone(), plan.previous) {
+    if let (Some(mut m), Some(prev)) = (plan.unchanged.clone(), plan.previous) {
+        if plan.multi.is_some() {
+            // the same conflicts, in this build's own file (the log holds each build's)
+            let rows = crate::silver::sources::conflicts::read(&ws.lake, &record.table, &prev.build_id).await?;
+            m.conflicts = sources::write_conflicts(&ws.lake, record, plan.rules, &rows).await?;
+            record.conflicts_open = prev.conflicts_open;
+            record.conflicts_decided = prev.conflicts_decided;
+        }
         return publish_unchanged(ws, record, prev, m, &plan.digest).await;
     }
     let (table, build_id) = (record.table.clone(), record.build_id.clone());
@@ -73,7 +81,23 @@ pub(super) async fn execute(
     };
     let rules = plan.rules;
     let mut key_files: Vec<String> = Vec::new();
-    let input = select_input(&env, &plan, &mut key_files).await?;
+    let mut merged = None;
+    let input = match (&plan.multi, &plan.keys) {
+        (Some(m), Some(keys)) => {
+            let at = sources::At {
+                ctx: env.ctx,
+                cluster: env.cluster,
+                lake: env.lake,
+                table: env.table,
+                build_id: env.build_id,
+            };
+            let out = sources::merged_input(&at, rules, m, keys, &plan.per_run, &mut key_files).await?;
+            let rows = out.rows.clone();
+            merged = Some(out);
+            rows
+        }
+        _ => select_input(&env, &plan, &mut key_files).await?,
+    };
     let split = transform_split(env.ctx, rules, &plan.inputs.contract, input, &plan.inputs.lookups)?;
     let base = base_schema(&split);
 
@@ -105,7 +129,14 @@ pub(super) async fn execute(
     release_free_memory();
     let flagger = Arc::new(Flagger::new(env.ctx, rules, base.clone(), &sets)?);
     let mut names = Names::default();
-    let outputs = write_outputs(&env, &plan, record, &split, &base, flagger.clone(), kept, &mut names).await?;
+    let mut outputs = write_outputs(&env, &plan, record, &split, &base, flagger.clone(), kept, &mut names).await?;
+    if let (Some(out), Some(m)) = (&merged, &plan.multi) {
+        outputs.conflicts = sources::write_conflicts(env.lake, record, rules, &out.conflicts).await?;
+        outputs.decisions = Some(m.decisions.ids());
+        record.conflicts_open = out.counts.open as i64;
+        record.conflicts_decided = out.counts.decided as i64;
+        record.decisions_stale = out.counts.stale as i64;
+    }
     let BuildPlan {
         reservation,
         delta,
@@ -325,7 +356,9 @@ async fn write_outputs(
         base: base.clone(),
         width: split.silver_width,
         fp_idx: schema.index_of(FP)?,
-        run_idx: schema.index_of(crate::table::silver::RUN_ID)?,
+        run_idx: schema
+            .index_of(crate::silver::sources::STATE_RUN)
+            .or_else(|_| schema.index_of(crate::table::silver::RUN_ID))?,
         version: rules.version,
         actions: Arc::new(rules.validate.iter().map(|v| (v.name.clone(), v.action)).collect()),
         failures: Arc::new(Failures {

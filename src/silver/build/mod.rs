@@ -18,6 +18,7 @@ mod parts;
 mod plan;
 mod publish;
 mod scan;
+mod sources;
 mod windows;
 
 use std::sync::Arc;
@@ -147,6 +148,9 @@ async fn build_locked(ws: &Workspace, table: &str, opts: &BuildOptions, build_id
         rows_flagged: 0,
         error: None,
         rolled_back_at: None,
+        conflicts_open: 0,
+        conflicts_decided: 0,
+        decisions_stale: 0,
         seq,
     };
     let done = match plan(ws, &catalog, &rules, opts).await {

@@ -19,6 +19,7 @@ use sha2::Digest;
 use super::BuildOptions;
 use super::delta::{DeltaBase, delta_base, delta_limit};
 use super::scan::{current_keys, matching_versions, previous_state, runs_newest_first};
+use super::sources::MultiPlan;
 use crate::engine::catalog::{Catalog, latest_build};
 use crate::engine::session::Workspace;
 use crate::error::{Error, Result};
@@ -94,6 +95,8 @@ pub struct BuildPlan<'a> {
     pub(super) unchanged: Option<Manifest>,
     /// The key map's memory, held until the build ends.
     pub(super) reservation: MemoryReservation,
+    /// A table with several sources: what each source reads.
+    pub(super) multi: Option<MultiPlan<'a>>,
 }
 
 /// The mode the build record states, decided by the options and whether a build exists.
@@ -184,8 +187,17 @@ pub async fn plan<'a>(
     let inputs = read_inputs(ctx, &catalog.contracts, rules).await?;
     let contract = inputs.contract.clone();
     let all = catalog.runs().await?;
-    let digest = inputs_digest(catalog, all, &contract)?;
-    let runs = runs_newest_first(all, &rules.source);
+    let multi = match rules.sources {
+        Some(_) => Some(MultiPlan::read(ctx, catalog, lake, rules, all).await?),
+        None => None,
+    };
+    let (digest, runs) = match &multi {
+        Some(m) => (m.digest(all, catalog)?, m.flat_runs()),
+        None => (
+            inputs_digest(catalog, all, &contract)?,
+            runs_newest_first(all, &rules.source),
+        ),
+    };
     let run_ids: Vec<String> = runs.iter().rev().map(|r| r.run_id.to_string()).collect();
     let last = latest_build(&catalog.builds, table);
     let start = start(ctx, ws, table, last, opts, rules, &digest).await?;
@@ -224,6 +236,7 @@ pub async fn plan<'a>(
         delta: None,
         unchanged: None,
         reservation,
+        multi,
     };
 
     // A delta build when the previous build's layers can be extended (see `delta_base`): only the
@@ -235,7 +248,7 @@ pub async fn plan<'a>(
             Layering::Unchanged(mut m) => {
                 // nothing committed since: the table is the previous one
                 m.runs = Some(plan.run_ids.clone());
-                return Ok(plan.unchanged(summary, prev, m));
+                return Ok(plan.unchanged(summary, prev, *m));
             }
             Layering::Delta(d, keys) => {
                 summary.kind = "delta".into();
@@ -244,14 +257,15 @@ pub async fn plan<'a>(
                 summary.removed = keys.tombstones.len() as u64;
                 plan.work_runs = d.new_runs.clone();
                 plan.delta = Some(d);
-                delta_keys = Some(keys);
+                delta_keys = Some(*keys);
             }
         }
     }
     let keys = match delta_keys {
         Some(keys) => Some(keys),
         // a full build over one bronze run: every row is current and processed
-        None if matches!(start.mode, Mode::Full)
+        None if plan.multi.is_none()
+            && matches!(start.mode, Mode::Full)
             && start.previous.is_none()
             && runs.len() <= 1
             && runs.iter().all(|r| r.rows_deleted == 0) =>
@@ -259,10 +273,10 @@ pub async fn plan<'a>(
             None
         }
         None => {
-            let mut keys = current_keys(ctx, cluster, lake, &contract, &runs).await?;
-            if let Some(prev) = start.previous {
-                previous_state(ctx, cluster, lake, &mut keys, table, &prev.build_id).await?;
-            }
+            let mut keys = match &plan.multi {
+                Some(m) => m.keys(ctx, cluster, lake, table, start.previous).await?,
+                None => one_source_keys(ws, ctx, table, &contract, &runs, start.previous).await?,
+            };
             keys.mode = match &start.rebuild_expr {
                 Some(expr) => Mode::Rebuild {
                     matching: matching_versions(ctx, &keys, expr).await?,
@@ -309,12 +323,30 @@ pub async fn plan<'a>(
     Ok(plan)
 }
 
+/// The key map of a table with one source: its current records and `previous`'s state.
+async fn one_source_keys(
+    ws: &Workspace,
+    ctx: &SessionContext,
+    table: &str,
+    contract: &Contract,
+    runs: &[&RunRecord],
+    previous: Option<&BuildRecord>,
+) -> Result<Keys> {
+    let cluster = ws.cluster.as_deref();
+    let mut keys = current_keys(ctx, cluster, &ws.lake, contract, runs).await?;
+    if let Some(prev) = previous {
+        previous_state(ctx, cluster, &ws.lake, &mut keys, table, &prev.build_id).await?;
+    }
+    Ok(keys)
+}
+
 /// How an incremental build on `prev` writes its table.
+#[allow(clippy::large_enum_variant)] // one value per build, moved once
 enum Layering<'a> {
     /// Nothing was committed since `prev`: its manifest, published again.
-    Unchanged(Manifest),
+    Unchanged(Box<Manifest>),
     /// A delta layer on `prev`'s layers, with the keys of the runs committed since.
-    Delta(DeltaBase<'a>, Keys),
+    Delta(DeltaBase<'a>, Box<Keys>),
     /// A whole new snapshot, for this reason.
     Whole(String),
 }
@@ -329,12 +361,17 @@ async fn layering<'a>(
     contract: &Contract,
     runs: &[&'a RunRecord],
 ) -> Result<Layering<'a>> {
+    if rules.sources.is_some() {
+        return Ok(Layering::Whole(
+            "a table with several sources is built as a whole new snapshot".into(),
+        ));
+    }
     if ws.cluster.is_some() {
         return Ok(Layering::Whole("a build on a cluster writes no delta layers".into()));
     }
     let d = match delta_base(&ws.lake, &rules.table, prev, rules, runs).await? {
         Err(why) => return Ok(Layering::Whole(why)),
-        Ok(d) if d.new_runs.is_empty() => return Ok(Layering::Unchanged(d.manifest)),
+        Ok(d) if d.new_runs.is_empty() => return Ok(Layering::Unchanged(Box::new(d.manifest))),
         Ok(d) => d,
     };
     let keys = current_keys(ctx, None, &ws.lake, contract, &d.new_runs).await?;
@@ -343,7 +380,7 @@ async fn layering<'a>(
     let touched = (keys.map.len() + keys.tombstones.len()) as u64;
     let limit = delta_limit()?;
     if (deleted_before + touched) as f64 <= limit * d.rows as f64 {
-        Ok(Layering::Delta(d, keys))
+        Ok(Layering::Delta(d, Box::new(keys)))
     } else {
         Ok(Layering::Whole(format!(
             "delta layers would replace more than {limit} of the table's {} rows \
@@ -362,6 +399,10 @@ impl<'a> BuildPlan<'a> {
     /// Records to process per work run, and the previous snapshot's rows kept.
     fn count(&mut self, keys: Option<&Keys>) {
         self.per_run = vec![0u64; self.work_runs.len()];
+        if let (Some(m), Some(keys)) = (&self.multi, keys) {
+            m.count(keys, &mut self.per_run, &mut self.kept_records);
+            return;
+        }
         match keys {
             None => {
                 for (i, r) in self.work_runs.iter().enumerate() {

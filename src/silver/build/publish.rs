@@ -28,6 +28,9 @@ pub(super) struct Outputs {
     pub wrote_failures: bool,
     /// The snapshot files have key indexes ([`crate::table::silver::keys_of`]).
     pub keyed: bool,
+    /// Several sources: the conflict file's name (when it holds any) and the decisions applied.
+    pub conflicts: Option<String>,
+    pub decisions: Option<Vec<String>>,
 }
 
 impl Outputs {
@@ -128,6 +131,9 @@ pub(super) async fn fail_build(ws: &Workspace, record: &mut BuildRecord, out: Ou
     if out.wrote_failures {
         rels.push(out.failures.clone());
     }
+    if let Some(name) = &out.conflicts {
+        rels.push(layout::silver_file(&record.table, &record.build_id, name));
+    }
     if out.keyed {
         let data = out
             .data
@@ -195,6 +201,8 @@ pub(super) async fn publish_full(
         })
         .await,
         files: Default::default(),
+        conflicts: out.conflicts.clone(),
+        decisions: out.decisions.clone(),
     };
     put_manifest(&ws.lake, record, &m, digest).await?;
     record.rows_written = total.written as i64;

@@ -38,6 +38,19 @@ pub fn current_table(source: &str) -> TableReference {
 
 /// The source's and its lookups' `_current` views from a session opened by [`crate::engine::catalog::open`].
 pub async fn read_inputs(ctx: &SessionContext, contracts: &ContractSet, rules: &RuleSet) -> Result<Inputs> {
+    if let Some(src) = rules.sources.as_deref() {
+        // several sources: the merged rows' shape, under the first source's contract without
+        // its lookups (each source resolves its own candidates)
+        let inputs = crate::silver::sources::read_source_inputs(ctx, contracts, rules).await?;
+        let first = inputs
+            .first()
+            .ok_or_else(|| Error::Internal(format!("{}: no sources", rules.path.display())))?;
+        return Ok(Inputs {
+            contract: crate::silver::sources::merged_contract(first),
+            input: crate::silver::sources::planned_rows(src, &inputs)?,
+            lookups: Lookups::new(),
+        });
+    }
     let contract_of = |source: &str| {
         contracts.contracts.get(source).cloned().ok_or_else(|| {
             Error::Invalid(format!(

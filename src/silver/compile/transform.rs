@@ -12,7 +12,9 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::hash::json::{ToJsonRow, to_json_row, to_json_row_udf};
+use crate::silver::sources::STATE_RUN;
 use crate::spec::contract::{Contract, OnMissing};
+use crate::spec::rules::sources::SOURCE_CONFLICT_FLAG;
 use crate::spec::rules::{Action, RuleSet, Step};
 
 const VALIDATION_RULE: &str = "__ingot_validation_rule";
@@ -57,8 +59,9 @@ fn prepare(ctx: &SessionContext, rules: &RuleSet, contract: &Contract) -> Result
 /// The data columns of `cols`: without the bookkeeping columns and resolve's rejection columns.
 fn data_columns(cols: &[(String, Expr)]) -> Vec<(String, Expr)> {
     let meta = bookkeeping();
+    let hidden = crate::silver::sources::HIDDEN;
     cols.iter()
-        .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON)
+        .filter(|(n, _)| !meta.contains(n) && n != RESOLVE_RULE && n != RESOLVE_REASON && !hidden.contains(&n.as_str()))
         .cloned()
         .collect()
 }
@@ -251,8 +254,14 @@ pub fn transform_split(
     let stepped = crate::silver::apply_steps(ok.clone(), rules)?;
     let stepped_cols = columns(&stepped);
     let data = data_of(&stepped_cols);
+    // a table with several sources: the state records the combination of the sources' runs
+    let state_run = if stepped.schema().has_column_with_unqualified_name(STATE_RUN) {
+        STATE_RUN
+    } else {
+        LINEAGE_COLUMNS[2]
+    };
     let filtered = if rules.steps.iter().any(|s| matches!(s, Step::Filter(_))) {
-        Some(filtered_rows(ok, rules)?.select(vec![c(FINGERPRINT), c(LINEAGE_COLUMNS[2])])?)
+        Some(filtered_rows(ok, rules)?.select(vec![c(FINGERPRINT), c(state_run).alias(LINEAGE_COLUMNS[2])])?)
     } else {
         None
     };
@@ -267,7 +276,13 @@ pub fn transform_split(
         }
         let mut reason = case(c(SPLIT_RULE));
         for v in &rules.validate {
-            reason = reason.when(lit(v.name.as_str()), lit(v.reason.as_str()));
+            // a conflict's reason names its fields and values
+            let text = if v.name == SOURCE_CONFLICT_FLAG && state_run == STATE_RUN {
+                c(crate::silver::sources::CONFLICT)
+            } else {
+                lit(v.reason.as_str())
+            };
+            reason = reason.when(lit(v.name.as_str()), text);
         }
         (rule.end()?, reason.end()?)
     };
@@ -292,6 +307,9 @@ pub fn transform_split(
             .end()?
             .alias(SPLIT_PAYLOAD),
     );
+    if state_run == STATE_RUN {
+        out.push(c(STATE_RUN));
+    }
     Ok(Split {
         rows: checked.select(out)?,
         silver_width,

@@ -16,6 +16,7 @@
 
 mod columns;
 mod read;
+pub mod sources;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -149,8 +150,11 @@ pub struct RuleSet {
     pub path: PathBuf,
     /// Silver table name (= the folder name).
     pub table: String,
-    /// Bronze source read (its `_current` view).
+    /// Bronze source read (its `_current` view); for a table with several sources, the first
+    /// of `sources`.
     pub source: String,
+    /// `sources:` instead of `source:`: the table is fed by several sources.
+    pub sources: Option<Arc<sources::Sources>>,
     /// `N` of `v<N>.yaml`; stamped on silver rows as `rules_version`.
     pub version: i32,
     pub description: Option<String>,
@@ -159,7 +163,8 @@ pub struct RuleSet {
     pub anomalies: Vec<Anomaly>,
     /// SHA-256 of the file's bytes, 64 lowercase hex characters (recorded in the build log).
     pub sha256: String,
-    /// Columns the first step sees: `bronze.<source>_current` then the resolve values.
+    /// Columns the first step sees: `bronze.<source>_current` then the resolve values (several
+    /// sources: [`sources::merged_fields`]).
     pub input_schema: DFSchemaRef,
     /// Columns after the last step: what `validate` and `anomalies` see.
     pub output_schema: DFSchemaRef,

@@ -51,6 +51,24 @@ fn data_type(name: &str, t: &DataType) -> Result<Value> {
             "elementType": data_type(name, item.data_type())?,
             "containsNull": true,
         }),
+        DataType::Map(entries, _) => {
+            let DataType::Struct(kv) = entries.data_type() else {
+                return Err(Error::Invalid(format!(
+                    "column \"{name}\": a map whose entries are not a struct"
+                )));
+            };
+            let (Some(k), Some(v)) = (kv.first(), kv.get(1)) else {
+                return Err(Error::Invalid(format!(
+                    "column \"{name}\": a map without keys and values"
+                )));
+            };
+            json!({
+                "type": "map",
+                "keyType": data_type(name, k.data_type())?,
+                "valueType": data_type(name, v.data_type())?,
+                "valueContainsNull": true,
+            })
+        }
         DataType::Struct(fields) => json!({
             "type": "struct",
             "fields": fields.iter().map(|f| field(f)).collect::<Result<Vec<_>>>()?,
@@ -59,7 +77,7 @@ fn data_type(name: &str, t: &DataType) -> Result<Value> {
             return Err(Error::Invalid(format!(
                 "column \"{name}\" has type {other}, which a Delta table cannot hold (string, binary, boolean, \
                  8- to 64-bit integers, float, double, date, UTC timestamps in microseconds, decimal up to 38 digits, \
-                 lists and structs of these)"
+                 lists, maps and structs of these)"
             )));
         }
     })

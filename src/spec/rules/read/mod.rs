@@ -1,9 +1,11 @@
 //! Reading rules files from the located YAML tree into [`RuleSet`]s, every problem collected.
 //!
 //! This module finds the files, reads the top-level keys and holds the column-reference checks
-//! every section uses; the sections are in `steps`, `validations` and `anomalies`.
+//! every section uses; the sections are in `steps`, `validations` and `anomalies`, and a
+//! table with several sources in `sources`.
 
 mod anomalies;
+mod sources;
 mod steps;
 mod validations;
 
@@ -24,8 +26,11 @@ use crate::spec::yaml::{self, Kind, MapNode, Node, Pos, Problems, is_valid_name,
 const TOP_KEYS: &[&str] = &[
     "table",
     "source",
+    "sources",
     "version",
     "description",
+    "survivorship",
+    "conflicts",
     "steps",
     "validate",
     "anomalies",
@@ -108,7 +113,8 @@ pub(super) fn load_dir(ctx: &SessionContext, dir: &Path, contracts: &ContractSet
             }
             let expected = first.as_ref().map(|(s, v)| (s.as_str(), *v));
             if let Some(rules) = read_file(ctx, &file, contracts, expected, problems) {
-                if first.is_none() {
+                // only versions reading one `source:` must agree on it
+                if first.is_none() && rules.sources.is_none() {
                     first = Some((rules.source.clone(), rules.version));
                 }
                 set.tables
@@ -192,6 +198,7 @@ fn read_text(
         contracts,
         protected: HashMap::new(),
         rule_names: HashMap::new(),
+        several_sources: false,
     }
     .read(&doc.root, expected_source, text.as_bytes());
     if problems.items.len() > before { None } else { rules }
@@ -206,6 +213,8 @@ struct Reader<'a> {
     protected: HashMap<String, String>,
     /// Validation and anomaly names with the line of their first use.
     rule_names: HashMap<String, usize>,
+    /// The file has `sources:` (its rule names may not be the conflict flag).
+    several_sources: bool,
 }
 
 impl Reader<'_> {
@@ -235,14 +244,19 @@ impl Reader<'_> {
             );
         }
         let table = self.read_table(&map);
-        let (source, contract) = self.read_source(&map, expected_source);
+        let (source, mut cols, sources) = match self.sources_node(root, &map) {
+            Some(node) => self.read_sources(root, &map, node),
+            None => {
+                let (source, contract) = self.read_source(&map, expected_source);
+                (source, contract.as_ref().map(|c| self.input_columns(c)), None)
+            }
+        };
         let version = self.read_version(&map, file_version);
         let description = map
             .get("description")
             .and_then(|n| scalar_str(file, n, "description", self.problems))
             .map(str::to_string);
 
-        let mut cols = contract.as_ref().map(|c| self.input_columns(c));
         let input_schema = cols.as_ref().map(Columns::df_schema);
         let mut steps = Vec::new();
         for item in self.list(&map, "steps") {
@@ -264,10 +278,11 @@ impl Reader<'_> {
         }
 
         let sha = sha2::Sha256::digest(bytes);
-        Some(RuleSet {
+        let mut rules = RuleSet {
             path: file.to_path_buf(),
             table: table?,
             source: source?,
+            sources: sources.map(Arc::new),
             version: version?,
             description,
             steps,
@@ -276,7 +291,9 @@ impl Reader<'_> {
             sha256: sha.iter().map(|b| format!("{b:02x}")).collect(),
             input_schema: input_schema?,
             output_schema: cols?.df_schema(),
-        })
+        };
+        crate::spec::rules::sources::add_conflict_rules(&mut rules);
+        Some(rules)
     }
 
     /// The items of the list under `key`; none when it is absent or not a list (reported).
@@ -323,7 +340,10 @@ impl Reader<'_> {
         let mut contract: Option<Arc<Contract>> = None;
         let source = match map.get("source") {
             None => {
-                self.err(map.pos, "missing required key \"source\" (the bronze source the table reads)");
+                self.err(
+                    map.pos,
+                    "missing required key \"source\" (the bronze source the table reads), or \"sources\" (a list of sources in precedence order)",
+                );
                 None
             }
             Some(n) => scalar_str(self.file, n, "source", self.problems).map(|s| {
@@ -337,30 +357,36 @@ impl Reader<'_> {
                         ),
                     );
                 }
-                match self.contracts.contracts.get(s) {
-                    Some(c) => contract = Some(c.clone()),
-                    None if contract_file_exists(&self.contracts.dir, s) => self.err(
-                        n.pos,
-                        format!(
-                            "source \"{s}\": its contract has problems (reported with the contract); the columns of this file cannot be checked until it is fixed"
-                        ),
-                    ),
-                    None => self.err(
-                        n.pos,
-                        format!(
-                            "source \"{s}\" is not a known contract; sources are: {}",
-                            if self.contracts.contracts.is_empty() {
-                                "(none)".to_string()
-                            } else {
-                                self.contracts.names().join(", ")
-                            }
-                        ),
-                    ),
-                }
+                contract = self.contract_of(s, n.pos);
                 s.to_string()
             }),
         };
         (source, contract)
+    }
+
+    /// The loaded contract of `source`, or a problem at `pos` saying why there is none.
+    fn contract_of(&mut self, s: &str, pos: Pos) -> Option<Arc<Contract>> {
+        match self.contracts.contracts.get(s) {
+            Some(c) => return Some(c.clone()),
+            None if contract_file_exists(&self.contracts.dir, s) => self.err(
+                pos,
+                format!(
+                    "source \"{s}\": its contract has problems (reported with the contract); the columns of this file cannot be checked until it is fixed"
+                ),
+            ),
+            None => self.err(
+                pos,
+                format!(
+                    "source \"{s}\" is not a known contract; sources are: {}",
+                    if self.contracts.contracts.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        self.contracts.names().join(", ")
+                    }
+                ),
+            ),
+        }
+        None
     }
 
     /// `version`: required, an integer >= 1 that fits an i32 and equals N of `v<N>.yaml`.
@@ -539,6 +565,13 @@ impl Reader<'_> {
             self.err(
                 n.pos,
                 format!("duplicate rule name \"{name}\" (first used at line {line}); validations and anomalies need distinct names"),
+            );
+            return None;
+        }
+        if self.several_sources && name == crate::spec::rules::sources::SOURCE_CONFLICT_FLAG {
+            self.err(
+                n.pos,
+                format!("rule name \"{name}\" is reserved: ingot flags rows in conflict with it (a table with several sources); choose another name"),
             );
             return None;
         }

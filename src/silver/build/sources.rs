@@ -1,0 +1,445 @@
+//! The build of a table with several sources ([`crate::silver::sources`]): what the plan reads
+//! (each source's runs, the decisions in force), its key map (a record's version is its
+//! sources' runs), and the merged input the transform then cleans as it would one source's
+//! rows. A build of such a table always writes a whole snapshot (no delta layers).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::JoinType;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use sha2::Digest;
+
+use super::parts::{join_keys, part_writer, write_keys};
+use super::plan::reads_whole;
+use super::scan::{previous_state, run_table, runs_newest_first};
+use crate::engine::catalog::{Catalog, table_over};
+use crate::error::{Error, Result};
+use crate::hash::fp::{Fp, for_each_fp};
+use crate::silver::keys::{FORCED, Keys, NONE, in_set_udf, multi_udf, pick_source_udf};
+use crate::silver::sources::conflicts::{self, ConflictRow, Counts, Stamp};
+use crate::silver::sources::decisions::{DecisionRecord, Decisions, read_decisions};
+use crate::silver::sources::scan::{current_keys, table_key};
+use crate::silver::sources::survive::{Held, Pass};
+use crate::silver::sources::{
+    RANK, SOURCE, SourceInputs, candidate_schema, candidates, merged_schema, read_source_inputs, single_rows,
+    sources_of,
+};
+use crate::spec::rules::RuleSet;
+use crate::spec::rules::sources::{CONTRIBUTING_SOURCES, FIELD_SOURCES, OnConflict};
+use crate::table::audit::{BuildRecord, RunRecord};
+use crate::table::lake::{Lake, layout};
+use crate::table::silver::{FP, c, manifest, snapshot_table};
+
+/// What a build of a table with several sources reads besides what one source's would.
+pub(crate) struct MultiPlan<'a> {
+    pub(super) inputs: Vec<SourceInputs>,
+    /// Each source's runs, newest first.
+    pub(super) runs: Vec<Vec<&'a RunRecord>>,
+    /// Where each source's runs start in the plan's work runs.
+    pub(super) offsets: Vec<usize>,
+    pub(super) decisions: Decisions,
+    pub(super) decision_records: Vec<DecisionRecord>,
+    /// The table's latest succeeded build: the winners `hold` keeps and the conflicts' history.
+    pub(super) latest: Option<&'a BuildRecord>,
+}
+
+impl<'a> MultiPlan<'a> {
+    pub(super) async fn read(
+        ctx: &SessionContext,
+        catalog: &'a Catalog,
+        lake: &Lake,
+        rules: &RuleSet,
+        all: &'a [RunRecord],
+    ) -> Result<MultiPlan<'a>> {
+        let inputs = read_source_inputs(ctx, &catalog.contracts, rules).await?;
+        let runs: Vec<Vec<&RunRecord>> = inputs.iter().map(|i| runs_newest_first(all, &i.source)).collect();
+        let mut offsets = Vec::with_capacity(runs.len());
+        let mut at = 0;
+        for r in &runs {
+            offsets.push(at);
+            at += r.len();
+        }
+        let decision_records = read_decisions(lake, &rules.table).await?;
+        Ok(MultiPlan {
+            decisions: Decisions::of(&decision_records),
+            decision_records,
+            latest: crate::engine::catalog::latest_build(&catalog.builds, &rules.table),
+            inputs,
+            runs,
+            offsets,
+        })
+    }
+
+    /// Every source's runs, in source order then newest first: the plan's work runs.
+    pub(super) fn flat_runs(&self) -> Vec<&'a RunRecord> {
+        self.runs.iter().flatten().copied().collect()
+    }
+
+    /// Digest of what the sources' `resolve` entries read (as for one source, over every
+    /// source's contract and lookups).
+    pub(super) fn digest(&self, all: &[RunRecord], catalog: &Catalog) -> Result<String> {
+        let mut h = sha2::Sha256::new();
+        let file = |p: &std::path::Path| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
+        let mut lookups = BTreeSet::new();
+        // by name: a change of precedence alone is no change of what resolve reads
+        let mut inputs: Vec<&SourceInputs> = self.inputs.iter().collect();
+        inputs.sort_by(|a, b| a.source.cmp(&b.source));
+        for i in inputs {
+            h.update(format!("\nsource {}\n", i.source));
+            h.update(file(&i.contract.path)?);
+            lookups.extend(i.contract.resolve.iter().map(|r| r.lookup.clone()));
+        }
+        for source in lookups {
+            h.update(format!("\nlookup {source}\n"));
+            if let Some(lc) = catalog.contracts.contracts.get(&source) {
+                h.update(file(&lc.path)?);
+            }
+            let mut runs: Vec<_> = all.iter().filter(|r| r.source == source && r.has_data()).collect();
+            runs.sort_by_key(|r| r.seq);
+            for r in runs {
+                h.update(format!("\n{}", r.run_id));
+            }
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// The key map: every current record's candidates, the previous build's state, and the
+    /// records whose decisions changed since that build forced to be processed.
+    pub(super) async fn keys(
+        &self,
+        ctx: &SessionContext,
+        cluster: Option<&str>,
+        lake: &Lake,
+        table: &str,
+        previous: Option<&BuildRecord>,
+    ) -> Result<Keys> {
+        let mut keys = current_keys(ctx, cluster, lake, &self.inputs, &self.runs).await?;
+        if let Some(prev) = previous {
+            previous_state(ctx, cluster, lake, &mut keys, table, &prev.build_id).await?;
+            let before: HashSet<String> = manifest(lake, table, &prev.build_id)
+                .await?
+                .decisions
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            let now: HashSet<String> = self.decisions.ids().into_iter().collect();
+            let changed: HashSet<&String> = before.symmetric_difference(&now).collect();
+            for d in self
+                .decision_records
+                .iter()
+                .filter(|d| changed.contains(&d.decision_id))
+            {
+                if let Some(fp) = crate::hash::fp::fp_of_hex(&d.fingerprint)
+                    && let Some(e) = keys.map.get_mut(&fp)
+                    && e.cur != NONE
+                    && e.prev != NONE
+                {
+                    e.prev = FORCED;
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Candidates to read per work run (`per_run`, by [`MultiPlan::offsets`]) and the previous
+    /// snapshot's rows kept.
+    pub(super) fn count(&self, keys: &Keys, per_run: &mut [u64], kept: &mut u64) {
+        for e in keys.map.values() {
+            if keys.process(e) {
+                if let Some(combo) = keys.combos.get(e.cur as usize) {
+                    for (s, r) in combo.iter().enumerate() {
+                        if *r != NONE {
+                            per_run[self.offsets[s] + *r as usize] += 1;
+                        }
+                    }
+                }
+            } else if keys.keep_row(e) {
+                *kept += 1;
+            }
+        }
+    }
+}
+
+/// Where the merged input is read and written.
+pub(super) struct At<'a> {
+    pub ctx: &'a SessionContext,
+    pub cluster: Option<&'a str>,
+    pub lake: &'a Lake,
+    pub table: &'a str,
+    pub build_id: &'a str,
+}
+
+/// What the merged input's survivorship found.
+pub(super) struct Merged {
+    pub rows: DataFrame,
+    pub conflicts: Vec<ConflictRow>,
+    pub counts: Counts,
+}
+
+/// The processed records' candidates of one source: the rows of its runs picked by the key
+/// map (every row of a run all of whose rows are picked).
+async fn picked(
+    at: &At<'_>,
+    m: &MultiPlan<'_>,
+    s: usize,
+    keys: &Arc<Keys>,
+    per_run: &[u64],
+    key_files: &mut Vec<String>,
+) -> Result<Option<DataFrame>> {
+    let input = &m.inputs[s];
+    let mut out: Option<DataFrame> = None;
+    for (i, run) in m.runs[s].iter().enumerate() {
+        let n = per_run[m.offsets[s] + i];
+        if n == 0 {
+            continue;
+        }
+        let mut rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
+        if !reads_whole(run, n) {
+            let key = table_key(input.namespace.as_deref());
+            rows = match at.cluster {
+                None => rows.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![key]))?,
+                Some(_) => {
+                    let fps = keys.map.iter().filter(|(_, e)| {
+                        keys.process(e) && keys.combos.get(e.cur as usize).and_then(|c| c.get(s)) == Some(&(i as u32))
+                    });
+                    let name = format!("keys-pick-{s:03}-{i:05}.parquet");
+                    let rel = layout::silver_file(at.table, at.build_id, &name);
+                    write_keys(at.lake, &rel, fps.map(|(fp, _)| *fp)).await?;
+                    key_files.push(rel.clone());
+                    let keyed = rows.with_column("__ingot_table_key", key)?;
+                    join_keys(
+                        at.ctx,
+                        at.lake,
+                        keyed
+                            .with_column_renamed(FP, "__ingot_bronze_fp")?
+                            .with_column_renamed("__ingot_table_key", FP)?,
+                        &rel,
+                        JoinType::LeftSemi,
+                    )?
+                    .drop_columns(&[FP])?
+                    .with_column_renamed("__ingot_bronze_fp", FP)?
+                }
+            };
+        }
+        out = Some(match out {
+            None => rows,
+            Some(df) => df.union(rows)?,
+        });
+    }
+    Ok(out)
+}
+
+/// The merged input of the records to process ([`merged_schema`]): records with one candidate
+/// projected, those with several decided by survivorship into a build-scoped file
+/// (`key_files` lists it for deletion before the commit).
+pub(super) async fn merged_input(
+    at: &At<'_>,
+    rules: &RuleSet,
+    m: &MultiPlan<'_>,
+    keys: &Arc<Keys>,
+    per_run: &[u64],
+    key_files: &mut Vec<String>,
+) -> Result<Merged> {
+    let src = sources_of(rules)?;
+    let mut all: Option<DataFrame> = None;
+    for (s, entry) in src.entries.iter().enumerate() {
+        let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
+            continue;
+        };
+        let cands = candidates(rows, src, entry, &m.inputs[s])?;
+        all = Some(match all {
+            None => cands,
+            Some(df) => df.union(cands)?,
+        });
+    }
+    let schema = merged_schema(src);
+    let Some(all) = all else {
+        return Ok(Merged {
+            rows: at.ctx.read_table(table_over(vec![], schema)?)?,
+            conflicts: Vec::new(),
+            counts: Counts::default(),
+        });
+    };
+    let (singles, multis) = match at.cluster {
+        None => (
+            all.clone()
+                .filter(Arc::new(multi_udf(keys.clone(), false)).call(vec![c(FP)]))?,
+            all.filter(Arc::new(multi_udf(keys.clone(), true)).call(vec![c(FP)]))?,
+        ),
+        Some(_) => {
+            let many = keys
+                .map
+                .iter()
+                .filter(|(_, e)| keys.process(e) && keys.candidates(e) > 1)
+                .map(|(fp, _)| *fp);
+            let rel = layout::silver_file(at.table, at.build_id, "keys-multi.parquet");
+            write_keys(at.lake, &rel, many).await?;
+            key_files.push(rel.clone());
+            (
+                join_keys(at.ctx, at.lake, all.clone(), &rel, JoinType::LeftAnti)?,
+                join_keys(at.ctx, at.lake, all, &rel, JoinType::LeftSemi)?,
+            )
+        }
+    };
+    let held = held_winners(at, rules, m, keys).await?;
+    let history = match m.latest {
+        Some(b) => conflicts::read(at.lake, at.table, &b.build_id).await?,
+        None => Vec::new(),
+    };
+    let first_seen: HashMap<(Fp, String, String), String> = history
+        .iter()
+        .filter_map(|r| {
+            let fp = r.key()?;
+            Some((
+                (fp, r.field.clone(), r.candidate_set_hash.clone()),
+                r.first_build_id.clone(),
+            ))
+        })
+        .collect();
+    let sorted = multis.sort(vec![
+        c(FP).sort(true, false),
+        c(RANK).sort(true, false),
+        c(SOURCE).sort(true, false),
+    ])?;
+    let mut pass = Pass::new(
+        src,
+        candidate_schema(src),
+        &m.decisions,
+        &held,
+        &first_seen,
+        at.build_id,
+    )?;
+    let rel = layout::silver_file(at.table, at.build_id, "merged-00000.parquet");
+    let mut w = part_writer(at.lake, rel.clone(), schema.clone());
+    let mut stream = crate::engine::exec::stream(at.cluster, sorted, "build: survivorship").await?;
+    let mut pending = Vec::new();
+    while let Some(b) = stream.next().await {
+        if let Some(out) = pass.push(b?, &mut pending)? {
+            w.write(&out).await?;
+        }
+    }
+    if let Some(out) = pass.finish(&mut pending)? {
+        w.write(&out).await?;
+    }
+    let written = w.finish().await?;
+    let singles = single_rows(singles, src)?;
+    let rows = if written > 0 {
+        key_files.push(rel.clone());
+        let merged = at.ctx.read_table(table_over(vec![at.lake.url(&rel)], schema)?)?;
+        singles.union(merged)?
+    } else {
+        singles
+    };
+    // the conflicts of the records this build kept, as the previous build had them
+    let mut conflicts: Vec<ConflictRow> = history
+        .into_iter()
+        .filter(|r| r.key().and_then(|fp| keys.get(&fp)).is_some_and(|e| keys.carry(e)))
+        .collect();
+    conflicts.append(&mut pass.conflicts);
+    conflicts.sort_by(|a, b| (&a.fingerprint, &a.field).cmp(&(&b.fingerprint, &b.field)));
+    let mut counts = Counts {
+        stale: pass.counts.stale,
+        ..Counts::default()
+    };
+    for r in &conflicts {
+        counts.add(r);
+    }
+    Ok(Merged {
+        rows,
+        conflicts,
+        counts,
+    })
+}
+
+/// For `on_conflict: hold`: what the latest build took for each record with several candidates
+/// this build processes (its first contributing source and `field_sources`).
+async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, keys: &Arc<Keys>) -> Result<HashMap<Fp, Held>> {
+    let mut out = HashMap::new();
+    let src = sources_of(rules)?;
+    let Some(latest) = m.latest.filter(|_| src.conflicts.on_conflict == OnConflict::Hold) else {
+        return Ok(out);
+    };
+    let snap = at
+        .ctx
+        .read_table(snapshot_table(at.ctx, at.lake, at.table, &latest.build_id).await?)?;
+    let has = |n: &str| snap.schema().has_column_with_unqualified_name(n);
+    if !has(CONTRIBUTING_SOURCES) || !has(FIELD_SOURCES) {
+        return Ok(out); // built before the table had several sources
+    }
+    let many: crate::hash::fp::FpSet = keys
+        .map
+        .iter()
+        .filter(|(_, e)| keys.process(e) && keys.candidates(e) > 1)
+        .map(|(fp, _)| *fp)
+        .collect();
+    if many.is_empty() {
+        return Ok(out);
+    }
+    let rows = snap
+        .filter(Arc::new(in_set_udf(Arc::new(many))).call(vec![c(FP)]))?
+        .select(vec![c(FP), c(CONTRIBUTING_SOURCES), c(FIELD_SOURCES)])?;
+    let mut stream = crate::engine::exec::stream(None, rows, "build: held winners").await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let sources = b.column(1).as_list::<i32>();
+        let fields = b.column(2).as_map();
+        let mut fps = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
+        for (i, fp) in fps.into_iter().enumerate() {
+            let Some(fp) = fp else { continue };
+            let first = sources.is_valid(i).then(|| sources.value(i)).and_then(|l| {
+                let l = l.as_string_opt::<i32>()?.clone();
+                (l.len() > 0 && l.is_valid(0)).then(|| l.value(0).to_string())
+            });
+            let Some(primary) = first else { continue };
+            let mut held = Held {
+                primary,
+                fields: Vec::new(),
+            };
+            if fields.is_valid(i) {
+                let entries = fields.value(i);
+                let (k, v) = (
+                    entries.column(0).as_string::<i32>(),
+                    entries.column(1).as_string::<i32>(),
+                );
+                for j in 0..entries.len() {
+                    if v.is_valid(j) {
+                        held.fields.push((k.value(j).to_string(), v.value(j).to_string()));
+                    }
+                }
+            }
+            out.insert(fp, held);
+        }
+    }
+    Ok(out)
+}
+
+/// Write the build's conflict file (when there is any conflict); its name for the manifest.
+pub(super) async fn write_conflicts(
+    lake: &Lake,
+    record: &BuildRecord,
+    rules: &RuleSet,
+    rows: &[ConflictRow],
+) -> Result<Option<String>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let src = sources_of(rules)?;
+    let stamp = Stamp {
+        table: &record.table,
+        build_id: &record.build_id,
+        rules_version: record.rules_version,
+        on_conflict: src.conflicts.on_conflict.name(),
+    };
+    let rel = conflicts::file(&record.table, &record.build_id);
+    let mut w = part_writer(lake, rel, conflicts::log_schema());
+    for chunk in rows.chunks(8192) {
+        w.write(&conflicts::batch(&stamp, chunk)?).await?;
+    }
+    w.finish().await?;
+    Ok(Some(conflicts::FILE.to_string()))
+}

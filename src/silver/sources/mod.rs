@@ -1,0 +1,230 @@
+//! A silver table fed by several sources (docs/guide.md#several-sources): each source's
+//! records become candidates in the table's columns ([`candidates`]: its key, `resolve` and own
+//! steps); a record with one candidate is that candidate ([`single_rows`]); one with several is
+//! decided field by field by survivorship, its conflicts logged ([`survive`], [`conflicts`]).
+//! [`scan`] keys the records across sources; the build plans and writes as for one source.
+//!
+//! Invariant: the same bronze state, rules, decisions and previous held winners give the same
+//! rows and conflicts whatever order the runs were committed in: candidates are ordered by rank,
+//! source name and `row_hash`, never by a clock.
+
+pub use crate::table::{conflicts, decisions};
+pub mod scan;
+pub mod survive;
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::dataframe::DataFrame;
+use datafusion::functions_nested::expr_fn::make_array;
+use datafusion::logical_expr::{Expr, ExprSchemable, lit, when};
+use datafusion::prelude::SessionContext;
+
+use crate::error::{Error, Result};
+use crate::silver::compile::{Lookups, current_table, resolve};
+use crate::spec::columns::{FINGERPRINT, meta_fields};
+use crate::spec::contract::{Contract, ContractSet};
+use crate::spec::rules::RuleSet;
+use crate::spec::rules::sources::{
+    CONFLICT_FIELDS, CONTRIBUTING_SOURCES, FIELD_SOURCES, Rule, SourceEntry, Sources, merged_fields,
+};
+use crate::table::silver::c;
+
+/// Candidate column: the source's name.
+pub const SOURCE: &str = "__ingot_source";
+/// Candidate column: the source's rank (Int32).
+pub const RANK: &str = "__ingot_rank";
+/// Merged column: the record's version in the build's state (see [`scan`]).
+pub const STATE_RUN: &str = "__ingot_state_run";
+/// Merged column: why the record is rejected for a conflict (`on_conflict: reject | fail`),
+/// null when it is not.
+pub const CONFLICT: &str = crate::spec::rules::sources::CONFLICT_REASON;
+/// The columns ingot adds to the merged rows that silver does not keep.
+pub const HIDDEN: [&str; 2] = [STATE_RUN, CONFLICT];
+
+/// What one source of the table reads.
+pub struct SourceInputs {
+    pub source: String,
+    pub namespace: Option<String>,
+    pub contract: Arc<Contract>,
+    /// `bronze.<source>_current`.
+    pub current: DataFrame,
+    pub lookups: Lookups,
+}
+
+/// The sources of `rules` (which must have several).
+pub fn sources_of(rules: &RuleSet) -> Result<&Sources> {
+    rules
+        .sources
+        .as_deref()
+        .ok_or_else(|| Error::Internal(format!("{}: the rules read one source", rules.path.display())))
+}
+
+/// Each source's contract, current rows and lookups.
+pub async fn read_source_inputs(
+    ctx: &SessionContext,
+    contracts: &ContractSet,
+    rules: &RuleSet,
+) -> Result<Vec<SourceInputs>> {
+    let src = sources_of(rules)?;
+    let contract_of = |source: &str| {
+        contracts.contracts.get(source).cloned().ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: source \"{source}\" has no loadable contract; sources are: {}",
+                rules.path.display(),
+                contracts.names().join(", ")
+            ))
+        })
+    };
+    let mut out = Vec::with_capacity(src.entries.len());
+    for e in &src.entries {
+        let contract = contract_of(&e.source)?;
+        let mut lookups = Lookups::new();
+        for r in &contract.resolve {
+            if !lookups.contains_key(&r.lookup) {
+                let rows = ctx.table(current_table(&r.lookup)).await?;
+                let lookup = crate::silver::compile::Lookup {
+                    contract: contract_of(&r.lookup)?,
+                    rows,
+                };
+                lookups.insert(r.lookup.clone(), lookup);
+            }
+        }
+        out.push(SourceInputs {
+            source: e.source.clone(),
+            namespace: e.key_namespace.clone(),
+            current: ctx.table(current_table(&e.source)).await?,
+            contract,
+            lookups,
+        });
+    }
+    Ok(out)
+}
+
+/// The schema of the merged rows: [`merged_fields`] then [`HIDDEN`].
+pub fn merged_schema(src: &Sources) -> SchemaRef {
+    let mut fields = merged_fields(&src.columns);
+    fields.push(Field::new(STATE_RUN, DataType::Utf8, true));
+    fields.push(Field::new(CONFLICT, DataType::Utf8, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// The schema of the candidates: the survivorship columns, the bronze bookkeeping columns, then
+/// [`SOURCE`] and [`RANK`].
+pub fn candidate_schema(src: &Sources) -> SchemaRef {
+    let mut fields: Vec<Field> = src
+        .columns
+        .iter()
+        .map(|(n, t)| Field::new(n, t.clone(), true))
+        .collect();
+    fields.extend(meta_fields());
+    fields.push(Field::new(SOURCE, DataType::Utf8, true));
+    fields.push(Field::new(RANK, DataType::Int32, true));
+    Arc::new(Schema::new(fields))
+}
+
+fn typed_null(ty: &DataType) -> Result<Expr> {
+    Ok(lit(ScalarValue::try_from(ty)?))
+}
+
+/// The candidates of one source: `rows` (its bronze rows) keyed as the table keys them, with
+/// its contract's `resolve` values and its own steps, in [`candidate_schema`]'s columns (a
+/// column the source lacks is null).
+pub fn candidates(rows: DataFrame, src: &Sources, entry: &SourceEntry, input: &SourceInputs) -> Result<DataFrame> {
+    let rows = match &entry.key_namespace {
+        Some(ns) => rows.with_column(FINGERPRINT, scan::table_key(Some(ns)))?,
+        None => rows,
+    };
+    let resolved = resolve(rows, &input.contract, &input.lookups)?;
+    let stepped =
+        crate::silver::apply::apply_step_list(resolved, &entry.input_schema, &entry.steps, &input.contract.path)?;
+    let schema = stepped.schema().clone();
+    let mut cols = Vec::with_capacity(src.columns.len() + 12);
+    for (name, ty) in &src.columns {
+        let e = if schema.has_column_with_unqualified_name(name) {
+            let e = c(name);
+            if e.get_type(&schema)? == *ty {
+                e
+            } else {
+                e.cast_to(ty, &schema)?
+            }
+        } else {
+            typed_null(ty)?
+        };
+        cols.push(e.alias(name));
+    }
+    for f in meta_fields() {
+        cols.push(c(f.name()));
+    }
+    cols.push(lit(entry.source.as_str()).alias(SOURCE));
+    cols.push(lit(i32::try_from(entry.rank).unwrap_or(i32::MAX)).alias(RANK));
+    Ok(stepped.select(cols)?)
+}
+
+/// The merged rows of records with one candidate ([`merged_schema`]): its values (null for a
+/// field only another source may give), itself as the contributing source, no conflict.
+pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
+    let schema = merged_schema(src);
+    let mut cols = Vec::with_capacity(schema.fields().len());
+    for (name, ty) in &src.columns {
+        let unit = src.group_of(name).map_or(name.as_str(), |g| g.name.as_str());
+        let e = match src.rule_of(unit) {
+            Rule::Only(s) => when(c(SOURCE).eq(lit(s.as_str())), c(name)).otherwise(typed_null(ty)?)?,
+            _ => c(name),
+        };
+        cols.push(e.alias(name));
+    }
+    for f in schema.fields().iter() {
+        let name = f.name().as_str();
+        if src.columns.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let e = match name {
+            CONTRIBUTING_SOURCES => make_array(vec![c(SOURCE)]),
+            FIELD_SOURCES | CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
+            STATE_RUN => c(crate::table::silver::RUN_ID),
+            _ => c(name),
+        };
+        cols.push(e.alias(name));
+    }
+    let out = cands.select(cols)?;
+    // the list's item field as the schema has it (make_array names it "item", nullable)
+    let df_schema = out.schema().clone();
+    let fixed: Vec<Expr> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let e = c(f.name());
+            match e.get_type(&df_schema) {
+                Ok(t) if &t == f.data_type() => Ok(e),
+                _ => Ok(e.cast_to(f.data_type(), &df_schema)?.alias(f.name())),
+            }
+        })
+        .collect::<Result<_>>()?;
+    Ok(out.select(fixed)?)
+}
+
+/// The contract the top-level steps run under: the first source's, without `resolve` (each
+/// source resolved its own candidates).
+pub fn merged_contract(input: &SourceInputs) -> Arc<Contract> {
+    Arc::new(Contract {
+        resolve: Vec::new(),
+        ..input.contract.as_ref().clone()
+    })
+}
+
+/// Every current record as if it had one candidate (no survivorship): the merged rows' shape,
+/// for planning a table that has no build and for `ingot explain`.
+pub fn planned_rows(src: &Sources, inputs: &[SourceInputs]) -> Result<DataFrame> {
+    let mut all: Option<DataFrame> = None;
+    for (entry, input) in src.entries.iter().zip(inputs) {
+        let cands = candidates(input.current.clone(), src, entry, input)?;
+        all = Some(match all {
+            None => cands,
+            Some(df) => df.union(cands)?,
+        });
+    }
+    let all = all.ok_or_else(|| Error::Internal("a table with sources lists none".into()))?;
+    single_rows(all, src)
+}

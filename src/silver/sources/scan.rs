@@ -1,0 +1,167 @@
+//! The key map of a table with several sources: one pass over the fingerprints of every run of
+//! every source (newest first within each), giving each record's current candidate per source.
+//! A record's version is then the combination of its sources' runs, named by their run ids in
+//! source-name order joined by `+` (the run id itself for one source): the id the build's state
+//! records, so a record is processed again exactly when one of its candidates changed, and a
+//! change of precedence alone leaves the state as it was (`--rebuild-where` applies it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::Array;
+use datafusion::logical_expr::lit;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+
+use super::SourceInputs;
+use crate::error::{Error, Result};
+use crate::hash::fp::for_each_fp;
+use crate::silver::keys::{Entry, Keys, NONE};
+use crate::spec::columns::{FINGERPRINT, IS_DELETED};
+use crate::table::audit::RunRecord;
+use crate::table::lake::Lake;
+use crate::table::silver::c;
+
+/// A candidate whose source's latest version is a tombstone, while the runs are read.
+const DELETED: u32 = u32::MAX - 1;
+
+/// Interns source-run combinations.
+struct Combos {
+    of: Vec<Vec<u32>>,
+    index: HashMap<Vec<u32>, u32>,
+}
+
+impl Combos {
+    fn new(width: usize) -> Combos {
+        let empty = vec![NONE; width];
+        Combos {
+            of: vec![empty.clone()],
+            index: HashMap::from([(empty, 0)]),
+        }
+    }
+
+    fn intern(&mut self, combo: Vec<u32>) -> u32 {
+        if let Some(i) = self.index.get(&combo) {
+            return *i;
+        }
+        let i = self.of.len() as u32;
+        self.of.push(combo.clone());
+        self.index.insert(combo, i);
+        i
+    }
+}
+
+/// The fingerprint column of `input`'s rows as the table keys them (namespaced for an entry with
+/// a `key_namespace`).
+pub fn table_key(namespace: Option<&str>) -> datafusion::logical_expr::Expr {
+    match namespace {
+        None => c(FINGERPRINT),
+        Some(ns) => Arc::new(crate::hash::namespace::namespaced_fingerprint_udf()).call(vec![lit(ns), c(FINGERPRINT)]),
+    }
+}
+
+/// The key map of every current record of the sources (`runs[s]`: source `s`'s runs, newest
+/// first): [`Keys::combos`] holds each combination's run per source, [`Keys::runs`] its id.
+pub async fn current_keys(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    inputs: &[SourceInputs],
+    runs: &[Vec<&RunRecord>],
+) -> Result<Keys> {
+    let width = inputs.len();
+    let capacity: i64 = runs.iter().flatten().map(|r| r.rows_inserted + r.rows_updated).sum();
+    let mut keys = Keys::new(Vec::new(), usize::try_from(capacity).unwrap_or(0));
+    let mut combos = Combos::new(width);
+    for (s, (input, runs)) in inputs.iter().zip(runs).enumerate() {
+        for (i, run) in runs.iter().enumerate() {
+            let stored = crate::table::evolve::stored_runs(lake, &input.contract, &[*run])?;
+            let table = crate::table::evolve::read_stored(ctx, &input.contract, &stored.iter().collect::<Vec<_>>())?;
+            let fps = table.select(vec![
+                table_key(input.namespace.as_deref()).alias(FINGERPRINT),
+                c(IS_DELETED),
+            ])?;
+            let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
+            while let Some(b) = stream.next().await {
+                let b = b?;
+                let mut missing = false;
+                let deleted = b
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<datafusion::arrow::array::BooleanArray>();
+                for_each_fp(b.column(0), |row, fp| {
+                    let Some(fp) = fp else {
+                        missing = true;
+                        return;
+                    };
+                    let e = keys.map.entry(fp).or_insert(Entry {
+                        cur: 0,
+                        prev: NONE,
+                        version: 0,
+                        outcome: 0,
+                    });
+                    if combos.of[e.cur as usize][s] != NONE {
+                        return; // a newer run of this source has the record
+                    }
+                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
+                    let mut next = combos.of[e.cur as usize].clone();
+                    next[s] = if tombstone { DELETED } else { i as u32 };
+                    e.cur = combos.intern(next);
+                })?;
+                if missing {
+                    return Err(Error::RunFailed(format!(
+                        "bronze run {} of \"{}\" has a row without {FINGERPRINT}",
+                        run.run_id, run.source
+                    )));
+                }
+            }
+        }
+    }
+    // tombstoned candidates are no candidates; a record with none left is not current
+    let mut current = Combos::new(width);
+    let remap: Vec<u32> = combos
+        .of
+        .iter()
+        .map(|combo| {
+            let clean: Vec<u32> = combo.iter().map(|r| if *r == DELETED { NONE } else { *r }).collect();
+            if clean.iter().all(|r| *r == NONE) {
+                NONE
+            } else {
+                current.intern(clean) - 1
+            }
+        })
+        .collect();
+    let tombstones = &mut keys.tombstones;
+    keys.map.retain(|fp, e| {
+        e.cur = remap[e.cur as usize];
+        if e.cur == NONE {
+            tombstones.insert(*fp);
+        }
+        e.cur != NONE
+    });
+    keys.combos = current.of.split_off(1);
+    let mut by_name: Vec<usize> = (0..width).collect();
+    by_name.sort_by(|a, b| inputs[*a].source.cmp(&inputs[*b].source));
+    keys.runs = keys
+        .combos
+        .iter()
+        .map(|combo| combination_id(&by_name, combo, runs))
+        .collect();
+    keys.current_runs = keys.runs.len();
+    Ok(keys)
+}
+
+/// The id of a combination: its runs in source-name order (`by_name`), joined by `+`.
+fn combination_id(by_name: &[usize], combo: &[u32], runs: &[Vec<&RunRecord>]) -> String {
+    let mut id = String::new();
+    for &s in by_name {
+        let Some(run) = runs[s].get(combo[s] as usize) else {
+            continue;
+        };
+        if !id.is_empty() {
+            id.push('+');
+        }
+        id.push_str(&run.run_id);
+    }
+    id
+}

@@ -1,0 +1,704 @@
+//! Tables fed by several sources, through the real binary: survivorship per field (precedence,
+//! most_recent, only, lock-step groups), provenance columns, the conflict log, decisions that
+//! apply while the candidates stay and go stale when one changes, withdrawal, `hold`,
+//! `reject`, `fail`, ties at one rank, key namespaces, a full-delivery deletion and an undo in
+//! one source, and incremental builds equal to full ones after every step.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::util::{TestLake, assert_ok, stderr, stdout};
+
+type Row = BTreeMap<String, Value>;
+
+const CRM: &str = "source: crm
+version: 1
+format: csv
+fields:
+  - {name: guest_id, type: string, required: true, normalize: [trim, upper]}
+  - {name: email, type: string}
+  - {name: tier, type: string}
+  - {name: street, type: string}
+  - {name: city, type: string}
+  - {name: updated_at, type: date}
+natural_key: {version: 1, fields: [guest_id]}
+";
+
+const PMS: &str = "source: pms
+version: 1
+format: csv
+delivery: full
+fields:
+  - {name: guest_no, type: string, required: true, normalize: [trim, upper]}
+  - {name: email_address, type: string}
+  - {name: phone, type: string}
+  - {name: street, type: string}
+  - {name: city, type: string}
+  - {name: changed_on, type: date}
+natural_key: {version: 1, fields: [guest_no]}
+";
+
+/// Rules of `guests` with `extra` after the sources (survivorship, conflicts).
+fn rules(version: u32, conflicts: &str) -> String {
+    format!(
+        "table: guests
+version: {version}
+sources:
+  - source: crm
+  - source: pms
+    steps:
+      - rename: {{guest_no: guest_id, email_address: email, changed_on: updated_at}}
+survivorship:
+  default: precedence
+  order_by: updated_at
+  fields:
+    email: most_recent
+    phone: {{only: pms}}
+  groups:
+    address: {{fields: [street, city]}}
+conflicts:
+{conflicts}
+"
+    )
+}
+
+const FLAG: &str = "  fields: [email, address]\n  on_conflict: flag\n";
+
+struct Lake {
+    t: TestLake,
+    rules: PathBuf,
+    inbox: PathBuf,
+    n: usize,
+}
+
+impl Lake {
+    fn new(conflicts: &str) -> Lake {
+        let t = TestLake::new();
+        std::fs::write(t.contracts().join("crm.yaml"), CRM).unwrap();
+        std::fs::write(t.contracts().join("pms.yaml"), PMS).unwrap();
+        let rules = t.dir.path().join("rules");
+        let inbox = t.dir.path().join("inbox");
+        std::fs::create_dir_all(&inbox).unwrap();
+        let l = Lake { t, rules, inbox, n: 0 };
+        l.write_rules(1, conflicts);
+        l
+    }
+
+    fn write_rules(&self, version: u32, conflicts: &str) {
+        let dir = self.rules.join("guests");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("v{version}.yaml")), rules(version, conflicts)).unwrap();
+    }
+
+    fn ingot(&self, args: &[&str]) -> std::process::Output {
+        self.t
+            .command()
+            .arg("--rules")
+            .arg(&self.rules)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ingot(args);
+        assert_ok(&out);
+        stdout(&out)
+    }
+
+    /// Deliver `lines` (after the header) as a file of `source`; returns its run id.
+    fn deliver(&mut self, source: &str, lines: &[&str]) -> String {
+        let header = match source {
+            "crm" => "guest_id,email,tier,street,city,updated_at",
+            _ => "guest_no,email_address,phone,street,city,changed_on",
+        };
+        self.n += 1;
+        let file = self.inbox.join(format!("{source}-{:03}.csv", self.n));
+        std::fs::write(&file, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+        self.ok(&["ingest", source, file.to_str().unwrap()]);
+        let runs = self.t.query(&format!(
+            "SELECT run_id FROM audit.ingestion_run_log WHERE source = '{source}' ORDER BY commit_seq DESC LIMIT 1"
+        ));
+        runs[0]["run_id"].as_str().unwrap().to_string()
+    }
+
+    fn build(&self) {
+        self.ok(&["build", "guests"]);
+    }
+
+    /// silver.guests by guest, without the build id.
+    fn silver(&self) -> BTreeMap<String, Row> {
+        self.t
+            .query("SELECT * FROM silver.guests")
+            .into_iter()
+            .map(|mut r| {
+                r.remove("silver_build_id");
+                (r["guest_id"].as_str().unwrap().trim().to_uppercase(), r)
+            })
+            .collect()
+    }
+
+    fn latest_build(&self) -> Row {
+        self.t
+            .query("SELECT * FROM audit.silver_build_log WHERE \"table\" = 'guests' ORDER BY commit_seq DESC LIMIT 1")
+            .remove(0)
+    }
+
+    /// The conflicts the table holds now (its latest build's), by guest and field.
+    fn conflicts(&self) -> BTreeMap<(String, String), Row> {
+        let b = self.latest_build();
+        let fps = self.fingerprints();
+        self.t
+            .query(&format!(
+                "SELECT * FROM audit.source_conflict_log WHERE build_id = '{}'",
+                b["build_id"].as_str().unwrap()
+            ))
+            .into_iter()
+            .map(|r| {
+                let fp = r["natural_key_fingerprint"].as_str().unwrap();
+                let guest = fps
+                    .iter()
+                    .find(|(_, f)| f.as_str() == fp)
+                    .map(|(g, _)| g.clone())
+                    .unwrap();
+                ((guest, r["field"].as_str().unwrap().to_string()), r)
+            })
+            .collect()
+    }
+
+    fn fingerprints(&self) -> BTreeMap<String, String> {
+        self.t
+            .query("SELECT guest_id, natural_key_fingerprint FROM silver.guests")
+            .into_iter()
+            .map(|r| {
+                (
+                    r["guest_id"].as_str().unwrap().trim().to_uppercase(),
+                    r["natural_key_fingerprint"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn row_hash(&self, source: &str, key: &str) -> String {
+        let col = if source == "crm" { "guest_id" } else { "guest_no" };
+        let r = self.t.query(&format!(
+            "SELECT row_hash FROM bronze.{source}_current WHERE normalize_text({col}, 'trim,upper') = '{key}'"
+        ));
+        r[0]["row_hash"].as_str().unwrap().to_string()
+    }
+
+    /// A full build of the same lake (in a copy) gives the same rows and conflicts.
+    fn assert_full_equals_incremental(&self, context: &str) {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(self.t.dir.path(), copy.path());
+        let other = Lake {
+            rules: copy.path().join("rules"),
+            inbox: copy.path().join("inbox"),
+            t: TestLake {
+                dir: copy,
+                envs: Vec::new(),
+                lake_url: None,
+            },
+            n: 0,
+        };
+        let before = self.silver();
+        let conflicts = strip(self.conflicts());
+        other.ok(&["build", "guests", "--full"]);
+        assert_eq!(
+            other.silver(),
+            before,
+            "{context}: a full build differs from the incremental one"
+        );
+        assert_eq!(
+            strip(other.conflicts()),
+            conflicts,
+            "{context}: conflicts of a full build differ"
+        );
+    }
+}
+
+/// Conflict rows without the columns that name the build.
+fn strip(c: BTreeMap<(String, String), Row>) -> BTreeMap<(String, String), Row> {
+    c.into_iter()
+        .map(|(k, mut r)| {
+            r.remove("build_id");
+            (k, r)
+        })
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for e in walk(from) {
+        let rel = e.strip_prefix(from).unwrap();
+        let dest = to.join(rel);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&e, &dest).unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn s(v: &str) -> Value {
+    json!(v)
+}
+
+/// The expected provenance of a row: contributing sources and field_sources (none: null).
+fn provenance(r: &Row) -> (Value, Value, Value) {
+    (
+        r.get("contributing_sources").cloned().unwrap_or(Value::Null),
+        r.get("field_sources").cloned().unwrap_or(Value::Null),
+        r.get("conflict_fields").cloned().unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
+    let mut l = Lake::new(FLAG);
+    let crm1 = l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g2,b@x.nl,silver,2 Side St,Utrecht,2026-01-05",
+        ],
+    );
+    let pms1 = l.deliver(
+        "pms",
+        &[
+            " G1 ,a2@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01",
+            "g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02",
+        ],
+    );
+    l.build();
+    let rows = l.silver();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    // g1: email most_recent (pms's is later, and differs: a listed conflict, flagged), tier
+    // from crm only, phone only from pms, the address group from crm (precedence; same values)
+    let g1 = &rows["G1"];
+    assert_eq!(g1["email"], s("a2@x.nl"));
+    assert_eq!(g1["tier"], s("gold"));
+    assert_eq!(g1["phone"], s("+31 1"));
+    assert_eq!((&g1["street"], &g1["city"]), (&s("1 Main St"), &s("Amsterdam")));
+    assert_eq!(
+        provenance(g1),
+        (
+            json!(["crm", "pms"]),
+            json!({"email": "pms", "phone": "pms"}),
+            json!(["email"])
+        )
+    );
+    assert_eq!(g1["anomaly_flags"], json!(["source_conflict"]));
+    assert_eq!(
+        g1["ingestion_run_id"],
+        s(&crm1),
+        "lineage names the first contributing source's run"
+    );
+    assert_eq!(g1["row_hash"], s(&l.row_hash("crm", "G1")));
+    // g2 and g3 have one source: its values; a field only the other gives is null
+    let g2 = &rows["G2"];
+    assert_eq!((&g2["email"], &g2["tier"]), (&s("b@x.nl"), &s("silver")));
+    assert!(g2.get("phone").is_none_or(Value::is_null), "{g2:?}");
+    assert_eq!(provenance(g2), (json!(["crm"]), Value::Null, Value::Null));
+    assert_eq!(g2["anomaly_flags"], json!([]));
+    let g3 = &rows["G3"];
+    assert!(g3.get("tier").is_none_or(Value::is_null));
+    assert_eq!((&g3["phone"], &g3["ingestion_run_id"]), (&s("+31 3"), &s(&pms1)));
+    assert_eq!(provenance(g3), (json!(["pms"]), Value::Null, Value::Null));
+
+    // the conflict log: one open conflict with both candidates
+    let c = l.conflicts();
+    assert_eq!(
+        c.keys().cloned().collect::<Vec<_>>(),
+        vec![("G1".to_string(), "email".to_string())]
+    );
+    let c1 = &c[&("G1".into(), "email".into())];
+    assert_eq!(c1["status"], s("open"));
+    assert_eq!(c1["kind"], s("listed"));
+    assert_eq!(c1["taken_source"], s("pms"));
+    assert_eq!(
+        c1["candidates"],
+        json!([
+            {"source": "crm", "ingestion_run_id": crm1, "row_hash": l.row_hash("crm", "G1"), "value": "a@x.nl"},
+            {"source": "pms", "ingestion_run_id": pms1, "row_hash": l.row_hash("pms", "G1"), "value": "a2@x.nl"},
+        ])
+    );
+    let hash = candidate_set_hash("email", &[("crm", &[Some("a@x.nl")]), ("pms", &[Some("a2@x.nl")])]);
+    assert_eq!(c1["candidate_set_hash"], s(&hash), "the documented formula");
+    let b = l.latest_build();
+    assert_eq!((&b["conflicts_open"], &b["conflicts_decided"]), (&json!(1), &json!(0)));
+    l.assert_full_equals_incremental("first build");
+
+    // a decision: crm's email, applied while the candidates stay as they are
+    let fp = l.fingerprints()["G1"].clone();
+    let out = l.ok(&[
+        "resolve",
+        "guests",
+        &fp[..12],
+        "--field",
+        "email",
+        "--take",
+        "crm",
+        "--reason",
+        "CRM is the master",
+        "--by",
+        "ana",
+    ]);
+    assert!(out.contains("takes email from crm"), "{out}");
+    let again = l.ok(&[
+        "resolve",
+        "guests",
+        &fp,
+        "--field",
+        "email",
+        "--take",
+        "crm",
+        "--reason",
+        "CRM is the master",
+        "--by",
+        "ana",
+    ]);
+    assert!(again.contains("nothing recorded"), "{again}");
+    let decisions = l.t.query("SELECT * FROM audit.source_conflict_decision_log");
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    let d = &decisions[0];
+    assert_eq!(
+        (
+            &d["natural_key_fingerprint"],
+            &d["field"],
+            &d["take_source"],
+            &d["candidate_set_hash"],
+            &d["decided_by"]
+        ),
+        (&s(&fp), &s("email"), &s("crm"), &s(&hash), &s("ana"))
+    );
+    let decision = d["decision_id"].as_str().unwrap().to_string();
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!(g1["email"], s("a@x.nl"));
+    assert_eq!(provenance(g1).1, json!({"phone": "pms"}));
+    assert_eq!(provenance(g1).2, Value::Null);
+    assert_eq!(g1["anomaly_flags"], json!([]));
+    let c1 = &l.conflicts()[&("G1".into(), "email".into())];
+    assert_eq!(
+        (&c1["status"], &c1["decision_id"], &c1["taken_source"]),
+        (&s("decided"), &s(&decision), &s("crm"))
+    );
+    let b = l.latest_build();
+    assert_eq!((&b["conflicts_open"], &b["conflicts_decided"]), (&json!(0), &json!(1)));
+    l.assert_full_equals_incremental("after the decision");
+
+    // pms changes its email again: the decision is stale, the conflict open again
+    let pms2 = l.deliver(
+        "pms",
+        &[
+            "g1,a3@x.nl,+31 1,1 Main St,Amsterdam,2026-03-01",
+            "g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02",
+        ],
+    );
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!(g1["email"], s("a3@x.nl"));
+    assert_eq!(g1["anomaly_flags"], json!(["source_conflict"]));
+    let c1 = &l.conflicts()[&("G1".into(), "email".into())];
+    assert_eq!((&c1["status"], &c1["stale_decision_id"]), (&s("open"), &s(&decision)));
+    assert_eq!(c1["candidates"][1]["ingestion_run_id"], s(&pms2));
+    let b = l.latest_build();
+    assert_eq!((&b["conflicts_open"], &b["decisions_stale"]), (&json!(1), &json!(1)));
+    l.assert_full_equals_incremental("after a stale decision");
+
+    // decide again, then withdraw it: the conflict is open again
+    let out = l.ok(&[
+        "resolve",
+        "guests",
+        &fp,
+        "--field",
+        "email",
+        "--take",
+        "crm",
+        "--reason",
+        "still CRM",
+    ]);
+    let id = out.split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string();
+    l.build();
+    assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"));
+    let undone = l.ok(&["undo", &id]);
+    assert!(undone.contains("withdrew decision"), "{undone}");
+    let twice = l.ok(&["undo", &id]);
+    assert!(twice.contains("withdrawn already"), "{twice}");
+    l.build();
+    assert_eq!(l.silver()["G1"]["email"], s("a3@x.nl"));
+    assert_eq!(l.conflicts()[&("G1".into(), "email".into())]["status"], s("open"));
+    l.assert_full_equals_incremental("after a withdrawal");
+
+    // a full delivery of pms without g1: the row stays, from crm alone
+    l.deliver("pms", &["g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02"]);
+    l.build();
+    let rows = l.silver();
+    let g1 = &rows["G1"];
+    assert_eq!((&g1["email"], &g1["tier"]), (&s("a@x.nl"), &s("gold")));
+    assert!(g1.get("phone").is_none_or(Value::is_null));
+    assert_eq!(provenance(g1), (json!(["crm"]), Value::Null, Value::Null));
+    assert!(l.conflicts().is_empty());
+    l.assert_full_equals_incremental("after a deletion in one source");
+
+    // undo of crm's run: g1 and g2 go; g3 stays
+    l.ok(&["undo", &crm1]);
+    l.build();
+    let rows = l.silver();
+    assert_eq!(rows.keys().cloned().collect::<Vec<_>>(), vec!["G3".to_string()]);
+    l.assert_full_equals_incremental("after an undo in one source");
+}
+
+/// The documented candidate set hash, computed here from the formula.
+fn candidate_set_hash(field: &str, candidates: &[(&str, &[Option<&str>])]) -> String {
+    let mut text = format!("{field}\n");
+    let mut sorted = candidates.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    for (source, values) in sorted {
+        text.push_str(source);
+        text.push('\n');
+        for v in values {
+            match v {
+                None => text.push_str("-\n"),
+                Some(v) => text.push_str(&format!("{}:{v}\n", v.len())),
+            }
+        }
+    }
+    crate::util::sha256_hex(text.as_bytes())
+}
+
+#[test]
+fn hold_keeps_the_previous_winner_until_a_person_decides() {
+    let mut l = Lake::new("  fields: [email, address]\n  on_conflict: hold\n");
+    l.deliver("crm", &["g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01"]);
+    l.build();
+    assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"));
+    // pms brings a later, different email and address: most_recent would take pms's email, the
+    // group crm's (precedence); hold keeps what silver had: crm for both
+    l.deliver("pms", &["g1,z@x.nl,+31 1,9 New St,Haarlem,2026-02-01"]);
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!(
+        (&g1["email"], &g1["street"], &g1["city"]),
+        (&s("a@x.nl"), &s("1 Main St"), &s("Amsterdam"))
+    );
+    assert_eq!(provenance(g1).2, json!(["email", "address"]));
+    assert_eq!(g1["anomaly_flags"], json!(["source_conflict"]));
+    let c = l.conflicts();
+    assert_eq!(c[&("G1".into(), "email".into())]["taken_source"], s("crm"));
+    assert_eq!(c[&("G1".into(), "address".into())]["taken_source"], s("crm"));
+    assert_eq!(
+        c[&("G1".into(), "address".into())]["candidates"][1]["value"],
+        s("{\"street\":\"9 New St\",\"city\":\"Haarlem\"}")
+    );
+    // a rebuild that changes nothing else keeps holding
+    l.assert_full_equals_incremental("hold");
+    // a key new to the table in conflict: the survivorship winner (pms's later email)
+    l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g5,e@x.nl,gold,5 A,Ams,2026-01-01",
+        ],
+    );
+    l.deliver(
+        "pms",
+        &[
+            "g1,z@x.nl,+31 1,9 New St,Haarlem,2026-02-01",
+            "g5,f@x.nl,+31 5,5 A,Ams,2026-03-01",
+        ],
+    );
+    l.build();
+    let rows = l.silver();
+    assert_eq!(rows["G5"]["email"], s("f@x.nl"));
+    assert_eq!(rows["G1"]["email"], s("a@x.nl"), "still held");
+    // deciding for pms releases the hold on that field
+    let fp = l.fingerprints()["G1"].clone();
+    l.ok(&[
+        "resolve", "guests", &fp, "--field", "email", "--take", "pms", "--reason", "moved",
+    ]);
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!(g1["email"], s("z@x.nl"));
+    assert_eq!(provenance(g1).2, json!(["address"]));
+    l.assert_full_equals_incremental("hold after a decision");
+}
+
+#[test]
+fn reject_sends_the_record_to_the_failure_log_and_fail_fails_the_build() {
+    let mut l = Lake::new("  fields: [email]\n  on_conflict: reject\n");
+    l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g2,b@x.nl,gold,2 B,Ams,2026-01-01",
+        ],
+    );
+    l.deliver(
+        "pms",
+        &[
+            "g1,z@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01",
+            "g2,b@x.nl,+31 2,2 B,Ams,2026-02-01",
+        ],
+    );
+    l.build();
+    let rows = l.silver();
+    assert_eq!(
+        rows.keys().cloned().collect::<Vec<_>>(),
+        vec!["G2".to_string()],
+        "g1 rejected, g2 agrees"
+    );
+    let failures = l.t.query("SELECT * FROM audit.row_failure_log WHERE layer = 'silver'");
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["rule"], s("source_conflict"));
+    let reason = failures[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("email: crm a@x.nl vs pms z@x.nl"), "{reason}");
+    let b = l.latest_build();
+    assert_eq!((&b["rows_rejected"], &b["conflicts_open"]), (&json!(1), &json!(1)));
+    // the conflict is logged, nothing was taken
+    let fps =
+        l.t.query("SELECT natural_key_fingerprint FROM bronze.crm_current WHERE guest_id = 'g1'");
+    let log = l.t.query("SELECT * FROM audit.source_conflict_log");
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0]["natural_key_fingerprint"], fps[0]["natural_key_fingerprint"]);
+    assert!(log[0].get("taken_source").is_none_or(Value::is_null));
+    // deciding lets it in
+    let fp = fps[0]["natural_key_fingerprint"].as_str().unwrap().to_string();
+    l.ok(&[
+        "resolve", "guests", &fp, "--field", "email", "--take", "crm", "--reason", "master",
+    ]);
+    l.build();
+    assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"));
+
+    // on_conflict: fail (v2): a new conflict fails the build, nothing is published
+    l.write_rules(2, "  fields: [email]\n  on_conflict: fail\n");
+    l.deliver(
+        "pms",
+        &[
+            "g1,z@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01",
+            "g2,q@x.nl,+31 2,2 B,Ams,2026-02-01",
+        ],
+    );
+    let before = l.silver();
+    let out = l.ingot(&["build", "guests"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(said.contains("source_conflict") && said.contains("q@x.nl"), "{said}");
+    assert_eq!(l.silver(), before, "a failed build publishes nothing");
+}
+
+#[test]
+fn peers_at_one_rank_conflict_unless_ties_are_broken() {
+    let mut l = Lake::new("  same_precedence: conflict\n  on_conflict: flag\n");
+    let dir = l.rules.join("guests");
+    let peers = rules(1, "  same_precedence: conflict\n  on_conflict: flag\n")
+        .replace("  - source: crm\n", "  - source: crm\n    rank: 1\n")
+        .replace("  - source: pms\n", "  - source: pms\n    rank: 1\n");
+    std::fs::write(dir.join("v1.yaml"), &peers).unwrap();
+    // same rank, same updated_at: tier/street differ? tier is crm-only; the address group ties
+    l.deliver("crm", &["g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01"]);
+    l.deliver("pms", &["g1,a@x.nl,+31 1,7 Other St,Amsterdam,2026-01-01"]);
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!(
+        provenance(g1).2,
+        json!(["address"]),
+        "a tie at one rank with different values"
+    );
+    // the tie-break takes the first source by name (crm) for the flagged value
+    assert_eq!(g1["street"], s("1 Main St"));
+    assert_eq!(l.conflicts()[&("G1".into(), "address".into())]["kind"], s("tie"));
+    // same_precedence: break (v2) and a rebuild of v1's rows: no conflict, the same winner
+    std::fs::write(
+        dir.join("v2.yaml"),
+        peers
+            .replace("version: 1", "version: 2")
+            .replace("same_precedence: conflict", "same_precedence: break"),
+    )
+    .unwrap();
+    l.ok(&["build", "guests", "--rebuild-where", "rules_version < 2"]);
+    let g1 = &l.silver()["G1"];
+    assert_eq!((&g1["street"], &g1["rules_version"]), (&s("1 Main St"), &json!(2)));
+    assert_eq!(provenance(g1).2, Value::Null);
+    assert!(l.conflicts().is_empty());
+}
+
+#[test]
+fn a_precedence_change_switches_winners_only_where_rebuilt() {
+    let mut l = Lake::new(FLAG);
+    l.deliver("crm", &["g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01"]);
+    l.deliver("pms", &["g1,a@x.nl,+31 1,9 New St,Haarlem,2026-01-01"]);
+    l.build();
+    assert_eq!(l.silver()["G1"]["street"], s("1 Main St"));
+    // v2 puts pms first: an incremental build leaves v1's row alone
+    let v2 = rules(2, FLAG).replace(
+        "  - source: crm\n  - source: pms\n    steps:\n      - rename: {guest_no: guest_id, email_address: email, changed_on: updated_at}\n",
+        "  - source: pms\n    steps:\n      - rename: {guest_no: guest_id, email_address: email, changed_on: updated_at}\n  - source: crm\n",
+    );
+    assert_ne!(v2, rules(2, FLAG));
+    std::fs::write(l.rules.join("guests/v2.yaml"), v2).unwrap();
+    l.build();
+    let g1 = &l.silver()["G1"];
+    assert_eq!((&g1["street"], &g1["rules_version"]), (&s("1 Main St"), &json!(1)));
+    l.ok(&["build", "guests", "--rebuild-where", "rules_version < 2"]);
+    let g1 = &l.silver()["G1"];
+    assert_eq!(
+        (&g1["street"], &g1["city"], &g1["rules_version"]),
+        (&s("9 New St"), &s("Haarlem"), &json!(2))
+    );
+    assert_eq!(provenance(g1).0, json!(["pms", "crm"]));
+    // the address conflict (listed) is logged with pms taken
+    assert_eq!(
+        l.conflicts()[&("G1".into(), "address".into())]["taken_source"],
+        s("pms")
+    );
+}
+
+#[test]
+fn a_key_namespace_keeps_equal_ids_of_two_sources_apart() {
+    let mut l = Lake::new(FLAG);
+    let ns = rules(1, FLAG).replace("  - source: pms\n", "  - source: pms\n    key_namespace: pms\n");
+    std::fs::write(l.rules.join("guests/v1.yaml"), ns).unwrap();
+    l.deliver("crm", &["g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01"]);
+    l.deliver("pms", &["g1,z@x.nl,+31 1,9 New St,Haarlem,2026-02-01"]);
+    l.build();
+    let rows =
+        l.t.query("SELECT guest_id, natural_key_fingerprint, contributing_sources FROM silver.guests");
+    assert_eq!(rows.len(), 2, "two records: {rows:?}");
+    let crm_fp = l.t.query("SELECT natural_key_fingerprint AS f FROM bronze.crm_current")[0]["f"].clone();
+    let pms_fp = l.t.query("SELECT natural_key_fingerprint AS f FROM bronze.pms_current")[0]["f"].clone();
+    let want_pms = crate::util::sha256_hex(format!("pms|{}", pms_fp.as_str().unwrap()).as_bytes());
+    let by_source: BTreeMap<String, Value> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["contributing_sources"][0].as_str().unwrap().to_string(),
+                r["natural_key_fingerprint"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(by_source["crm"], crm_fp);
+    assert_eq!(
+        by_source["pms"],
+        s(&want_pms),
+        "namespaced_fingerprint(ns, fp) = sha256(ns|fp)"
+    );
+    let sql = l.t.query(&format!(
+        "SELECT namespaced_fingerprint('pms', '{}') AS f",
+        pms_fp.as_str().unwrap()
+    ));
+    assert_eq!(sql[0]["f"], s(&want_pms));
+    assert!(l.conflicts().is_empty());
+}
