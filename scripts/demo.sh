@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole story on the bundled hotel-marketing data, run by run: bronze, silver, and an
-# incident (undo, replay, doctor, gc), and a vendor API pulled from a local server. Called by
-# `make demo`.
+# incident (undo, replay, doctor, gc), a vendor API pulled from a local server, and two booking
+# sources in one table with a conflict decided. Called by `make demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INGOT="${INGOT:-ingot}"
@@ -167,5 +167,31 @@ ls "$LAKE"/bronze/orders/run_id=*/
 kill "$SERVER_PID" 2>/dev/null || true
 wait "$SERVER_PID" 2>/dev/null || true
 SERVER_PID=
+
+say "18. Two booking sources, one table: the partner channel manager reports the same bookings"
+echo "   examples/partner/partner_bookings.yaml is the partner's contract (its own column names, the"
+echo "   same natural key: hotel and booking_ref, so one booking has one fingerprint whichever source"
+echo "   delivered it); examples/partner/rules/all_bookings/v1.yaml feeds silver.all_bookings from"
+echo "   both: the booking engine first, the partner filling in; differing amounts, statuses or"
+echo "   check-in dates are conflicts, logged and flagged, never silently overwritten."
+cp examples/partner/partner_bookings.yaml "$SCRATCH/contracts/"
+mkdir -p "$SCRATCH/rules"
+cp -r rules/* examples/partner/rules/* "$SCRATCH/rules/"
+two() { printf '$ ingot --contracts <contracts/ + examples> --rules <rules/ + examples/partner/rules> %s\n' "$*"; "$INGOT" --contracts "$SCRATCH/contracts" --rules "$SCRATCH/rules" "$@"; }
+two check
+two ingest partner_bookings data/partner/partner_bookings/2026-11-02_partner_bookings.csv
+two build all_bookings
+two sql "SELECT contributing_sources, count(*) AS bookings FROM silver.all_bookings GROUP BY 1 ORDER BY 1"
+echo "   -> 21 bookings both sources have are one row each; one of them has two amounts:"
+two sql "SELECT b.booking_ref, c.field, c.status, c.taken_source, c.candidates[1]['value'] AS engine, c.candidates[2]['value'] AS partner FROM audit.source_conflict_log c JOIN silver.all_bookings b USING (natural_key_fingerprint) WHERE c.status = 'open'"
+FP=$("$INGOT" --contracts "$SCRATCH/contracts" --rules "$SCRATCH/rules" sql --format csv \
+  "SELECT natural_key_fingerprint FROM audit.source_conflict_log WHERE status = 'open' AND field = 'amount'" | tail -n 1)
+echo "   -> a person decides: the partner's amount (it includes the city tax)"
+two resolve all_bookings "$FP" --field amount --take partner_bookings --reason "the partner's invoice includes the city tax" --by demo
+two build all_bookings
+two sql "SELECT booking_ref, amount, field_sources, conflict_fields, anomaly_flags FROM silver.all_bookings WHERE natural_key_fingerprint = '$FP'"
+two sql "SELECT rules_version, mode, rows_read, conflicts_open, conflicts_decided, decisions_stale FROM audit.silver_build_log WHERE \"table\" = 'all_bookings' ORDER BY commit_seq"
+echo "   -> the second build processed only that booking; the decision holds while both amounts"
+echo "      stay as they are, and goes stale (the conflict opens again) when either changes"
 
 say "Done. The lake is in $LAKE; try: $INGOT sql \"SELECT * FROM bronze.bookings_current LIMIT 5\""

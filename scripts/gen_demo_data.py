@@ -1080,7 +1080,9 @@ def generate(out):
     write(os.path.join(landing, "site_traffic", "2026-10-19_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t1))
     write(os.path.join(landing, "site_traffic", "2026-10-26_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t2))
     write(os.path.join(landing, "site_traffic", "2026-11-02_site_traffic.csv"), csv_bytes(TRAFFIC_HEADER, t3))
-    return {"bookings": bk, "restated": restated, "sessions": winfo, "traffic": tinfo, "bad": bad}
+    partner = gen_partner(out, bk["day1"])
+    return {"bookings": bk, "restated": restated, "sessions": winfo, "traffic": tinfo, "bad": bad,
+            "partner": partner}
 
 
 SOURCES = ["hotels", "bookings", "marketing_spend", "web_sessions", "site_traffic"]
@@ -1470,6 +1472,48 @@ def render_expected_json(results, currents, bad):
     return (json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+PARTNER_HEADER = ["ref", "hotel", "guest", "status", "arrival", "departure", "nights", "total",
+                  "currency", "updated_at"]
+
+
+def gen_partner(out, day1):
+    """data/partner/partner_bookings/: the partner channel manager's view of the same bookings
+    (examples/partner, demo step 18): 20 of day one's bookings as they are, one with another
+    amount (the conflict the demo decides), and 5 the booking engine does not have. Its own
+    random.Random, so the files above stay as they were."""
+    rng = random.Random(SEED + 44)
+    d = os.path.join(out, "data", "partner")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    valid = [b for b in day1 if b["booking_ref"] and b["booking_ref"].startswith("BK")
+             and re.fullmatch(r"\d+\.\d\d", str(b["amount"] or "")) and b["currency"] == "EUR"
+             and b["booking_status"] in ("confirmed", "cancelled", "no_show")
+             and b["check_out"] > b["check_in"] and b["hotel_code"] in [h[0] for h in HOTELS]]
+    seen = {}
+    for b in valid:
+        seen.setdefault((b["hotel_code"], b["booking_ref"]), []).append(b)
+    shared = [v[0] for v in seen.values() if len(v) == 1][:21]
+    rows = []
+    base = datetime(2026, 11, 2, 6, 0, 0)
+    for i, b in enumerate(shared):
+        total = b["amount"]
+        if i == 7:
+            total = money(int(Decimal(b["amount"]) * 100) + 1000)   # the conflict: 10.00 more
+        rows.append([b["booking_ref"], b["hotel_code"].lower(), b["guest_email"], b["booking_status"],
+                     b["check_in"], b["check_out"], b["nights"], total, b["currency"],
+                     (base + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%SZ")])
+    for i in range(5):
+        hotel = rng.choice([h[0] for h in HOTELS])
+        ci = date(2026, 12, 1) + timedelta(days=rng.randint(0, 30))
+        n = rng.choice([1, 2, 3])
+        rows.append([f"PB{700001 + i}", hotel, f"{rng.choice(FIRST)}.{rng.choice(LAST)}@{rng.choice(DOMAINS)}",
+                     "confirmed", ci.isoformat(), (ci + timedelta(days=n)).isoformat(), n,
+                     money(rng.randint(9000, 30000) * n), "EUR",
+                     (base + timedelta(seconds=100 + i)).strftime("%Y-%m-%dT%H:%M:%SZ")])
+    write(os.path.join(d, "partner_bookings", "2026-11-02_partner_bookings.csv"), csv_bytes(PARTNER_HEADER, rows))
+    return {"conflict": shared[7]["booking_ref"], "shared": len(shared), "new": 5}
+
+
 def build(out):
     info = generate(out)
     contracts, results, finals, bad, currents = expectations(out)
@@ -1485,7 +1529,7 @@ def build(out):
 
 def tree_bytes(base):
     res = {}
-    for sub in ("data/landing", "data/bad"):
+    for sub in ("data/landing", "data/bad", "data/partner"):
         for dp, _, fs in os.walk(os.path.join(base, sub)):
             for f in fs:
                 p = os.path.join(dp, f)

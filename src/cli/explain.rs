@@ -25,6 +25,9 @@ pub async fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitStatus> {
     let rules = load_rules(&ws, &catalog, &args.table, args.rules_version)?;
     let inputs = read_inputs(&catalog.ctx, &catalog.contracts, &rules).await?;
     let mut out = summary(&rules, &inputs.contract);
+    if rules.sources.is_some() {
+        out.push_str(&sources_summary(&catalog, &rules).await?);
+    }
     out.push('\n');
     let opts = BuildOptions {
         rules_version: args.rules_version,
@@ -65,7 +68,9 @@ pub fn summary(rules: &RuleSet, contract: &crate::spec::contract::Contract) -> S
         rules.path.display(),
         rules.sha256
     );
-    let _ = writeln!(s, "reads bronze.{}_current", rules.source);
+    if rules.sources.is_none() {
+        let _ = writeln!(s, "reads bronze.{}_current", rules.source);
+    }
     for r in &contract.resolve {
         let _ = writeln!(
             s,
@@ -167,4 +172,108 @@ pub fn summary(rules: &RuleSet, contract: &crate::spec::contract::Contract) -> S
         let _ = writeln!(s, "  {}: {what}", a.name);
     }
     s
+}
+
+/// A table fed by several sources: each source's key recipe with one sample record's key,
+/// then survivorship and conflicts in words.
+async fn sources_summary(catalog: &crate::engine::catalog::Catalog, rules: &RuleSet) -> Result<String> {
+    use crate::spec::rules::sources::Rule;
+    let mut s = String::new();
+    let Some(src) = rules.sources.as_deref() else {
+        return Ok(s);
+    };
+    let _ = writeln!(s, "sources, in precedence order (each keyed as the table keys it):");
+    for e in &src.entries {
+        let Some(contract) = catalog.contracts.contracts.get(&e.source) else {
+            continue;
+        };
+        let ns = e
+            .key_namespace
+            .as_deref()
+            .map(|n| format!(", namespaced_fingerprint('{n}', fingerprint)"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "  {} (rank {}): reads bronze.{}_current; key v{}: {}{ns}",
+            e.source,
+            e.rank,
+            e.source,
+            contract.natural_key.version,
+            contract.key_definition()
+        );
+        for r in &contract.resolve {
+            let _ = writeln!(
+                s,
+                "    resolve {}: {} -> {}.{} as {}",
+                r.name, r.from, r.lookup, r.value, r.alias
+            );
+        }
+        if !e.steps.is_empty() {
+            let kinds: Vec<&str> = e.steps.iter().map(Step::kind).collect();
+            let _ = writeln!(s, "    its steps: {}", kinds.join(", "));
+        }
+        let names: Vec<datafusion::logical_expr::Expr> = contract
+            .natural_key
+            .fields
+            .iter()
+            .filter_map(|i| contract.fields.get(*i))
+            .map(|f| datafusion::prelude::col(f.name.as_str()))
+            .chain([crate::silver::sources::scan::table_key(e.key_namespace.as_deref()).alias("__key")])
+            .collect();
+        let sample = catalog
+            .ctx
+            .table(crate::silver::compile::current_table(&e.source))
+            .await?
+            .select(names)?
+            .limit(0, Some(1))?
+            .collect()
+            .await?;
+        match sample.iter().find(|b| b.num_rows() > 0) {
+            Some(b) => {
+                let mut parts = Vec::new();
+                for i in 0..b.num_columns() - 1 {
+                    let v = datafusion::arrow::util::display::array_value_to_string(b.column(i), 0)?;
+                    parts.push(format!("{}={v}", b.schema().field(i).name()));
+                }
+                let key = datafusion::arrow::util::display::array_value_to_string(b.column(b.num_columns() - 1), 0)?;
+                let _ = writeln!(s, "    sample: {} -> {key}", parts.join(", "));
+            }
+            None => {
+                let _ = writeln!(s, "    sample: (no current record yet)");
+            }
+        }
+    }
+    let rule = |r: &Rule| match r {
+        Rule::Precedence => "precedence".to_string(),
+        Rule::MostRecent(c) => format!("most_recent by {c}"),
+        Rule::Only(x) => format!("only {x}"),
+    };
+    let sv = &src.survivorship;
+    let _ = writeln!(
+        s,
+        "survivorship: default {}{}",
+        rule(&sv.default),
+        sv.order_by
+            .as_deref()
+            .map(|o| format!(", ties by {o}"))
+            .unwrap_or_default()
+    );
+    for (f, r) in &sv.fields {
+        let _ = writeln!(s, "  {f}: {}", rule(r));
+    }
+    for g in &sv.groups {
+        let _ = writeln!(s, "  group {} [{}]: {}", g.name, g.fields.join(", "), rule(&g.rule));
+    }
+    let c = &src.conflicts;
+    let _ = writeln!(
+        s,
+        "conflicts: fields [{}], same_precedence {}, on_conflict {}",
+        c.fields.join(", "),
+        match c.same_precedence {
+            crate::spec::rules::sources::SamePrecedence::Conflict => "conflict",
+            crate::spec::rules::sources::SamePrecedence::Break => "break",
+        },
+        c.on_conflict.name()
+    );
+    Ok(s)
 }

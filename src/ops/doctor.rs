@@ -681,17 +681,27 @@ async fn check_silver_current(
         let Some(b) = latest_build(&catalog.builds, table) else {
             continue;
         };
-        let Some(source) = silver_source(ws, catalog, table, b.rules_version) else {
-            continue;
-        };
-        if damaged.has(&source) {
+        let sources = silver_sources(ws, catalog, table, b.rules_version);
+        if sources.is_empty() || sources.iter().any(|(s, _)| damaged.has(s)) {
             continue;
         }
-        let current = catalog
-            .ctx
-            .table(current_table(&source))
-            .await?
-            .select(vec![col(FP).alias(CURRENT_FP)])?;
+        // a table with several sources: the keys of every source, each as the table keys it
+        let mut current: Option<datafusion::dataframe::DataFrame> = None;
+        for (s, ns) in &sources {
+            let keys = catalog.ctx.table(current_table(s)).await?.select(vec![
+                crate::silver::sources::scan::table_key(ns.as_deref()).alias(CURRENT_FP),
+            ])?;
+            current = Some(match current {
+                None => keys,
+                Some(df) => df.union(keys)?,
+            });
+        }
+        let Some(current) = current else { continue };
+        let source = sources
+            .iter()
+            .map(|(s, _)| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", bronze.");
         let not_current = catalog
             .ctx
             .table(TableReference::partial("silver", *table))
@@ -745,13 +755,24 @@ fn check_rules_files(ws: &Workspace, builds: &[BuildRecord], out: &mut Vec<Viola
     }
 }
 
-/// The bronze source of `table`'s rules version `version` (from its rules file).
-fn silver_source(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) -> Option<String> {
+/// The sources a table's rules read, each with its key namespace (one, without, for a table
+/// with `source:`).
+fn silver_sources(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) -> Vec<(String, Option<String>)> {
     let mut ignored = crate::spec::yaml::Problems::default();
     let rules = crate::spec::rules::RulesSet::load(&ws.rules_dir, &catalog.contracts, &mut ignored);
-    rules
+    let Some(r) = rules
         .tables
         .get(table)
         .and_then(|v| v.get(&version).or_else(|| v.values().next_back()))
-        .map(|r| r.source.clone())
+    else {
+        return Vec::new();
+    };
+    match &r.sources {
+        Some(src) => src
+            .entries
+            .iter()
+            .map(|e| (e.source.clone(), e.key_namespace.clone()))
+            .collect(),
+        None => vec![(r.source.clone(), None)],
+    }
 }

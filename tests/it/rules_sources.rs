@@ -569,18 +569,17 @@ sources:
 }
 
 #[test]
-fn a_contract_rejecting_a_missing_resolve_is_refused() {
-    assert_problems(
+fn a_contract_rejecting_a_missing_resolve_is_accepted() {
+    // a candidate whose lookup misses rejects its record as a whole (docs/guide.md)
+    let r = rules_of(
         r#"table: guests
 version: 1
 sources:
   - source: crm
   - source: rez
 "#,
-        &[
-            "5:5: source \"rez\": its contract's resolve \"shop\" has on_missing: reject (the default), but a table with several sources cannot reject one source's candidate; set on_missing: null in contract \"rez\" and add a top-level validation instead",
-        ],
     );
+    assert_eq!(sources(&r).names(), vec!["crm", "rez"]);
 }
 
 #[test]

@@ -701,4 +701,107 @@ fn a_key_namespace_keeps_equal_ids_of_two_sources_apart() {
     ));
     assert_eq!(sql[0]["f"], s(&want_pms));
     assert!(l.conflicts().is_empty());
+    // explain prints each source's key recipe and one sample key each
+    let explain = l.ok(&["explain", "guests"]);
+    assert!(
+        explain.contains("crm (rank 1): reads bronze.crm_current; key v1: guest_id string [trim, upper]\n"),
+        "{explain}"
+    );
+    assert!(
+        explain.contains(
+            "pms (rank 2): reads bronze.pms_current; key v1: guest_no string [trim, upper], \
+             namespaced_fingerprint('pms', fingerprint)"
+        ),
+        "{explain}"
+    );
+    assert!(
+        explain.contains(&format!("sample: guest_id=g1 -> {}", crm_fp.as_str().unwrap())),
+        "{explain}"
+    );
+    assert!(
+        explain.contains(&format!("sample: guest_no=g1 -> {want_pms}")),
+        "{explain}"
+    );
+}
+
+#[test]
+fn the_demo_story_two_booking_sources_and_one_decided_conflict() {
+    let t = TestLake::new();
+    let repo = crate::util::repo();
+    std::fs::copy(
+        repo.join("examples/partner/partner_bookings.yaml"),
+        t.contracts().join("partner_bookings.yaml"),
+    )
+    .unwrap();
+    let rules = t.dir.path().join("rules");
+    copy_dir(&repo.join("rules"), &rules);
+    copy_dir(&repo.join("examples/partner/rules"), &rules);
+    let l = Lake {
+        t,
+        inbox: PathBuf::new(),
+        rules,
+        n: 0,
+    };
+    for (s, f) in [
+        ("hotels", "hotels/2026-11-01_hotels.csv"),
+        ("bookings", "bookings/2026-11-01_bookings.csv"),
+    ] {
+        l.ok(&["ingest", s, crate::util::landing(f).to_str().unwrap()]);
+    }
+    let partner = repo.join("data/partner/partner_bookings/2026-11-02_partner_bookings.csv");
+    l.ok(&["ingest", "partner_bookings", partner.to_str().unwrap()]);
+    l.ok(&["build", "all_bookings"]);
+    let by = l.t.query(
+        "SELECT array_to_string(contributing_sources, '+') AS s, count(*) AS n FROM silver.all_bookings GROUP BY 1",
+    );
+    let by: BTreeMap<String, Value> = by
+        .into_iter()
+        .map(|r| (r["s"].as_str().unwrap().to_string(), r["n"].clone()))
+        .collect();
+    assert_eq!(by["bookings+partner_bookings"], json!(21), "{by:?}");
+    assert_eq!(by["partner_bookings"], json!(5), "{by:?}");
+    let open = l.t.query(
+        "SELECT b.booking_ref, c.field, c.natural_key_fingerprint AS fp, c.candidates FROM audit.source_conflict_log c \
+         JOIN silver.all_bookings b USING (natural_key_fingerprint) WHERE c.status = 'open'",
+    );
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        (&open[0]["booking_ref"], &open[0]["field"]),
+        (&s("BK100018"), &s("amount"))
+    );
+    let values: Vec<&Value> = open[0]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["value"])
+        .collect();
+    assert_eq!(values, vec![&s("558.12"), &s("568.12")]);
+    let fp = open[0]["fp"].as_str().unwrap().to_string();
+    l.ok(&[
+        "resolve",
+        "all_bookings",
+        &fp,
+        "--field",
+        "amount",
+        "--take",
+        "partner_bookings",
+        "--reason",
+        "city tax",
+    ]);
+    l.ok(&["build", "all_bookings"]);
+    let row = l.t.query(&format!(
+        "SELECT amount, anomaly_flags FROM silver.all_bookings WHERE natural_key_fingerprint = '{fp}'"
+    ));
+    assert_eq!(
+        (&row[0]["amount"], &row[0]["anomaly_flags"]),
+        (&json!(568.12), &json!([]))
+    );
+    let b = l.t.query(
+        "SELECT rows_read, conflicts_open, conflicts_decided FROM audit.silver_build_log \
+         WHERE \"table\" = 'all_bookings' ORDER BY commit_seq DESC LIMIT 1",
+    );
+    assert_eq!(
+        (&b[0]["rows_read"], &b[0]["conflicts_open"], &b[0]["conflicts_decided"]),
+        (&json!(1), &json!(0), &json!(1))
+    );
 }

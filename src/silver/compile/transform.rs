@@ -12,7 +12,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::hash::json::{ToJsonRow, to_json_row, to_json_row_udf};
-use crate::silver::sources::STATE_RUN;
+use crate::silver::sources::{REJECT_REASON, REJECT_RULE, STATE_RUN};
 use crate::spec::contract::{Contract, OnMissing};
 use crate::spec::rules::sources::SOURCE_CONFLICT_FLAG;
 use crate::spec::rules::{Action, RuleSet, Step};
@@ -266,12 +266,18 @@ pub fn transform_split(
         None
     };
 
-    let (rule, reason) = if rules.validate.is_empty() {
+    // several sources: a record a candidate's resolve rejects fails first, with that rule
+    let early = stepped.schema().has_column_with_unqualified_name(REJECT_RULE);
+    let (rule, reason) = if rules.validate.is_empty() && !early {
         (null_text(), null_text())
     } else {
-        let first = &rules.validate[0];
-        let mut rule = when(first.check.expr.clone().is_not_true(), lit(first.name.as_str()));
-        for v in &rules.validate[1..] {
+        let mut rule = if early {
+            when(c(REJECT_RULE).is_not_null(), c(REJECT_RULE))
+        } else {
+            let first = &rules.validate[0];
+            when(first.check.expr.clone().is_not_true(), lit(first.name.as_str()))
+        };
+        for v in &rules.validate[usize::from(!early)..] {
             rule = rule.when(v.check.expr.clone().is_not_true(), lit(v.name.as_str()));
         }
         let mut reason = case(c(SPLIT_RULE));
@@ -284,7 +290,17 @@ pub fn transform_split(
             };
             reason = reason.when(lit(v.name.as_str()), text);
         }
-        (rule.end()?, reason.end()?)
+        let reason = if early {
+            let rest = if rules.validate.is_empty() {
+                null_text()
+            } else {
+                reason.end()?
+            };
+            when(c(REJECT_RULE).is_not_null(), c(REJECT_REASON)).otherwise(rest)?
+        } else {
+            reason.end()?
+        };
+        (rule.end()?, reason)
     };
     let checked = stepped.with_column(SPLIT_RULE, rule)?;
 

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrame;
+use datafusion::functions::string::expr_fn::concat;
 use datafusion::functions_nested::expr_fn::make_array;
 use datafusion::logical_expr::{Expr, ExprSchemable, lit, when};
 use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
-use crate::silver::compile::{Lookups, current_table, resolve};
+use crate::silver::compile::{Lookups, RESOLVE_REASON, RESOLVE_RULE, current_table, resolve};
 use crate::spec::columns::{FINGERPRINT, meta_fields};
 use crate::spec::contract::{Contract, ContractSet};
 use crate::spec::rules::RuleSet;
@@ -40,8 +41,16 @@ pub const STATE_RUN: &str = "__ingot_state_run";
 /// Merged column: why the record is rejected for a conflict (`on_conflict: reject | fail`),
 /// null when it is not.
 pub const CONFLICT: &str = crate::spec::rules::sources::CONFLICT_REASON;
+/// Merged column: the rule that rejects the record before its steps (a candidate's `resolve`
+/// missed under `on_missing: reject`), null when none does.
+pub const REJECT_RULE: &str = "__ingot_reject_rule";
+/// Merged column: why [`REJECT_RULE`] rejects it.
+pub const REJECT_REASON: &str = "__ingot_reject_reason";
+/// Candidate columns: the candidate's `resolve` rejection (rule, and reason naming the source).
+pub const CAND_RULE: &str = "__ingot_cand_rule";
+pub const CAND_REASON: &str = "__ingot_cand_reason";
 /// The columns ingot adds to the merged rows that silver does not keep.
-pub const HIDDEN: [&str; 2] = [STATE_RUN, CONFLICT];
+pub const HIDDEN: [&str; 4] = [STATE_RUN, CONFLICT, REJECT_RULE, REJECT_REASON];
 
 /// What one source of the table reads.
 pub struct SourceInputs {
@@ -107,6 +116,8 @@ pub fn merged_schema(src: &Sources) -> SchemaRef {
     let mut fields = merged_fields(&src.columns);
     fields.push(Field::new(STATE_RUN, DataType::Utf8, true));
     fields.push(Field::new(CONFLICT, DataType::Utf8, true));
+    fields.push(Field::new(REJECT_RULE, DataType::Utf8, true));
+    fields.push(Field::new(REJECT_REASON, DataType::Utf8, true));
     Arc::new(Schema::new(fields))
 }
 
@@ -121,6 +132,8 @@ pub fn candidate_schema(src: &Sources) -> SchemaRef {
     fields.extend(meta_fields());
     fields.push(Field::new(SOURCE, DataType::Utf8, true));
     fields.push(Field::new(RANK, DataType::Int32, true));
+    fields.push(Field::new(CAND_RULE, DataType::Utf8, true));
+    fields.push(Field::new(CAND_REASON, DataType::Utf8, true));
     Arc::new(Schema::new(fields))
 }
 
@@ -159,6 +172,9 @@ pub fn candidates(rows: DataFrame, src: &Sources, entry: &SourceEntry, input: &S
     }
     cols.push(lit(entry.source.as_str()).alias(SOURCE));
     cols.push(lit(i32::try_from(entry.rank).unwrap_or(i32::MAX)).alias(RANK));
+    // a candidate whose lookup missed rejects its record (its reason names the source)
+    cols.push(c(RESOLVE_RULE).alias(CAND_RULE));
+    cols.push(concat(vec![lit(format!("{}: ", entry.source)), c(RESOLVE_REASON)]).alias(CAND_REASON));
     Ok(stepped.select(cols)?)
 }
 
@@ -184,6 +200,8 @@ pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
             CONTRIBUTING_SOURCES => make_array(vec![c(SOURCE)]),
             FIELD_SOURCES | CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
             STATE_RUN => c(crate::table::silver::RUN_ID),
+            REJECT_RULE => c(CAND_RULE),
+            REJECT_REASON => c(CAND_REASON),
             _ => c(name),
         };
         cols.push(e.alias(name));

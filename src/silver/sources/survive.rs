@@ -75,6 +75,9 @@ struct Prepared {
     rank: Vec<i32>,
     row_hash: StringArray,
     run: StringArray,
+    /// The candidate's `resolve` rejection (rule, reason), null when it resolved.
+    reject_rule: StringArray,
+    reject_reason: StringArray,
 }
 
 /// A candidate: (prepared batch, row).
@@ -112,6 +115,8 @@ struct Merged {
     conflict_fields: Vec<String>,
     state_run: String,
     reject: Option<String>,
+    /// A candidate's `resolve` rejection, which rejects the record (rule, reason).
+    rejected_by: Option<(String, String)>,
 }
 
 impl<'a> Pass<'a> {
@@ -231,6 +236,8 @@ impl<'a> Pass<'a> {
             source: text(SOURCE)?,
             row_hash: text("row_hash")?,
             run: text("ingestion_run_id")?,
+            reject_rule: text(super::CAND_RULE)?,
+            reject_reason: text(super::CAND_REASON)?,
             rank,
             fps,
             eq,
@@ -478,7 +485,17 @@ impl<'a> Pass<'a> {
             .collect::<Vec<_>>()
             .join("+");
         self.conflicts.extend(new_conflicts);
+        let rejected_by = group.iter().find_map(|a| {
+            let p = &self.live[a.0];
+            p.reject_rule.is_valid(a.1).then(|| {
+                (
+                    p.reject_rule.value(a.1).to_string(),
+                    p.reject_reason.value(a.1).to_string(),
+                )
+            })
+        });
         self.rows.push(Merged {
+            rejected_by,
             from,
             primary,
             contributing: group.iter().map(|a| self.source(*a).to_string()).collect(),
@@ -557,6 +574,13 @@ impl<'a> Pass<'a> {
         cols.push(Arc::new(StringArray::from_iter(
             rows.iter().map(|m| m.reject.as_deref()),
         )));
+        let by = |f: fn(&(String, String)) -> &str| -> ArrayRef {
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|m| m.rejected_by.as_ref().map(f)),
+            ))
+        };
+        cols.push(by(|r| r.0.as_str()));
+        cols.push(by(|r| r.1.as_str()));
         let mut fixed = Vec::with_capacity(cols.len());
         for (a, f) in cols.into_iter().zip(self.out_schema.fields()) {
             fixed.push(if a.data_type() == f.data_type() {

@@ -14,7 +14,7 @@ use datafusion::arrow::datatypes::DataType;
 
 use super::Reader;
 use crate::spec::columns::meta_fields;
-use crate::spec::contract::{Contract, OnMissing};
+use crate::spec::contract::Contract;
 use crate::spec::rules::Step;
 use crate::spec::rules::columns::{Columns, is_string, type_name};
 use crate::spec::rules::sources::{
@@ -244,9 +244,6 @@ impl Reader<'_> {
             }
             Some(s.to_string())
         });
-        if let (Some(c), Some(s)) = (&contract, &source) {
-            self.refuse_rejecting_resolve(c, s, map.pos);
-        }
         self.protected.clear();
         let mut cols = contract.as_ref().map(|c| self.input_columns(c));
         let input = cols.clone();
@@ -266,26 +263,6 @@ impl Reader<'_> {
             output: cols,
             pos: map.pos,
         })
-    }
-
-    /// A contract resolving with `on_missing: reject` would reject one source's candidate.
-    fn refuse_rejecting_resolve(&mut self, contract: &Contract, source: &str, pos: Pos) {
-        let rejecting: Vec<&str> = contract
-            .resolve
-            .iter()
-            .filter(|r| r.on_missing == OnMissing::Reject)
-            .map(|r| r.name.as_str())
-            .collect();
-        if rejecting.is_empty() {
-            return;
-        }
-        self.err(
-            pos,
-            format!(
-                "source \"{source}\": its contract's resolve {} has on_missing: reject (the default), but a table with several sources cannot reject one source's candidate; set on_missing: null in contract \"{source}\" and add a top-level validation instead",
-                rejecting.iter().map(|r| format!("\"{r}\"")).collect::<Vec<_>>().join(", ")
-            ),
-        );
     }
 
     /// An entry's `steps:`, read like the top-level ones; a `filter` is refused.
