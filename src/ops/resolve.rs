@@ -122,6 +122,7 @@ async fn resolve_locked(ws: &Workspace, d: &Decide, id: String) -> Result<Decide
         seq: next_seq(&all),
     };
     commit_decision(lake, &record, "resolve.before_commit").await?;
+    crate::table::failpoint::hit("resolve.after_commit")?;
     Ok(Decided {
         record,
         new: true,

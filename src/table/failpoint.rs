@@ -26,6 +26,13 @@ pub const BUILD: &[&str] = &["build.after_data", "build.before_commit", "build.a
 /// Every failpoint of `ingot undo` (runs and builds), in the order they are reached.
 pub const UNDO: &[&str] = &["undo.after_lock", "undo.before_commit", "undo.after_commit"];
 
+/// Every failpoint of `ingot resolve` and of withdrawing a decision (`ingot undo <decision id>`).
+pub const RESOLVE: &[&str] = &[
+    "resolve.before_commit",
+    "resolve.after_commit",
+    "undo.decision.before_commit",
+];
+
 /// Every failpoint of `ingot rekey`, in the order they are reached.
 pub const REKEY: &[&str] = &[
     "rekey.after_lock",

@@ -805,3 +805,181 @@ fn the_demo_story_two_booking_sources_and_one_decided_conflict() {
         (&json!(1), &json!(0), &json!(1))
     );
 }
+
+/// silver.guests and its conflicts, without what names a build, run ids named `source#n`.
+fn state_of(l: &Lake) -> String {
+    let conflicts: BTreeMap<(String, String), Row> = strip(l.conflicts())
+        .into_iter()
+        .map(|(k, mut r)| {
+            r.remove("first_build_id");
+            (k, r)
+        })
+        .collect();
+    let mut text = format!("{:?}\n{:?}", l.silver(), conflicts);
+    let runs = l.t.query("SELECT run_id, source, commit_seq FROM audit.ingestion_run_log");
+    for r in runs {
+        let name = format!("{}#{}", r["source"].as_str().unwrap(), r["commit_seq"]);
+        text = text.replace(r["run_id"].as_str().unwrap(), &name);
+    }
+    text
+}
+
+fn crash_story(l: &mut Lake) {
+    l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g2,b@x.nl,gold,2 B,Ams,2026-01-01",
+        ],
+    );
+    l.deliver(
+        "pms",
+        &[
+            "g1,z@x.nl,+31 1,9 New St,Haarlem,2026-02-01",
+            "g3,c@x.nl,+31 3,3 C,Rdam,2026-01-01",
+        ],
+    );
+}
+
+#[test]
+fn a_crash_at_every_build_failpoint_then_the_same_build_equals_one_clean_build() {
+    let mut clean = Lake::new(FLAG);
+    crash_story(&mut clean);
+    clean.build();
+    let want = state_of(&clean);
+    for point in ingot::table::failpoint::BUILD {
+        let mut l = Lake::new(FLAG);
+        crash_story(&mut l);
+        let out =
+            l.t.command()
+                .arg("--rules")
+                .arg(&l.rules)
+                .env("INGOT_FAILPOINT", point)
+                .args(["build", "guests"])
+                .output()
+                .unwrap();
+        assert!(
+            stderr(&out).contains(&format!("failpoint {point} reached")),
+            "{point}: {}",
+            stderr(&out)
+        );
+        l.build();
+        assert_eq!(state_of(&l), want, "{point}: crash + the same build");
+        let builds =
+            l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE status = 'succeeded'");
+        let committed = *point == "build.after_commit";
+        assert_eq!(builds[0]["n"], json!(if committed { 2 } else { 1 }), "{point}");
+        let doctor = l.ingot(&["doctor"]);
+        assert_ok(&doctor);
+    }
+}
+
+#[test]
+fn a_crash_while_deciding_then_the_same_command_records_one_decision() {
+    for point in ["resolve.before_commit", "resolve.after_commit"] {
+        let mut l = Lake::new(FLAG);
+        crash_story(&mut l);
+        l.build();
+        let fp = l.fingerprints()["G1"].clone();
+        let args = [
+            "resolve", "guests", &fp, "--field", "email", "--take", "crm", "--reason", "master",
+        ];
+        let out =
+            l.t.command()
+                .arg("--rules")
+                .arg(&l.rules)
+                .env("INGOT_FAILPOINT", point)
+                .args(args)
+                .output()
+                .unwrap();
+        assert!(
+            stderr(&out).contains(&format!("failpoint {point} reached")),
+            "{point}: {}",
+            stderr(&out)
+        );
+        let said = l.ok(&args);
+        let n =
+            l.t.query("SELECT count(*) AS n FROM audit.source_conflict_decision_log")[0]["n"].clone();
+        assert_eq!(n, json!(1), "{point}: {said}");
+        l.build();
+        assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"), "{point}");
+        // a crash while withdrawing, then the same undo: withdrawn once
+        let id = l.t.query("SELECT decision_id FROM audit.source_conflict_decision_log")[0]["decision_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let out =
+            l.t.command()
+                .env("INGOT_FAILPOINT", "undo.decision.before_commit")
+                .args(["undo", &id])
+                .output()
+                .unwrap();
+        assert!(!out.status.success());
+        let still = l.t.query("SELECT withdrawn_at FROM audit.source_conflict_decision_log");
+        assert!(still[0].get("withdrawn_at").is_none_or(Value::is_null), "{still:?}");
+        l.ok(&["undo", &id]);
+        let after = l.t.query("SELECT withdrawn_at FROM audit.source_conflict_decision_log");
+        assert_eq!(after.len(), 1);
+        assert!(!after[0]["withdrawn_at"].is_null());
+        l.build();
+        assert_eq!(
+            l.silver()["G1"]["email"],
+            s("z@x.nl"),
+            "{point}: open again, most_recent"
+        );
+    }
+}
+
+#[test]
+fn a_candidate_whose_lookup_misses_rejects_its_record() {
+    let mut l = Lake::new(FLAG);
+    // pms resolves a loyalty tier from a lookup source; g3's code is unknown there
+    std::fs::write(
+        l.t.contracts().join("tiers.yaml"),
+        "source: tiers\nversion: 1\nformat: csv\nfields:\n  - {name: code, type: string, required: true}\n  - {name: label, type: string}\nnatural_key: {version: 1, fields: [code]}\n",
+    )
+    .unwrap();
+    let pms = PMS.replace(
+        "natural_key: {version: 1, fields: [guest_no]}\n",
+        "natural_key: {version: 1, fields: [guest_no]}\nresolve:\n  - {name: tier, from: phone, lookup: tiers, key: code, value: label, as: pms_tier}\n",
+    );
+    std::fs::write(l.t.contracts().join("pms.yaml"), pms).unwrap();
+    let tiers = l.inbox.join("tiers.csv");
+    std::fs::write(&tiers, "code,label\n+31 1,gold\n").unwrap();
+    l.ok(&["ingest", "tiers", tiers.to_str().unwrap()]);
+    l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g3,c@x.nl,gold,3 C,Rdam,2026-01-01",
+        ],
+    );
+    l.deliver(
+        "pms",
+        &[
+            "g1,a@x.nl,+31 1,1 Main St,Amsterdam,2026-01-01",
+            "g3,c@x.nl,+31 9,3 C,Rdam,2026-01-01",
+        ],
+    );
+    l.build();
+    let rows = l.silver();
+    assert_eq!(rows.keys().cloned().collect::<Vec<_>>(), vec!["G1".to_string()]);
+    assert_eq!(rows["G1"]["pms_tier"], s("gold"));
+    let f =
+        l.t.query("SELECT rule, reason FROM audit.row_failure_log WHERE layer = 'silver'");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0]["rule"], s("resolve:tier"));
+    assert!(
+        f[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("pms: no tiers row has code \"+31 9\""),
+        "{f:?}"
+    );
+    // the lookup learns the code: the record comes in, nothing else is rebuilt wrongly
+    std::fs::write(&tiers, "code,label\n+31 1,gold\n+31 9,silver\n").unwrap();
+    l.ok(&["ingest", "tiers", tiers.to_str().unwrap()]);
+    l.build();
+    assert_eq!(l.silver()["G3"]["pms_tier"], s("silver"));
+    l.assert_full_equals_incremental("after the lookup learned the code");
+}
