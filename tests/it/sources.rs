@@ -295,7 +295,7 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
         provenance(g1),
         (
             json!(["crm", "pms"]),
-            json!({"email": "pms", "phone": "pms"}),
+            json!([{"field": "email", "source": "pms"}, {"field": "phone", "source": "pms"}]),
             json!(["email"])
         )
     );
@@ -310,12 +310,12 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
     let g2 = &rows["G2"];
     assert_eq!((&g2["email"], &g2["tier"]), (&s("b@x.nl"), &s("silver")));
     assert!(g2.get("phone").is_none_or(Value::is_null), "{g2:?}");
-    assert_eq!(provenance(g2), (json!(["crm"]), Value::Null, Value::Null));
+    assert_eq!(provenance(g2), (json!(["crm"]), json!([]), Value::Null));
     assert_eq!(g2["anomaly_flags"], json!([]));
     let g3 = &rows["G3"];
     assert!(g3.get("tier").is_none_or(Value::is_null));
     assert_eq!((&g3["phone"], &g3["ingestion_run_id"]), (&s("+31 3"), &s(&pms1)));
-    assert_eq!(provenance(g3), (json!(["pms"]), Value::Null, Value::Null));
+    assert_eq!(provenance(g3), (json!(["pms"]), json!([]), Value::Null));
 
     // the conflict log: one open conflict with both candidates
     let c = l.conflicts();
@@ -387,7 +387,7 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
     l.build();
     let g1 = &l.silver()["G1"];
     assert_eq!(g1["email"], s("a@x.nl"));
-    assert_eq!(provenance(g1).1, json!({"phone": "pms"}));
+    assert_eq!(provenance(g1).1, json!([{"field": "phone", "source": "pms"}]));
     assert_eq!(provenance(g1).2, Value::Null);
     assert_eq!(g1["anomaly_flags"], json!([]));
     let c1 = &l.conflicts()[&("G1".into(), "email".into())];
@@ -449,7 +449,7 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
     let g1 = &rows["G1"];
     assert_eq!((&g1["email"], &g1["tier"]), (&s("a@x.nl"), &s("gold")));
     assert!(g1.get("phone").is_none_or(Value::is_null));
-    assert_eq!(provenance(g1), (json!(["crm"]), Value::Null, Value::Null));
+    assert_eq!(provenance(g1), (json!(["crm"]), json!([]), Value::Null));
     assert!(l.conflicts().is_empty());
     l.assert_full_equals_incremental("after a deletion in one source");
 
@@ -816,7 +816,8 @@ fn state_of(l: &Lake) -> String {
         })
         .collect();
     let mut text = format!("{:?}\n{:?}", l.silver(), conflicts);
-    let runs = l.t.query("SELECT run_id, source, commit_seq FROM audit.ingestion_run_log");
+    let runs =
+        l.t.query("SELECT run_id, source, commit_seq FROM audit.ingestion_run_log");
     for r in runs {
         let name = format!("{}#{}", r["source"].as_str().unwrap(), r["commit_seq"]);
         text = text.replace(r["run_id"].as_str().unwrap(), &name);
@@ -982,4 +983,35 @@ fn a_candidate_whose_lookup_misses_rejects_its_record() {
     l.build();
     assert_eq!(l.silver()["G3"]["pms_tier"], s("silver"));
     l.assert_full_equals_incremental("after the lookup learned the code");
+}
+
+#[test]
+fn other_engines_read_the_table_and_its_provenance_from_its_delta_log() {
+    let mut l = Lake::new(FLAG);
+    crash_story(&mut l);
+    l.build();
+    let fp = l.fingerprints()["G1"].clone();
+    l.ok(&[
+        "resolve", "guests", &fp, "--field", "email", "--take", "crm", "--reason", "master",
+    ]);
+    l.build();
+    let lake = l.t.lake();
+    let checks = crate::delta::lake_checks(
+        lake.to_str().unwrap(),
+        &["crm", "pms"],
+        &["guests"],
+        &["duckdb", "deltalake"],
+    );
+    let rules = l.rules.clone();
+    let cmd = || {
+        let mut c = l.t.command();
+        c.arg("--rules").arg(&rules);
+        c
+    };
+    let result = crate::delta::compare(&cmd, l.t.dir.path(), &checks, None);
+    crate::delta::assert_agree(
+        &result,
+        &["silver.guests", "bronze.crm", "bronze.pms"],
+        "a table fed by two sources",
+    );
 }

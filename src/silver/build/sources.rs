@@ -386,7 +386,7 @@ async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, keys: &Ar
     while let Some(b) = stream.next().await {
         let b = b?;
         let sources = b.column(1).as_list::<i32>();
-        let fields = b.column(2).as_map();
+        let fields = b.column(2).as_list::<i32>();
         let mut fps = Vec::with_capacity(b.num_rows());
         for_each_fp(b.column(0), |_, fp| fps.push(fp))?;
         for (i, fp) in fps.into_iter().enumerate() {
@@ -402,6 +402,7 @@ async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, keys: &Ar
             };
             if fields.is_valid(i) {
                 let entries = fields.value(i);
+                let entries = entries.as_struct();
                 let (k, v) = (
                     entries.column(0).as_string::<i32>(),
                     entries.column(1).as_string::<i32>(),

@@ -137,6 +137,19 @@ pub fn candidate_schema(src: &Sources) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// An empty `field_sources` (empty, not null: one way to say "none").
+fn empty_map() -> Result<Expr> {
+    use datafusion::arrow::array::{ListBuilder, StructBuilder};
+    let fields = crate::spec::rules::sources::field_source_fields();
+    let mut b = ListBuilder::new(StructBuilder::from_fields(fields.clone(), 0)).with_field(Arc::new(Field::new(
+        "item",
+        DataType::Struct(fields),
+        true,
+    )));
+    b.append(true);
+    Ok(lit(ScalarValue::try_from_array(&b.finish(), 0)?))
+}
+
 fn typed_null(ty: &DataType) -> Result<Expr> {
     Ok(lit(ScalarValue::try_from(ty)?))
 }
@@ -198,7 +211,8 @@ pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
         }
         let e = match name {
             CONTRIBUTING_SOURCES => make_array(vec![c(SOURCE)]),
-            FIELD_SOURCES | CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
+            FIELD_SOURCES => empty_map()?,
+            CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
             STATE_RUN => c(crate::table::silver::RUN_ID),
             REJECT_RULE => c(CAND_RULE),
             REJECT_REASON => c(CAND_REASON),

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, ListBuilder, MapBuilder, RecordBatch, StringArray, StringBuilder, new_null_array,
+    Array, ArrayRef, AsArray, ListBuilder, RecordBatch, StringArray, StringBuilder, StructBuilder, new_null_array,
 };
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::compute::{cast, interleave};
@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::hash::canonical::CanonicalColumn;
 use crate::hash::fp::{Fp, for_each_fp};
 use crate::spec::columns::{FINGERPRINT, meta_fields};
-use crate::spec::rules::sources::{OnConflict, Rule, SamePrecedence, Sources};
+use crate::spec::rules::sources::{OnConflict, Rule, SamePrecedence, Sources, field_source_fields};
 
 /// What the previous build took for a record: its first contributing source and the fields
 /// another source gave (`field_sources`).
@@ -544,7 +544,10 @@ impl<'a> Pass<'a> {
             cols.push(column_of(c, &picks)?);
         }
         let mut contributing = ListBuilder::new(StringBuilder::new());
-        let mut fields = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+        let mut fields =
+            ListBuilder::new(StructBuilder::from_fields(field_source_fields(), rows.len())).with_field(Arc::new(
+                datafusion::arrow::datatypes::Field::new("item", DataType::Struct(field_source_fields()), true),
+            ));
         let mut conflict_fields = ListBuilder::new(StringBuilder::new());
         for m in &rows {
             for s in &m.contributing {
@@ -552,10 +555,15 @@ impl<'a> Pass<'a> {
             }
             contributing.append(true);
             for (f, s) in &m.field_sources {
-                fields.keys().append_value(f);
-                fields.values().append_value(s);
+                let entry = fields.values();
+                for (i, v) in [f, s].into_iter().enumerate() {
+                    if let Some(b) = entry.field_builder::<StringBuilder>(i) {
+                        b.append_value(v);
+                    }
+                }
+                entry.append(true);
             }
-            fields.append(!m.field_sources.is_empty())?;
+            fields.append(true);
             for f in &m.conflict_fields {
                 conflict_fields.values().append_value(f);
             }

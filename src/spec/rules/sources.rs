@@ -18,8 +18,8 @@ use crate::spec::yaml::Pos;
 
 /// Silver column (List<Utf8>): the sources with a candidate for the row, in precedence order.
 pub const CONTRIBUTING_SOURCES: &str = "contributing_sources";
-/// Silver column (Map<Utf8, Utf8>): field (or group) -> source, for every field whose value came
-/// from another source than the row's first contributing source.
+/// Silver column (List<Struct<field, source>>): field (or group) -> source, for every field whose value came
+/// from another source than the row's first contributing source; empty (never null) when none.
 pub const FIELD_SOURCES: &str = "field_sources";
 /// Silver column (List<Utf8>): the fields (or groups) of the row in an open conflict; null when
 /// none.
@@ -209,23 +209,33 @@ impl Sources {
     }
 }
 
+/// The members of an entry of [`FIELD_SOURCES`]: `field` and `source` (a list of structs, not
+/// a map: DuckDB's Delta reader cannot read maps).
+pub fn field_source_fields() -> datafusion::arrow::datatypes::Fields {
+    use datafusion::arrow::datatypes::Field;
+    datafusion::arrow::datatypes::Fields::from(vec![
+        Field::new("field", DataType::Utf8, true),
+        Field::new("source", DataType::Utf8, true),
+    ])
+}
+
 /// The provenance columns' fields ([`PROVENANCE_COLUMNS`]), all nullable.
 pub fn provenance_fields() -> Vec<datafusion::arrow::datatypes::Field> {
     use std::sync::Arc;
 
-    use datafusion::arrow::datatypes::{Field, Fields};
+    use datafusion::arrow::datatypes::Field;
     let list = || DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)));
-    let entries = Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("keys", DataType::Utf8, false),
-            Field::new("values", DataType::Utf8, true),
-        ])),
-        false,
-    );
     vec![
         Field::new(CONTRIBUTING_SOURCES, list(), true),
-        Field::new(FIELD_SOURCES, DataType::Map(Arc::new(entries), false), true),
+        Field::new(
+            FIELD_SOURCES,
+            DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(field_source_fields()),
+                true,
+            ))),
+            true,
+        ),
         Field::new(CONFLICT_FIELDS, list(), true),
     ]
 }
