@@ -94,14 +94,12 @@ async fn resolve_locked(ws: &Workspace, d: &Decide, id: String) -> Result<Decide
         )));
     }
     let all = read_decisions(lake, &d.table).await?;
-    if let Some(same) = all.iter().rev().find(|x| {
-        x.withdrawn_at.is_none()
-            && x.fingerprint == conflict.fingerprint
-            && x.field == conflict.field
-            && x.take == d.take
-            && x.candidate_set_hash == conflict.candidate_set_hash
-            && x.reason == d.reason
-    }) {
+    // only the decision in force on the field counts (a later one overrides an earlier)
+    let in_force = crate::table::decisions::Decisions::of(&all);
+    let current = conflict.key().and_then(|fp| in_force.get(fp, &conflict.field));
+    if let Some(same) = current
+        .filter(|x| x.take == d.take && x.candidate_set_hash == conflict.candidate_set_hash && x.reason == d.reason)
+    {
         return Ok(Decided {
             record: same.clone(),
             new: false,

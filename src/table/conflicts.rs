@@ -58,6 +58,9 @@ pub struct ConflictRow {
     pub stale_decision_id: Option<String>,
     /// The build that first logged this candidate set of the field.
     pub first_build_id: String,
+    /// The rules version of the build that found it (`None`: the build writing it, whose row
+    /// carries that version); a conflict kept with its row keeps its version.
+    pub rules_version: Option<i32>,
 }
 
 impl ConflictRow {
@@ -164,7 +167,9 @@ pub fn batch(stamp: &Stamp<'_>, rows: &[ConflictRow]) -> Result<RecordBatch> {
     let cols: Vec<ArrayRef> = vec![
         repeat(stamp.table),
         repeat(stamp.build_id),
-        Arc::new(Int32Array::from_value(stamp.rules_version, n)),
+        Arc::new(Int32Array::from_iter_values(
+            rows.iter().map(|r| r.rules_version.unwrap_or(stamp.rules_version)),
+        )),
         text(&|r| &r.fingerprint),
         text(&|r| &r.field),
         text(&|r| &r.kind),
@@ -202,6 +207,10 @@ pub fn rows_of(b: &RecordBatch) -> Result<Vec<ConflictRow>> {
         text("stale_decision_id")?,
         text("first_build_id")?,
     );
+    let version = b
+        .column_by_name("rules_version")
+        .and_then(|c| c.as_primitive_opt::<datafusion::arrow::datatypes::Int32Type>())
+        .ok_or_else(|| bad("rules_version"))?;
     let list = b
         .column_by_name("candidates")
         .and_then(|c| c.as_list_opt::<i32>())
@@ -239,6 +248,7 @@ pub fn rows_of(b: &RecordBatch) -> Result<Vec<ConflictRow>> {
             decision_id: opt(decision, i),
             stale_decision_id: opt(stale, i),
             first_build_id: first.value(i).to_string(),
+            rules_version: Some(version.value(i)),
         });
     }
     Ok(out)

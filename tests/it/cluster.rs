@@ -161,7 +161,7 @@ fn same_queries(t: &TestLake, cluster: &str) {
 
 /// A runtime whose worker threads serve an in-process loopback cluster while the test thread
 /// runs `ingot` processes against it.
-fn loopback(
+pub(crate) fn loopback(
     t: &mut TestLake,
     executor_udfs: Vec<datafusion::logical_expr::ScalarUDF>,
 ) -> (tokio::runtime::Runtime, String) {

@@ -31,6 +31,7 @@ mod ingest;
 mod kill;
 mod layering;
 mod model;
+mod model_sources;
 mod nightly;
 mod ops;
 mod power;

@@ -71,6 +71,8 @@ struct Lake {
     rules: PathBuf,
     inbox: PathBuf,
     n: usize,
+    /// Run every command on this cluster (with the placement trace on).
+    cluster: Option<String>,
 }
 
 impl Lake {
@@ -81,7 +83,13 @@ impl Lake {
         let rules = t.dir.path().join("rules");
         let inbox = t.dir.path().join("inbox");
         std::fs::create_dir_all(&inbox).unwrap();
-        let l = Lake { t, rules, inbox, n: 0 };
+        let l = Lake {
+            t,
+            rules,
+            inbox,
+            n: 0,
+            cluster: None,
+        };
         l.write_rules(1, conflicts);
         l
     }
@@ -93,13 +101,12 @@ impl Lake {
     }
 
     fn ingot(&self, args: &[&str]) -> std::process::Output {
-        self.t
-            .command()
-            .arg("--rules")
-            .arg(&self.rules)
-            .args(args)
-            .output()
-            .unwrap()
+        let mut c = self.t.command();
+        c.arg("--rules").arg(&self.rules);
+        if let Some(url) = &self.cluster {
+            c.arg("--cluster").arg(url).env("INGOT_CLUSTER_TRACE", "1");
+        }
+        c.args(args).output().unwrap()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -202,6 +209,7 @@ impl Lake {
                 lake_url: None,
             },
             n: 0,
+            cluster: None,
         };
         let before = self.silver();
         let conflicts = strip(self.conflicts());
@@ -741,6 +749,7 @@ fn the_demo_story_two_booking_sources_and_one_decided_conflict() {
         inbox: PathBuf::new(),
         rules,
         n: 0,
+        cluster: None,
     };
     for (s, f) in [
         ("hotels", "hotels/2026-11-01_hotels.csv"),
@@ -816,6 +825,11 @@ fn state_of(l: &Lake) -> String {
         })
         .collect();
     let mut text = format!("{:?}\n{:?}", l.silver(), conflicts);
+    let decisions =
+        l.t.query("SELECT decision_id FROM audit.source_conflict_decision_log ORDER BY decided_at");
+    for (i, d) in decisions.iter().enumerate() {
+        text = text.replace(d["decision_id"].as_str().unwrap(), &format!("decision#{i}"));
+    }
     let runs =
         l.t.query("SELECT run_id, source, commit_seq FROM audit.ingestion_run_log");
     for r in runs {
@@ -1014,4 +1028,60 @@ fn other_engines_read_the_table_and_its_provenance_from_its_delta_log() {
         &["silver.guests", "bronze.crm", "bronze.pms"],
         "a table fed by two sources",
     );
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn a_build_on_a_cluster_gives_the_rows_and_conflicts_a_local_build_gives() {
+    let local = Lake::new(FLAG);
+    let mut remote = Lake::new(FLAG);
+    let (_rt, url) = crate::cluster::loopback(&mut remote.t, ingot::engine::cluster::udfs());
+    remote.cluster = Some(url);
+    let mut states = Vec::new();
+    for mut l in [local, remote] {
+        crash_story(&mut l);
+        let out = l.ingot(&["build", "guests"]);
+        assert_ok(&out);
+        if l.cluster.is_some() {
+            let trace = stderr(&out);
+            assert!(trace.contains("cluster: build: transform: on the cluster"), "{trace}");
+            assert!(
+                trace.contains("cluster: build: bronze fingerprints: on the cluster"),
+                "{trace}"
+            );
+        }
+        let fp = l.fingerprints()["G1"].clone();
+        l.ok(&[
+            "resolve", "guests", &fp, "--field", "email", "--take", "crm", "--reason", "master",
+        ]);
+        l.deliver(
+            "pms",
+            &[
+                "g1,z@x.nl,+31 1,9 New St,Haarlem,2026-02-01",
+                "g3,c2@x.nl,+31 3,3 C,Rdam,2026-01-01",
+            ],
+        );
+        l.build();
+        let incremental = state_of(&l);
+        l.ok(&["build", "guests", "--full"]);
+        let state = state_of(&l);
+        assert_eq!(state, incremental, "a full build on the same lake");
+        assert!(
+            state.contains("decided") && state.contains("source_conflict"),
+            "{state}"
+        );
+        states.push(state);
+    }
+    if states[0] != states[1] {
+        let at = states[0]
+            .bytes()
+            .zip(states[1].bytes())
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        panic!(
+            "the cluster's lake differs from the local one at {at}:\n{}\n{}",
+            &states[0][at.saturating_sub(300)..(at + 200).min(states[0].len())],
+            &states[1][at.saturating_sub(300)..(at + 200).min(states[1].len())]
+        );
+    }
 }

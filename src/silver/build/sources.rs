@@ -63,6 +63,21 @@ impl<'a> MultiPlan<'a> {
             offsets.push(at);
             at += r.len();
         }
+        // every source's bronze must be keyed as its contract says (not halfway through a rekey)
+        for (i, r) in inputs.iter().zip(&runs) {
+            let keyed = r.iter().find_map(|run| run.natural_key_version);
+            let want = i32::try_from(i.contract.natural_key.version).unwrap_or(i32::MAX);
+            if let Some(have) = keyed.filter(|v| *v != want) {
+                return Err(Error::Invalid(format!(
+                    "{}: bronze.{} is keyed with natural_key version {have} but its contract says {want}; \
+                     the sources of \"{}\" would not build the same fingerprint: run `ingot rekey {}` first",
+                    rules.path.display(),
+                    i.source,
+                    rules.table,
+                    i.source
+                )));
+            }
+        }
         let decision_records = read_decisions(lake, &rules.table).await?;
         Ok(MultiPlan {
             decisions: Decisions::of(&decision_records),
@@ -257,11 +272,23 @@ pub(super) async fn merged_input(
         });
     }
     let schema = merged_schema(src);
+    let history = match m.latest {
+        Some(b) => conflicts::read(at.lake, at.table, &b.build_id).await?,
+        None => Vec::new(),
+    };
+    // decisions on processed records left with one candidate: stale (nothing to decide)
+    let single_stale = m
+        .decisions
+        .by_key
+        .keys()
+        .filter(|(fp, _)| keys.get(fp).is_some_and(|e| keys.process(e) && keys.candidates(e) == 1))
+        .count() as u64;
     let Some(all) = all else {
+        let (conflicts, counts) = finish_conflicts(history, Vec::new(), keys, single_stale);
         return Ok(Merged {
             rows: at.ctx.read_table(table_over(vec![], schema)?)?,
-            conflicts: Vec::new(),
-            counts: Counts::default(),
+            conflicts,
+            counts,
         });
     };
     let (singles, multis) = match at.cluster {
@@ -286,10 +313,6 @@ pub(super) async fn merged_input(
         }
     };
     let held = held_winners(at, rules, m, keys).await?;
-    let history = match m.latest {
-        Some(b) => conflicts::read(at.lake, at.table, &b.build_id).await?,
-        None => Vec::new(),
-    };
     let first_seen: HashMap<(Fp, String, String), String> = history
         .iter()
         .filter_map(|r| {
@@ -315,7 +338,9 @@ pub(super) async fn merged_input(
     )?;
     let rel = layout::silver_file(at.table, at.build_id, "merged-00000.parquet");
     let mut w = part_writer(at.lake, rel.clone(), schema.clone());
-    let mut stream = crate::engine::exec::stream(at.cluster, sorted, "build: survivorship").await?;
+    // the records with several candidates (a fraction of the table) are sorted and decided in
+    // this process: a Ballista job of this sort never finished (left out, docs/guide.md)
+    let mut stream = crate::engine::exec::stream(None, sorted, "build: survivorship").await?;
     let mut pending = Vec::new();
     while let Some(b) = stream.next().await {
         if let Some(out) = pass.push(b?, &mut pending)? {
@@ -334,25 +359,41 @@ pub(super) async fn merged_input(
     } else {
         singles
     };
-    // the conflicts of the records this build kept, as the previous build had them
-    let mut conflicts: Vec<ConflictRow> = history
-        .into_iter()
-        .filter(|r| r.key().and_then(|fp| keys.get(&fp)).is_some_and(|e| keys.carry(e)))
-        .collect();
-    conflicts.append(&mut pass.conflicts);
-    conflicts.sort_by(|a, b| (&a.fingerprint, &a.field).cmp(&(&b.fingerprint, &b.field)));
-    let mut counts = Counts {
-        stale: pass.counts.stale,
-        ..Counts::default()
-    };
-    for r in &conflicts {
-        counts.add(r);
-    }
+    let (conflicts, counts) = finish_conflicts(
+        history,
+        std::mem::take(&mut pass.conflicts),
+        keys,
+        pass.counts.stale + single_stale,
+    );
     Ok(Merged {
         rows,
         conflicts,
         counts,
     })
+}
+
+/// The table's conflicts after the build: those of the records it kept, as the previous build
+/// had them, and the ones it found; with their counts.
+fn finish_conflicts(
+    history: Vec<ConflictRow>,
+    mut found: Vec<ConflictRow>,
+    keys: &Keys,
+    stale: u64,
+) -> (Vec<ConflictRow>, Counts) {
+    let mut conflicts: Vec<ConflictRow> = history
+        .into_iter()
+        .filter(|r| r.key().and_then(|fp| keys.get(&fp)).is_some_and(|e| keys.carry(e)))
+        .collect();
+    conflicts.append(&mut found);
+    conflicts.sort_by(|a, b| (&a.fingerprint, &a.field).cmp(&(&b.fingerprint, &b.field)));
+    let mut counts = Counts {
+        stale,
+        ..Counts::default()
+    };
+    for r in &conflicts {
+        counts.add(r);
+    }
+    (conflicts, counts)
 }
 
 /// For `on_conflict: hold`: what the latest build took for each record with several candidates

@@ -457,6 +457,7 @@ impl<'a> Pass<'a> {
                     decision_id,
                     stale_decision_id: stale,
                     first_build_id: first,
+                    rules_version: None,
                 });
             } else if decision.is_some() {
                 // decided, but the candidates no longer conflict: the decision is moot
