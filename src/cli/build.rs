@@ -85,7 +85,7 @@ pub fn describe(b: &Built) -> String {
     }
     format!(
         "silver.{}: {} with rules v{}{}: {} rows read: {} written, {} filtered, {} rejected; \
-         {} rows in the table ({} kept), {} flagged ({ms:.0} ms) [build {}]",
+         {} rows in the table ({} kept), {} flagged{} ({ms:.0} ms) [build {}]",
         r.table,
         if r.mode == "rebuild" {
             "rebuild".to_string()
@@ -104,8 +104,30 @@ pub fn describe(b: &Built) -> String {
         b.table_rows,
         b.kept_rows,
         r.rows_flagged,
+        conflicts(r),
         r.build_id
     )
+}
+
+/// `; 2 conflicts open, 1 decided, 1 decision stale` for a table fed by several sources.
+fn conflicts(r: &BuildRecord) -> String {
+    if r.conflicts_open + r.conflicts_decided + r.decisions_stale == 0 {
+        return String::new();
+    }
+    let mut s = format!(
+        "; {} conflict{} open, {} decided",
+        r.conflicts_open,
+        if r.conflicts_open == 1 { "" } else { "s" },
+        r.conflicts_decided
+    );
+    if r.decisions_stale > 0 {
+        s.push_str(&format!(
+            ", {} decision{} stale",
+            r.decisions_stale,
+            if r.decisions_stale == 1 { "" } else { "s" }
+        ));
+    }
+    s
 }
 
 fn record_json(r: &BuildRecord) -> String {
@@ -122,6 +144,9 @@ fn record_json(r: &BuildRecord) -> String {
         "rows_filtered": r.rows_filtered,
         "rows_rejected": r.rows_rejected,
         "rows_flagged": r.rows_flagged,
+        "conflicts_open": r.conflicts_open,
+        "conflicts_decided": r.conflicts_decided,
+        "decisions_stale": r.decisions_stale,
         "error": r.error,
     })
     .to_string()

@@ -57,6 +57,8 @@ mod silver_delta;
 mod size;
 mod slt;
 mod sources;
+#[cfg(feature = "s3")]
+mod sources_s3;
 mod undo;
 mod util;
 mod workspace;
