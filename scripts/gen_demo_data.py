@@ -6,6 +6,7 @@ Usage:  python3 scripts/gen_demo_data.py [--check]
 Writes (after deleting them):
   data/landing/<source>/...   the files `ingot run` ingests, in sorted file-name order
   data/bad/...                run-level edge cases for the bookings contract (tests)
+  data/partner/...            the partner channel manager's bookings (examples/partner, demo step 18)
   data/EXPECTED.md            per-file expected run outcome (docs/guide.md#ingest)
   data/expected.json          the same, machine-readable, row by row (below)
 
