@@ -671,7 +671,8 @@ pub(crate) fn udf_names() {
             "row_hash",
             "natural_key_fingerprint",
             "canonical_text",
-            "normalize_text"
+            "normalize_text",
+            "namespaced_fingerprint"
         ]
     );
 }

@@ -194,7 +194,7 @@ pub async fn plan<'a>(
     let (digest, runs) = match &multi {
         Some(m) => (m.digest(all, catalog)?, m.flat_runs()),
         None => (
-            inputs_digest(catalog, all, &contract)?,
+            inputs_digest(catalog, all, &[&contract], false)?,
             runs_newest_first(all, &rules.source),
         ),
     };
@@ -487,13 +487,26 @@ fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// Digest of what `resolve` reads: the source's and lookups' contract files and the lookups'
+/// Digest of what `resolve` reads: the sources' and lookups' contract files and the lookups'
 /// committed data runs. When it differs from the previous build's, every row is processed again.
-fn inputs_digest(catalog: &Catalog, all: &[RunRecord], contract: &Contract) -> Result<String> {
+/// `labelled`: each source's file is preceded by its name (several sources, in name order; one
+/// source's digest stays as it always was).
+pub(super) fn inputs_digest(
+    catalog: &Catalog,
+    all: &[RunRecord],
+    contracts: &[&Contract],
+    labelled: bool,
+) -> Result<String> {
     let mut h = sha2::Sha256::new();
     let file = |p: &std::path::Path| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
-    h.update(file(&contract.path)?);
-    let lookups: BTreeSet<&str> = contract.resolve.iter().map(|r| r.lookup.as_str()).collect();
+    let mut lookups: BTreeSet<&str> = BTreeSet::new();
+    for contract in contracts {
+        if labelled {
+            h.update(format!("\nsource {}\n", contract.source));
+        }
+        h.update(file(&contract.path)?);
+        lookups.extend(contract.resolve.iter().map(|r| r.lookup.as_str()));
+    }
     for source in lookups {
         h.update(format!("\nlookup {source}\n"));
         if let Some(lc) = catalog.contracts.contracts.get(source) {

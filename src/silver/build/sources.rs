@@ -3,7 +3,7 @@
 //! sources' runs), and the merged input the transform then cleans as it would one source's
 //! rows. A build of such a table always writes a whole snapshot (no delta layers).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray};
@@ -11,7 +11,6 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::JoinType;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
-use sha2::Digest;
 
 use super::parts::{join_keys, part_writer, write_keys};
 use super::plan::reads_whole;
@@ -97,29 +96,11 @@ impl<'a> MultiPlan<'a> {
     /// Digest of what the sources' `resolve` entries read (as for one source, over every
     /// source's contract and lookups).
     pub(super) fn digest(&self, all: &[RunRecord], catalog: &Catalog) -> Result<String> {
-        let mut h = sha2::Sha256::new();
-        let file = |p: &std::path::Path| std::fs::read(p).map_err(|e| Error::io(p.display(), e));
-        let mut lookups = BTreeSet::new();
         // by name: a change of precedence alone is no change of what resolve reads
-        let mut inputs: Vec<&SourceInputs> = self.inputs.iter().collect();
-        inputs.sort_by(|a, b| a.source.cmp(&b.source));
-        for i in inputs {
-            h.update(format!("\nsource {}\n", i.source));
-            h.update(file(&i.contract.path)?);
-            lookups.extend(i.contract.resolve.iter().map(|r| r.lookup.clone()));
-        }
-        for source in lookups {
-            h.update(format!("\nlookup {source}\n"));
-            if let Some(lc) = catalog.contracts.contracts.get(&source) {
-                h.update(file(&lc.path)?);
-            }
-            let mut runs: Vec<_> = all.iter().filter(|r| r.source == source && r.has_data()).collect();
-            runs.sort_by_key(|r| r.seq);
-            for r in runs {
-                h.update(format!("\n{}", r.run_id));
-            }
-        }
-        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        let mut contracts: Vec<&crate::spec::contract::Contract> =
+            self.inputs.iter().map(|i| i.contract.as_ref()).collect();
+        contracts.sort_by(|a, b| a.source.cmp(&b.source));
+        super::plan::inputs_digest(catalog, all, &contracts, true)
     }
 
     /// The key map: every current record's candidates, the previous build's state, and the

@@ -36,6 +36,38 @@ pub fn current_table(source: &str) -> TableReference {
     TableReference::partial("bronze", format!("{source}_current"))
 }
 
+/// The contract of `source`, which `rules` read; an error names the sources there are.
+pub fn contract_of(contracts: &ContractSet, rules: &RuleSet, source: &str) -> Result<Arc<Contract>> {
+    contracts.contracts.get(source).cloned().ok_or_else(|| {
+        Error::Invalid(format!(
+            "{}: source \"{source}\" has no loadable contract; sources are: {}",
+            rules.path.display(),
+            contracts.names().join(", ")
+        ))
+    })
+}
+
+/// The current rows of every source `contract`'s `resolve` entries look up, with their
+/// contracts.
+pub async fn lookups_of(
+    ctx: &SessionContext,
+    contracts: &ContractSet,
+    rules: &RuleSet,
+    contract: &Contract,
+) -> Result<Lookups> {
+    let mut lookups = Lookups::new();
+    for r in &contract.resolve {
+        if !lookups.contains_key(&r.lookup) {
+            let lookup = Lookup {
+                contract: contract_of(contracts, rules, &r.lookup)?,
+                rows: ctx.table(current_table(&r.lookup)).await?,
+            };
+            lookups.insert(r.lookup.clone(), lookup);
+        }
+    }
+    Ok(lookups)
+}
+
 /// The source's and its lookups' `_current` views from a session opened by [`crate::engine::catalog::open`].
 pub async fn read_inputs(ctx: &SessionContext, contracts: &ContractSet, rules: &RuleSet) -> Result<Inputs> {
     if let Some(src) = rules.sources.as_deref() {
@@ -51,27 +83,9 @@ pub async fn read_inputs(ctx: &SessionContext, contracts: &ContractSet, rules: &
             lookups: Lookups::new(),
         });
     }
-    let contract_of = |source: &str| {
-        contracts.contracts.get(source).cloned().ok_or_else(|| {
-            Error::Invalid(format!(
-                "{}: source \"{source}\" has no loadable contract; sources are: {}",
-                rules.path.display(),
-                contracts.names().join(", ")
-            ))
-        })
-    };
-    let contract = contract_of(&rules.source)?;
+    let contract = contract_of(contracts, rules, &rules.source)?;
     let input = ctx.table(current_table(&rules.source)).await?;
-    let mut lookups = Lookups::new();
-    for r in &contract.resolve {
-        if !lookups.contains_key(&r.lookup) {
-            let lookup = Lookup {
-                contract: contract_of(&r.lookup)?,
-                rows: ctx.table(current_table(&r.lookup)).await?,
-            };
-            lookups.insert(r.lookup.clone(), lookup);
-        }
-    }
+    let lookups = lookups_of(ctx, contracts, rules, &contract).await?;
     Ok(Inputs {
         contract,
         input,

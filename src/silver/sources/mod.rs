@@ -77,29 +77,10 @@ pub async fn read_source_inputs(
     rules: &RuleSet,
 ) -> Result<Vec<SourceInputs>> {
     let src = sources_of(rules)?;
-    let contract_of = |source: &str| {
-        contracts.contracts.get(source).cloned().ok_or_else(|| {
-            Error::Invalid(format!(
-                "{}: source \"{source}\" has no loadable contract; sources are: {}",
-                rules.path.display(),
-                contracts.names().join(", ")
-            ))
-        })
-    };
     let mut out = Vec::with_capacity(src.entries.len());
     for e in &src.entries {
-        let contract = contract_of(&e.source)?;
-        let mut lookups = Lookups::new();
-        for r in &contract.resolve {
-            if !lookups.contains_key(&r.lookup) {
-                let rows = ctx.table(current_table(&r.lookup)).await?;
-                let lookup = crate::silver::compile::Lookup {
-                    contract: contract_of(&r.lookup)?,
-                    rows,
-                };
-                lookups.insert(r.lookup.clone(), lookup);
-            }
-        }
+        let contract = crate::silver::compile::contract_of(contracts, rules, &e.source)?;
+        let lookups = crate::silver::compile::lookups_of(ctx, contracts, rules, &contract).await?;
         out.push(SourceInputs {
             source: e.source.clone(),
             namespace: e.key_namespace.clone(),
