@@ -38,7 +38,8 @@ test: protoc
 ## .venv-bench, data in bench/work); SF=0.01 for a quick run, SF10=1 adds the SF10 memory check,
 ## CLUSTER=1 the silver build on a loopback cluster (release build with --features cluster).
 ## Writes bench/results-sf$(SF).md, and bench/results-pull.md: ingot pull of 1,000,000 records beside
-## dlt rest_api (venv .venv-bench-dlt; PULL=0 leaves it out).
+## dlt rest_api (venv .venv-bench-dlt; PULL=0 leaves it out), and bench/results-sources.md: a silver table
+## fed by two sources beside a one-source build of the same rows and DuckDB (SOURCES=0 leaves it out).
 bench: protoc
 	bash scripts/bench.sh
 
@@ -53,7 +54,7 @@ bench-history: protoc
 ## the model-based test of tests/it/model.rs with 200 cases instead of 6, the power-loss test of
 ## tests/it/power.rs at every step and the chaos test of tests/it/chaos.rs with 400 operations
 fuzz:
-	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} INGOT_MODEL_CASES=$${INGOT_MODEL_CASES:-200} INGOT_POWER_CASES=all INGOT_CHAOS_OPS=$${INGOT_CHAOS_OPS:-400} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: model:: power:: chaos:: --test-threads 2
+	INGOT_FUZZ_CASES=$${INGOT_FUZZ_CASES:-200000} INGOT_MODEL_CASES=$${INGOT_MODEL_CASES:-200} INGOT_POWER_CASES=all INGOT_CHAOS_OPS=$${INGOT_CHAOS_OPS:-400} $(CARGO) test --test it --features "$(FEATURES)" -- fuzz:: model:: model_sources:: power:: chaos:: --test-threads 2
 
 ## lint: formatting and clippy
 lint: protoc

@@ -6,6 +6,9 @@
 #   SF10=1          also ingest scale factor 10 into a fresh lake and report its peak memory
 #   SILVER=0        skip the silver part (default 1: silver builds of bench/rules/lineitem/v1.yaml
 #                   vs the same rules as DuckDB SQL, full and after a 1% re-delivery)
+#   SOURCES=0       skip the several-sources benchmark (default 1: bench/sources.sh, a silver table
+#                   fed by two sources of ~3M lineitem rows each against a one-source build of the
+#                   same rows and DuckDB's same survivorship; writes bench/results-sources.md)
 #   CLUSTER=1       also the full silver build on a loopback cluster of ingot processes (one
 #                   scheduler, two executors with one task each) against the same build in-process;
 #                   builds the release binary with --features cluster (Ballista: a long first build)
@@ -499,6 +502,15 @@ fi
 if [ "${PULL:-1}" = 1 ]; then
   step "(pull) the API pull beside dlt (bench/pull.sh)"
   INGOT_BIN="$INGOT" bench/pull.sh || die "the API pull benchmark failed"
+fi
+
+# --------------------------------------------------------------------- 5e. several sources
+# A silver table fed by two bronze sources (SF lineitem split by key, 10% overlap) against a
+# one-source build of the same rows and DuckDB doing the same survivorship (bench/sources.sh
+# writes bench/results-sources.md); SOURCES=0 leaves it out.
+if [ "${SOURCES:-1}" = 1 ]; then
+  step "(sources) a silver table fed by two sources beside a one-source build and DuckDB (bench/sources.sh)"
+  INGOT_BIN="$INGOT" SF="$SF" bench/sources.sh || die "the several-sources benchmark failed"
 fi
 
 # ------------------------------------------------------------------------ 6. SF10 (opt.)
