@@ -200,5 +200,5 @@ step "results"
   --meta "machine: nproc $(nproc), memory $(awk '/^MemTotal:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo) GiB, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(uname -sr)" \
   --meta "load average (1, 5, 15 min) before the timed builds: $LOAD_BEFORE; after: $LOAD_AFTER" \
   --meta "ingot: commit $COMMIT, release binary $INGOT built $(date -u -r "$INGOT" +%Y-%m-%dT%H:%MZ), default --memory-limit; duckdb $("$PY" -c 'import duckdb; print(duckdb.__version__)') (Python, default settings)" \
-  --meta "command: INGOT_BIN=$INGOT SF=$SF ROUNDS=$ROUNDS bash bench/sources.sh (make bench runs it; SOURCES=0 leaves it out)"
+  --meta "command: \`INGOT_BIN=$INGOT SF=$SF ROUNDS=$ROUNDS${INGOT_BIN_COMMIT:+ INGOT_BIN_COMMIT='$INGOT_BIN_COMMIT'} bash bench/sources.sh\` (make bench runs it; SOURCES=0 leaves it out)"
 echo "written: $RESULTS" >&2
