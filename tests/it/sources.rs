@@ -289,6 +289,9 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
             "g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02",
         ],
     );
+    // the plan counts records, not candidates (g1 has two)
+    let plan: Value = serde_json::from_str(l.ok(&["build", "guests", "--dry-run", "--json"]).trim()).unwrap();
+    assert_eq!(plan["process"], json!(3), "{plan}");
     l.build();
     let rows = l.silver();
     assert_eq!(rows.len(), 3, "{rows:?}");

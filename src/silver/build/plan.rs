@@ -307,7 +307,7 @@ pub async fn plan<'a>(
     if plan.delta.is_none() {
         summary.kept = plan.kept_records;
     }
-    summary.process = plan.per_run.iter().sum();
+    summary.process = plan.processed();
     summary.read = plan
         .work_runs
         .iter()
@@ -396,6 +396,14 @@ pub(super) fn reads_whole(run: &RunRecord, n: u64) -> bool {
 }
 
 impl<'a> BuildPlan<'a> {
+    /// Records to process (several sources: records, not their candidates).
+    fn processed(&self) -> u64 {
+        match &self.multi {
+            Some(m) => m.processed.get(),
+            None => self.per_run.iter().sum(),
+        }
+    }
+
     /// Records to process per work run, and the previous snapshot's rows kept.
     fn count(&mut self, keys: Option<&Keys>) {
         self.per_run = vec![0u64; self.work_runs.len()];

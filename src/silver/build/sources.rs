@@ -44,6 +44,8 @@ pub(crate) struct MultiPlan<'a> {
     pub(super) decision_records: Vec<DecisionRecord>,
     /// The table's latest succeeded build: the winners `hold` keeps and the conflicts' history.
     pub(super) latest: Option<&'a BuildRecord>,
+    /// Records to process (set by [`MultiPlan::count`]; the runs' counts are candidates).
+    pub(super) processed: std::cell::Cell<u64>,
 }
 
 impl<'a> MultiPlan<'a> {
@@ -85,6 +87,7 @@ impl<'a> MultiPlan<'a> {
             inputs,
             runs,
             offsets,
+            processed: std::cell::Cell::new(0),
         })
     }
 
@@ -146,6 +149,7 @@ impl<'a> MultiPlan<'a> {
     pub(super) fn count(&self, keys: &Keys, per_run: &mut [u64], kept: &mut u64) {
         for e in keys.map.values() {
             if keys.process(e) {
+                self.processed.set(self.processed.get() + 1);
                 if let Some(combo) = keys.combos.get(e.cur as usize) {
                     for (s, r) in combo.iter().enumerate() {
                         if *r != NONE {
