@@ -74,6 +74,8 @@ pub async fn current_keys(
     let mut keys = Keys::new(Vec::new(), usize::try_from(capacity).unwrap_or(0));
     let mut combos = Combos::new(width);
     for (s, (input, runs)) in inputs.iter().zip(runs).enumerate() {
+        // (combination, this source's run) -> the combination with it, for this source
+        let mut steps: HashMap<(u32, u32), u32> = HashMap::new();
         for (i, run) in runs.iter().enumerate() {
             let stored = crate::table::evolve::stored_runs(lake, &input.contract, &[*run])?;
             let table = crate::table::evolve::read_stored(ctx, &input.contract, &stored.iter().collect::<Vec<_>>())?;
@@ -104,9 +106,13 @@ pub async fn current_keys(
                         return; // a newer run of this source has the record
                     }
                     let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
-                    let mut next = combos.of[e.cur as usize].clone();
-                    next[s] = if tombstone { DELETED } else { i as u32 };
-                    e.cur = combos.intern(next);
+                    let value = if tombstone { DELETED } else { i as u32 };
+                    // a few distinct steps per run: no combination is built per row
+                    e.cur = *steps.entry((e.cur, value)).or_insert_with(|| {
+                        let mut next = combos.of[e.cur as usize].clone();
+                        next[s] = value;
+                        combos.intern(next)
+                    });
                 })?;
                 if missing {
                     return Err(Error::RunFailed(format!(
