@@ -119,7 +119,7 @@ pub fn candidate_schema(src: &Sources) -> SchemaRef {
 }
 
 /// An empty `field_sources` (empty, not null: one way to say "none").
-fn empty_map() -> Result<Expr> {
+fn no_field_sources() -> Result<Expr> {
     use datafusion::arrow::array::{ListBuilder, StructBuilder};
     let fields = crate::spec::rules::sources::field_source_fields();
     let mut b = ListBuilder::new(StructBuilder::from_fields(fields.clone(), 0)).with_field(Arc::new(Field::new(
@@ -192,7 +192,7 @@ pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
         }
         let e = match name {
             CONTRIBUTING_SOURCES => make_array(vec![c(SOURCE)]),
-            FIELD_SOURCES => empty_map()?,
+            FIELD_SOURCES => no_field_sources()?,
             CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
             STATE_RUN => c(crate::table::silver::RUN_ID),
             REJECT_RULE => c(CAND_RULE),
