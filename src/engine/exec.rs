@@ -29,13 +29,11 @@ use crate::error::{Error, Result};
 /// UDFs that hold state of the client process (a build's key map and key sets, the slots of a
 /// source's current runs): a plan calling one cannot be sent to a cluster (a build on a cluster
 /// joins with key files instead, a catalog for a cluster carries the slots as a table).
-pub const LOCAL_ONLY_UDFS: [&str; 6] = [
+pub const LOCAL_ONLY_UDFS: [&str; 4] = [
     "__ingot_pick",
     "__ingot_in_set",
     crate::engine::slots::SLOT_OF,
     "__ingot_pick_source",
-    "__ingot_multi",
-    "__ingot_single",
 ];
 
 /// Why `plan` must run in this process, if it must.

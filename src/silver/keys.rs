@@ -235,8 +235,6 @@ enum Test {
     /// Several sources: the record is processed and its candidate of source `.1` is in that
     /// source's run `.2`.
     PickSource(Arc<Keys>, u32, u32),
-    /// Several sources: the record is processed and has more than one candidate (`.1`) or one.
-    Multi(Arc<Keys>, bool),
 }
 
 /// A boolean UDF over a fingerprint column ([`pick_udf`]) or group columns
@@ -260,7 +258,6 @@ impl PartialEq for KeyTest {
                 (Test::Pick(a, x), Test::Pick(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 (Test::InGroups(a), Test::InGroups(b)) => Arc::ptr_eq(a, b),
                 (Test::PickSource(a, s, x), Test::PickSource(b, t, y)) => Arc::ptr_eq(a, b) && s == t && x == y,
-                (Test::Multi(a, x), Test::Multi(b, y)) => Arc::ptr_eq(a, b) && x == y,
                 _ => false,
             }
     }
@@ -275,7 +272,6 @@ impl std::hash::Hash for KeyTest {
             Test::Pick(a, x) => Arc::as_ptr(a) as usize ^ (*x as usize),
             Test::InGroups(a) => Arc::as_ptr(a) as usize,
             Test::PickSource(a, s, x) => Arc::as_ptr(a) as usize ^ ((*s as usize) << 32) ^ (*x as usize),
-            Test::Multi(a, x) => Arc::as_ptr(a) as usize ^ usize::from(*x),
         };
         p.hash(state);
     }
@@ -326,9 +322,6 @@ impl ScalarUDFImpl for KeyTest {
                     keys.process(e)
                         && keys.combos.get(e.cur as usize).and_then(|c| c.get(*source as usize)) == Some(run)
                 }),
-                Test::Multi(keys, many) => keys
-                    .get(&fp)
-                    .is_some_and(|e| keys.process(e) && (keys.candidates(e) > 1) == *many),
                 Test::InGroups(_) => false, // answered above
             }
         };
@@ -350,15 +343,6 @@ fn key_test(name: &str, test: Test) -> ScalarUDF {
 /// current candidate of a record to process.
 pub fn pick_source_udf(keys: Arc<Keys>, source: u32, run: u32) -> ScalarUDF {
     key_test("__ingot_pick_source", Test::PickSource(keys, source, run))
-}
-
-/// `__ingot_multi(fp)`: the record is processed and has more than one candidate (`many`), or
-/// exactly one.
-pub fn multi_udf(keys: Arc<Keys>, many: bool) -> ScalarUDF {
-    key_test(
-        if many { "__ingot_multi" } else { "__ingot_single" },
-        Test::Multi(keys, many),
-    )
 }
 
 /// `__ingot_pick(fp)`: the row (of run `run`) is the current version of a record to process.

@@ -122,7 +122,7 @@ pub async fn read_decisions(lake: &Lake, table: &str) -> Result<Vec<DecisionReco
 
 /// The decisions in force (not withdrawn), by record and field; the latest wins when a field
 /// was decided twice.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Decisions {
     pub by_key: HashMap<(Fp, String), DecisionRecord>,
 }

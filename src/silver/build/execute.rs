@@ -130,12 +130,13 @@ pub(super) async fn execute(
     let flagger = Arc::new(Flagger::new(env.ctx, rules, base.clone(), &sets)?);
     let mut names = Names::default();
     let mut outputs = write_outputs(&env, &plan, record, &split, &base, flagger.clone(), kept, &mut names).await?;
-    if let (Some(out), Some(m)) = (&merged, &plan.multi) {
-        outputs.conflicts = sources::write_conflicts(env.lake, record, rules, &out.conflicts).await?;
+    if let (Some(out), Some(m)) = (merged, &plan.multi) {
+        let (conflicts, counts) = out.conflicts()?;
+        outputs.conflicts = sources::write_conflicts(env.lake, record, rules, &conflicts).await?;
         outputs.decisions = Some(m.decisions.ids());
-        record.conflicts_open = out.counts.open as i64;
-        record.conflicts_decided = out.counts.decided as i64;
-        record.decisions_stale = out.counts.stale as i64;
+        record.conflicts_open = counts.open as i64;
+        record.conflicts_decided = counts.decided as i64;
+        record.decisions_stale = counts.stale as i64;
     }
     let BuildPlan {
         reservation,

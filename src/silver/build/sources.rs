@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::JoinType;
+use datafusion::logical_expr::{Expr, JoinType};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
@@ -17,12 +17,14 @@ use super::plan::reads_whole;
 use super::scan::{previous_state, run_table, runs_newest_first};
 use crate::engine::catalog::{Catalog, table_over};
 use crate::error::{Error, Result};
+use crate::hash::fp::FpSet;
 use crate::hash::fp::{Fp, for_each_fp};
-use crate::silver::keys::{FORCED, Keys, NONE, in_set_udf, multi_udf, pick_source_udf};
+use crate::silver::keys::{FORCED, Keys, NONE, in_set_udf, pick_source_udf};
 use crate::silver::sources::conflicts::{self, ConflictRow, Counts, Stamp};
 use crate::silver::sources::decisions::{DecisionRecord, Decisions, read_decisions};
 use crate::silver::sources::scan::{current_keys, table_key};
-use crate::silver::sources::survive::{Held, Pass};
+use crate::silver::sources::stream::Survivors;
+use crate::silver::sources::survive::Held;
 use crate::silver::sources::{
     RANK, SOURCE, SourceInputs, candidate_schema, candidates, merged_schema, read_source_inputs, single_rows,
     sources_of,
@@ -173,15 +175,38 @@ pub(super) struct At<'a> {
     pub build_id: &'a str,
 }
 
-/// What the merged input's survivorship found.
+/// The merged input, and what its survivorship finds once the plan has read it.
 pub(super) struct Merged {
     pub rows: DataFrame,
-    pub conflicts: Vec<ConflictRow>,
-    pub counts: Counts,
+    survivors: Option<Arc<Survivors>>,
+    /// The latest build's conflicts.
+    history: Vec<ConflictRow>,
+    /// Decisions on processed records left with one candidate.
+    single_stale: u64,
+    keys: Arc<Keys>,
 }
 
-/// The processed records' candidates of one source: the rows of its runs picked by the key
-/// map (every row of a run all of whose rows are picked).
+impl Merged {
+    /// The table's conflicts after the build (call once its plan has run), with their counts.
+    pub fn conflicts(self) -> Result<(Vec<ConflictRow>, Counts)> {
+        let (found, stale) = match &self.survivors {
+            Some(s) => {
+                let f = s.found()?;
+                (f.conflicts, f.stale)
+            }
+            None => (Vec::new(), 0),
+        };
+        Ok(finish_conflicts(
+            self.history,
+            found,
+            &self.keys,
+            stale + self.single_stale,
+        ))
+    }
+}
+
+/// On a cluster, the processed records' candidates of one source: the rows of its runs picked
+/// by the key map (every row of a run all of whose rows are picked), by joins with key files.
 async fn picked(
     at: &At<'_>,
     m: &MultiPlan<'_>,
@@ -200,30 +225,25 @@ async fn picked(
         let mut rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
         if !reads_whole(run, n) {
             let key = table_key(input.namespace.as_deref());
-            rows = match at.cluster {
-                None => rows.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![key]))?,
-                Some(_) => {
-                    let fps = keys.map.iter().filter(|(_, e)| {
-                        keys.process(e) && keys.combos.get(e.cur as usize).and_then(|c| c.get(s)) == Some(&(i as u32))
-                    });
-                    let name = format!("keys-pick-{s:03}-{i:05}.parquet");
-                    let rel = layout::silver_file(at.table, at.build_id, &name);
-                    write_keys(at.lake, &rel, fps.map(|(fp, _)| *fp)).await?;
-                    key_files.push(rel.clone());
-                    let keyed = rows.with_column("__ingot_table_key", key)?;
-                    join_keys(
-                        at.ctx,
-                        at.lake,
-                        keyed
-                            .with_column_renamed(FP, "__ingot_bronze_fp")?
-                            .with_column_renamed("__ingot_table_key", FP)?,
-                        &rel,
-                        JoinType::LeftSemi,
-                    )?
-                    .drop_columns(&[FP])?
-                    .with_column_renamed("__ingot_bronze_fp", FP)?
-                }
-            };
+            let fps = keys.map.iter().filter(|(_, e)| {
+                keys.process(e) && keys.combos.get(e.cur as usize).and_then(|c| c.get(s)) == Some(&(i as u32))
+            });
+            let name = format!("keys-pick-{s:03}-{i:05}.parquet");
+            let rel = layout::silver_file(at.table, at.build_id, &name);
+            write_keys(at.lake, &rel, fps.map(|(fp, _)| *fp)).await?;
+            key_files.push(rel.clone());
+            let keyed = rows.with_column("__ingot_table_key", key)?;
+            rows = join_keys(
+                at.ctx,
+                at.lake,
+                keyed
+                    .with_column_renamed(FP, "__ingot_bronze_fp")?
+                    .with_column_renamed("__ingot_table_key", FP)?,
+                &rel,
+                JoinType::LeftSemi,
+            )?
+            .drop_columns(&[FP])?
+            .with_column_renamed("__ingot_bronze_fp", FP)?;
         }
         out = Some(match out {
             None => rows,
@@ -231,6 +251,60 @@ async fn picked(
         });
     }
     Ok(out)
+}
+
+/// One source's bronze rows of the records to process, in this process: those of records with
+/// one candidate (`one`: a run's rows picked from the key map, unless all its rows are; then
+/// those of `many` left out) and those of records with several (`several`: the run's few keys of
+/// `by_run`, a small set).
+#[allow(clippy::type_complexity)]
+fn local_rows(
+    at: &At<'_>,
+    m: &MultiPlan<'_>,
+    s: usize,
+    keys: &Arc<Keys>,
+    per_run: &[u64],
+    many: &Arc<FpSet>,
+    by_run: &mut HashMap<(usize, u32), FpSet>,
+) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
+    let input = &m.inputs[s];
+    let key = table_key(input.namespace.as_deref());
+    let (mut ones, mut severals): (Option<DataFrame>, Option<DataFrame>) = (None, None);
+    let add = |to: &mut Option<DataFrame>, df: DataFrame| -> Result<()> {
+        *to = Some(match to.take() {
+            None => df,
+            Some(all) => all.union(df)?,
+        });
+        Ok(())
+    };
+    for (i, run) in m.runs[s].iter().enumerate() {
+        let n = per_run[m.offsets[s] + i];
+        if n == 0 {
+            continue;
+        }
+        let rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
+        let several = by_run.remove(&(s, i as u32));
+        let several_n = several.as_ref().map_or(0, |set| set.len() as u64);
+        if n > several_n {
+            let mut one = rows.clone();
+            if !reads_whole(run, n) {
+                one =
+                    one.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![key.clone()]))?;
+            }
+            if several_n > 0 {
+                let test = Arc::new(in_set_udf(many.clone())).call(vec![key.clone()]);
+                one = one.filter(Expr::Not(Box::new(test)))?;
+            }
+            add(&mut ones, one)?;
+        }
+        if let Some(set) = several.filter(|set| !set.is_empty()) {
+            add(
+                &mut severals,
+                rows.filter(Arc::new(in_set_udf(Arc::new(set))).call(vec![key.clone()]))?,
+            )?;
+        }
+    }
+    Ok((ones, severals))
 }
 
 /// The merged input of the records to process ([`merged_schema`]): records with one candidate
@@ -245,16 +319,78 @@ pub(super) async fn merged_input(
     key_files: &mut Vec<String>,
 ) -> Result<Merged> {
     let src = sources_of(rules)?;
-    let mut all: Option<DataFrame> = None;
+    // Each candidate goes down one path, told by a set of the few records with several
+    // candidates (small enough to stay in cache; most rows are ruled out by its `Heads`). On a
+    // cluster the set is a build-scoped file of keys that the plans join with.
+    let many: Arc<FpSet> = Arc::new(
+        keys.map
+            .iter()
+            .filter(|(_, e)| keys.process(e) && keys.candidates(e) > 1)
+            .map(|(fp, _)| *fp)
+            .collect(),
+    );
+    let many_file = match at.cluster {
+        Some(_) if !many.is_empty() => {
+            let rel = layout::silver_file(at.table, at.build_id, "keys-multi.parquet");
+            write_keys(at.lake, &rel, many.iter().copied()).await?;
+            key_files.push(rel.clone());
+            Some(rel)
+        }
+        _ => None,
+    };
+    // the records with several candidates by (source, run) of their candidates there
+    let mut by_run: HashMap<(usize, u32), FpSet> = HashMap::new();
+    if at.cluster.is_none() {
+        for fp in many.iter() {
+            let Some(combo) = keys.get(fp).and_then(|e| keys.combos.get(e.cur as usize)) else {
+                continue;
+            };
+            for (s, r) in combo.iter().enumerate().filter(|(_, r)| **r != NONE) {
+                by_run.entry((s, *r)).or_default().insert(*fp);
+            }
+        }
+    }
+    let (mut singles, mut multis): (Option<DataFrame>, Option<DataFrame>) = (None, None);
     for (s, entry) in src.entries.iter().enumerate() {
-        let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
-            continue;
+        let input = &m.inputs[s];
+        let (one, several) = match at.cluster {
+            None => {
+                let (one, several) = local_rows(at, m, s, keys, per_run, &many, &mut by_run)?;
+                if one.is_none() && several.is_none() {
+                    continue;
+                }
+                let several = several.map(|df| candidates(df, src, entry, input)).transpose()?;
+                let one = match one {
+                    Some(df) => candidates(df, src, entry, input)?,
+                    None => at.ctx.read_table(table_over(vec![], candidate_schema(src))?)?,
+                };
+                (one, several)
+            }
+            Some(_) => {
+                let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
+                    continue;
+                };
+                let cands = candidates(rows, src, entry, input)?;
+                match &many_file {
+                    None => (cands, None),
+                    Some(rel) => (
+                        join_keys(at.ctx, at.lake, cands.clone(), rel, JoinType::LeftAnti)?,
+                        Some(join_keys(at.ctx, at.lake, cands, rel, JoinType::LeftSemi)?),
+                    ),
+                }
+            }
         };
-        let cands = candidates(rows, src, entry, &m.inputs[s])?;
-        all = Some(match all {
-            None => cands,
-            Some(df) => df.union(cands)?,
+        let one = single_rows(one, src, Some(entry.source.as_str()))?;
+        singles = Some(match singles {
+            None => one,
+            Some(df) => df.union(one)?,
         });
+        if let Some(several) = several {
+            multis = Some(match multis {
+                None => several,
+                Some(df) => df.union(several)?,
+            });
+        }
     }
     let schema = merged_schema(src);
     let history = match m.latest {
@@ -268,34 +404,18 @@ pub(super) async fn merged_input(
         .keys()
         .filter(|(fp, _)| keys.get(fp).is_some_and(|e| keys.process(e) && keys.candidates(e) == 1))
         .count() as u64;
-    let Some(all) = all else {
-        let (conflicts, counts) = finish_conflicts(history, Vec::new(), keys, single_stale);
-        return Ok(Merged {
-            rows: at.ctx.read_table(table_over(vec![], schema)?)?,
-            conflicts,
-            counts,
-        });
+    let singles = match singles {
+        Some(df) => df,
+        None => at.ctx.read_table(table_over(vec![], schema.clone())?)?,
     };
-    let (singles, multis) = match at.cluster {
-        None => (
-            all.clone()
-                .filter(Arc::new(multi_udf(keys.clone(), false)).call(vec![c(FP)]))?,
-            all.filter(Arc::new(multi_udf(keys.clone(), true)).call(vec![c(FP)]))?,
-        ),
-        Some(_) => {
-            let many = keys
-                .map
-                .iter()
-                .filter(|(_, e)| keys.process(e) && keys.candidates(e) > 1)
-                .map(|(fp, _)| *fp);
-            let rel = layout::silver_file(at.table, at.build_id, "keys-multi.parquet");
-            write_keys(at.lake, &rel, many).await?;
-            key_files.push(rel.clone());
-            (
-                join_keys(at.ctx, at.lake, all.clone(), &rel, JoinType::LeftAnti)?,
-                join_keys(at.ctx, at.lake, all, &rel, JoinType::LeftSemi)?,
-            )
-        }
+    let Some(multis) = multis else {
+        return Ok(Merged {
+            rows: singles,
+            survivors: None,
+            history,
+            single_stale,
+            keys: keys.clone(),
+        });
     };
     let held = held_winners(at, rules, m, keys).await?;
     let first_seen: HashMap<(Fp, String, String), String> = history
@@ -315,51 +435,45 @@ pub(super) async fn merged_input(
     state.config_mut().options_mut().execution.parquet.pushdown_filters = true;
     let multis = DataFrame::new(state, plan);
     let sorted = multis.sort(vec![
-        c(FP).sort(true, false),
+        // the 16-byte key sorts as the hex text does, compared without reading text
+        Arc::new(crate::hash::fp::fp128_udf())
+            .call(vec![c(FP)])
+            .sort(true, false),
         c(RANK).sort(true, false),
         c(SOURCE).sort(true, false),
     ])?;
-    let mut pass = Pass::new(
-        src,
+    let survivors = Survivors::new(
+        sorted,
+        Arc::new(src.clone()),
         candidate_schema(src),
-        &m.decisions,
-        &held,
-        &first_seen,
+        Arc::new(m.decisions.clone()),
+        Arc::new(held),
+        Arc::new(first_seen),
         at.build_id,
-    )?;
-    let rel = layout::silver_file(at.table, at.build_id, "merged-00000.parquet");
-    let mut w = part_writer(at.lake, rel.clone(), schema.clone());
-    // the records with several candidates (a fraction of the table) are sorted and decided in
-    // this process: a Ballista job of this sort never finished (left out, docs/guide.md)
-    let mut stream = crate::engine::exec::stream(None, sorted, "build: survivorship").await?;
-    let mut pending = Vec::new();
-    while let Some(b) = stream.next().await {
-        if let Some(out) = pass.push(b?, &mut pending)? {
-            w.write(&out).await?;
-        }
-    }
-    if let Some(out) = pass.finish(&mut pending)? {
-        w.write(&out).await?;
-    }
-    let written = w.finish().await?;
-    let singles = single_rows(singles, src)?;
-    let rows = if written > 0 {
-        key_files.push(rel.clone());
-        let merged = at.ctx.read_table(table_over(vec![at.lake.url(&rel)], schema)?)?;
-        singles.union(merged)?
-    } else {
-        singles
-    };
-    let (conflicts, counts) = finish_conflicts(
-        history,
-        std::mem::take(&mut pass.conflicts),
-        keys,
-        pass.counts.stale + single_stale,
     );
+    let merged = match at.cluster {
+        // the merged rows are decided as the build's plan reads them
+        None => at.ctx.read_table(survivors.table()?)?,
+        // a plan for the cluster cannot hold this process's pass: its rows go to a build-scoped
+        // file first
+        Some(_) => {
+            let rel = layout::silver_file(at.table, at.build_id, "merged-00000.parquet");
+            let mut w = part_writer(at.lake, rel.clone(), schema.clone());
+            let mut stream = survivors.stream();
+            while let Some(b) = stream.next().await {
+                w.write(&b?).await?;
+            }
+            w.finish().await?;
+            key_files.push(rel.clone());
+            at.ctx.read_table(table_over(vec![at.lake.url(&rel)], schema)?)?
+        }
+    };
     Ok(Merged {
-        rows,
-        conflicts,
-        counts,
+        rows: singles.union(merged)?,
+        survivors: Some(survivors),
+        history,
+        single_stale,
+        keys: keys.clone(),
     })
 }
 

@@ -10,6 +10,7 @@
 
 pub use crate::table::{conflicts, decisions};
 pub mod scan;
+pub mod stream;
 pub mod survive;
 
 use std::sync::Arc;
@@ -174,13 +175,16 @@ pub fn candidates(rows: DataFrame, src: &Sources, entry: &SourceEntry, input: &S
 
 /// The merged rows of records with one candidate ([`merged_schema`]): its values (null for a
 /// field only another source may give), itself as the contributing source, no conflict.
-pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
+/// `source`: every candidate is that source's (its name becomes a constant, not a per-row list).
+pub fn single_rows(cands: DataFrame, src: &Sources, source: Option<&str>) -> Result<DataFrame> {
     let schema = merged_schema(src);
     let mut cols = Vec::with_capacity(schema.fields().len());
     for (name, ty) in &src.columns {
         let unit = src.group_of(name).map_or(name.as_str(), |g| g.name.as_str());
-        let e = match src.rule_of(unit) {
-            Rule::Only(s) => when(c(SOURCE).eq(lit(s.as_str())), c(name)).otherwise(typed_null(ty)?)?,
+        let e = match (src.rule_of(unit), source) {
+            (Rule::Only(s), Some(from)) if s != from => typed_null(ty)?,
+            (Rule::Only(_), Some(_)) => c(name),
+            (Rule::Only(s), None) => when(c(SOURCE).eq(lit(s.as_str())), c(name)).otherwise(typed_null(ty)?)?,
             _ => c(name),
         };
         cols.push(e.alias(name));
@@ -190,13 +194,17 @@ pub fn single_rows(cands: DataFrame, src: &Sources) -> Result<DataFrame> {
         if src.columns.iter().any(|(n, _)| n == name) {
             continue;
         }
-        let e = match name {
-            CONTRIBUTING_SOURCES => make_array(vec![c(SOURCE)]),
-            FIELD_SOURCES => no_field_sources()?,
-            CONFLICT_FIELDS | CONFLICT => typed_null(f.data_type())?,
-            STATE_RUN => c(crate::table::silver::RUN_ID),
-            REJECT_RULE => c(CAND_RULE),
-            REJECT_REASON => c(CAND_REASON),
+        let e = match (name, source) {
+            (CONTRIBUTING_SOURCES, Some(from)) => lit(ScalarValue::List(ScalarValue::new_list_nullable(
+                &[ScalarValue::from(from)],
+                &DataType::Utf8,
+            ))),
+            (CONTRIBUTING_SOURCES, None) => make_array(vec![c(SOURCE)]),
+            (FIELD_SOURCES, _) => no_field_sources()?,
+            (CONFLICT_FIELDS | CONFLICT, _) => typed_null(f.data_type())?,
+            (STATE_RUN, _) => c(crate::table::silver::RUN_ID),
+            (REJECT_RULE, _) => c(CAND_RULE),
+            (REJECT_REASON, _) => c(CAND_REASON),
             _ => c(name),
         };
         cols.push(e.alias(name));
@@ -239,5 +247,5 @@ pub fn planned_rows(src: &Sources, inputs: &[SourceInputs]) -> Result<DataFrame>
         });
     }
     let all = all.ok_or_else(|| Error::Internal("a table with sources lists none".into()))?;
-    single_rows(all, src)
+    single_rows(all, src, None)
 }

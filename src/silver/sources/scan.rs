@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::Array;
+use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::logical_expr::lit;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -51,6 +52,34 @@ impl Combos {
     }
 }
 
+/// One batch of a source's run: its decoded keys and tombstone flags.
+struct Fps {
+    source: usize,
+    run: u32,
+    fps: Vec<crate::hash::fp::Fp>,
+    deleted: Option<BooleanArray>,
+}
+
+impl Fps {
+    fn of(source: usize, run: u32, b: &RecordBatch, what: &str) -> Result<Fps> {
+        let mut fps = Vec::with_capacity(b.num_rows());
+        let mut missing = false;
+        for_each_fp(b.column(0), |_, fp| match fp {
+            Some(fp) => fps.push(fp),
+            None => missing = true,
+        })?;
+        if missing {
+            return Err(Error::RunFailed(format!("{what} has a row without {FINGERPRINT}")));
+        }
+        Ok(Fps {
+            source,
+            run,
+            fps,
+            deleted: b.column(1).as_any().downcast_ref::<BooleanArray>().cloned(),
+        })
+    }
+}
+
 /// The fingerprint column of `input`'s rows as the table keys them (namespaced for an entry with
 /// a `key_namespace`).
 pub fn table_key(namespace: Option<&str>) -> datafusion::logical_expr::Expr {
@@ -73,9 +102,13 @@ pub async fn current_keys(
     let capacity: i64 = runs.iter().flatten().map(|r| r.rows_inserted + r.rows_updated).sum();
     let mut keys = Keys::new(Vec::new(), usize::try_from(capacity).unwrap_or(0));
     let mut combos = Combos::new(width);
+    // Each source's fingerprints are read and decoded by a task of its own (newest run first),
+    // while this one steps the key map: a source's batches arrive in order, and sources only
+    // touch their own slot of a combination, so their interleaving does not matter.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Fps>>(4 * width.max(1));
+    let mut tasks = Vec::with_capacity(width);
     for (s, (input, runs)) in inputs.iter().zip(runs).enumerate() {
-        // (combination, this source's run) -> the combination with it, for this source
-        let mut steps: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut plans = Vec::with_capacity(runs.len());
         for (i, run) in runs.iter().enumerate() {
             let stored = crate::table::evolve::stored_runs(lake, &input.contract, &[*run])?;
             let table = crate::table::evolve::read_stored(ctx, &input.contract, &stored.iter().collect::<Vec<_>>())?;
@@ -83,46 +116,61 @@ pub async fn current_keys(
                 table_key(input.namespace.as_deref()).alias(FINGERPRINT),
                 c(IS_DELETED),
             ])?;
-            let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
-            while let Some(b) = stream.next().await {
-                let b = b?;
-                let mut missing = false;
-                let deleted = b
-                    .column(1)
-                    .as_any()
-                    .downcast_ref::<datafusion::arrow::array::BooleanArray>();
-                for_each_fp(b.column(0), |row, fp| {
-                    let Some(fp) = fp else {
-                        missing = true;
-                        return;
+            let what = format!("bronze run {} of \"{}\"", run.run_id, run.source);
+            plans.push((i as u32, what, fps));
+        }
+        let (tx, cluster) = (tx.clone(), cluster.map(str::to_string));
+        tasks.push(SpawnedTask::spawn(async move {
+            for (run, what, df) in plans {
+                let mut stream =
+                    match crate::engine::exec::stream(cluster.as_deref(), df, "build: bronze fingerprints").await {
+                        Ok(st) => st,
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
                     };
-                    let e = keys.map.entry(fp).or_insert(Entry {
-                        cur: 0,
-                        prev: NONE,
-                        version: 0,
-                        outcome: 0,
-                    });
-                    if combos.of[e.cur as usize][s] != NONE {
-                        return; // a newer run of this source has the record
+                while let Some(b) = stream.next().await {
+                    let out = b.map_err(Error::from).and_then(|b| Fps::of(s, run, &b, &what));
+                    let failed = out.is_err();
+                    if tx.send(out).await.is_err() || failed {
+                        return;
                     }
-                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
-                    let value = if tombstone { DELETED } else { i as u32 };
-                    // a few distinct steps per run: no combination is built per row
-                    e.cur = *steps.entry((e.cur, value)).or_insert_with(|| {
-                        let mut next = combos.of[e.cur as usize].clone();
-                        next[s] = value;
-                        combos.intern(next)
-                    });
-                })?;
-                if missing {
-                    return Err(Error::RunFailed(format!(
-                        "bronze run {} of \"{}\" has a row without {FINGERPRINT}",
-                        run.run_id, run.source
-                    )));
                 }
             }
+        }));
+    }
+    drop(tx);
+    // (source, combination, this source's run) -> the combination with it: a few distinct
+    // steps per run, no combination built per row
+    let mut steps: HashMap<(usize, u32, u32), u32> = HashMap::new();
+    while let Some(batch) = rx.recv().await {
+        let Fps {
+            source: s,
+            run,
+            fps,
+            deleted,
+        } = batch?;
+        for (row, fp) in fps.into_iter().enumerate() {
+            let e = keys.map.entry(fp).or_insert(Entry {
+                cur: 0,
+                prev: NONE,
+                version: 0,
+                outcome: 0,
+            });
+            if combos.of[e.cur as usize][s] != NONE {
+                continue; // a newer run of this source has the record
+            }
+            let tombstone = deleted.as_ref().is_some_and(|d| d.is_valid(row) && d.value(row));
+            let value = if tombstone { DELETED } else { run };
+            e.cur = *steps.entry((s, e.cur, value)).or_insert_with(|| {
+                let mut next = combos.of[e.cur as usize].clone();
+                next[s] = value;
+                combos.intern(next)
+            });
         }
     }
+    drop(tasks);
     // tombstoned candidates are no candidates; a record with none left is not current
     let mut current = Combos::new(width);
     let remap: Vec<u32> = combos

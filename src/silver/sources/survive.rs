@@ -84,8 +84,8 @@ struct Prepared {
 type At = (usize, usize);
 
 /// The survivorship pass; see the module documentation.
-pub struct Pass<'a> {
-    src: &'a Sources,
+pub struct Pass {
+    src: Arc<Sources>,
     schema: SchemaRef,
     out_schema: SchemaRef,
     units: Vec<Unit>,
@@ -93,41 +93,51 @@ pub struct Pass<'a> {
     order_by: Option<usize>,
     eq_conv: Vec<RowConverter>,
     order_conv: Vec<RowConverter>,
-    decisions: &'a Decisions,
-    held: &'a HashMap<Fp, Held>,
+    decisions: Arc<Decisions>,
+    held: Arc<HashMap<Fp, Held>>,
     /// First build of the candidate sets the previous build logged, by (record, field, hash).
-    first_seen: &'a HashMap<(Fp, String, String), String>,
+    first_seen: Arc<FirstSeen>,
     build_id: String,
     live: Vec<Prepared>,
     /// The merged rows decided since the last [`Pass::flush`].
     rows: Vec<Merged>,
+    /// Their candidates ([`Merged::members`]).
+    members: Vec<At>,
+    /// Per merged row and survivorship column, the candidate its value comes from (`None`:
+    /// null): row `k`'s are `froms[k * width..][..width]`.
+    froms: Vec<Option<At>>,
+    /// A unit's candidates with a value (reused from record to record).
+    scratch: Vec<At>,
     pub counts: Counts,
     pub conflicts: Vec<ConflictRow>,
 }
 
-/// The merged row of one record, besides the picked columns.
+/// The merged row of one record, besides the picked columns ([`Pass::froms`]).
 struct Merged {
-    /// Per survivorship column, the candidate its value comes from (`None`: null).
-    from: Vec<Option<At>>,
+    /// Its candidates in [`Pass::members`], in rank and source order.
+    members: std::ops::Range<usize>,
     primary: At,
-    contributing: Vec<String>,
-    field_sources: Vec<(String, String)>,
-    conflict_fields: Vec<String>,
-    state_run: String,
+    /// The units (by index) another source than the primary one won, and their winners.
+    field_sources: Vec<(usize, At)>,
+    /// The units (by index) in open conflict.
+    conflict_fields: Vec<usize>,
     reject: Option<String>,
     /// A candidate's `resolve` rejection, which rejects the record (rule, reason).
     rejected_by: Option<(String, String)>,
 }
 
-impl<'a> Pass<'a> {
+/// The first build of each candidate set a build logged, by (record, field, candidate set hash).
+pub type FirstSeen = HashMap<(Fp, String, String), String>;
+
+impl Pass {
     pub fn new(
-        src: &'a Sources,
+        src: Arc<Sources>,
         schema: SchemaRef,
-        decisions: &'a Decisions,
-        held: &'a HashMap<Fp, Held>,
-        first_seen: &'a HashMap<(Fp, String, String), String>,
+        decisions: Arc<Decisions>,
+        held: Arc<HashMap<Fp, Held>>,
+        first_seen: Arc<FirstSeen>,
         build_id: &str,
-    ) -> Result<Pass<'a>> {
+    ) -> Result<Pass> {
         let index = |name: &str| -> Result<usize> { Ok(schema.index_of(name)?) };
         let mut order_cols: Vec<usize> = Vec::new();
         let mut order_slot = |col: usize| -> usize {
@@ -169,7 +179,7 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|i| RowConverter::new(vec![SortField::new_with_options(field(*i), latest_first)]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let out_schema = super::merged_schema(src);
+        let out_schema = super::merged_schema(&src);
         let mut pass = Pass {
             src,
             schema: schema.clone(),
@@ -185,6 +195,9 @@ impl<'a> Pass<'a> {
             build_id: build_id.to_string(),
             live: Vec::new(),
             rows: Vec::new(),
+            members: Vec::new(),
+            froms: Vec::new(),
+            scratch: Vec::new(),
             counts: Counts::default(),
             conflicts: Vec::new(),
         };
@@ -258,8 +271,8 @@ impl<'a> Pass<'a> {
             if let Some(&first) = pending.first()
                 && self.fp(first) != self.live[b].fps[r]
             {
-                let group = std::mem::take(pending);
-                self.decide(&group)?;
+                self.decide(pending)?;
+                pending.clear();
             }
             pending.push((b, r));
         }
@@ -271,8 +284,8 @@ impl<'a> Pass<'a> {
     /// The last record's merged row.
     pub fn finish(&mut self, pending: &mut Vec<At>) -> Result<Option<RecordBatch>> {
         if !pending.is_empty() {
-            let group = std::mem::take(pending);
-            self.decide(&group)?;
+            self.decide(pending)?;
+            pending.clear();
         }
         self.flush()
     }
@@ -361,37 +374,34 @@ impl<'a> Pass<'a> {
     fn decide(&mut self, group: &[At]) -> Result<()> {
         let primary = group[0];
         let fp = self.fp(primary);
-        let hex = self.live[primary.0]
-            .batch
-            .column(self.schema.index_of(FINGERPRINT)?)
-            .as_string_opt::<i32>()
-            .map(|a| a.value(primary.1).to_string())
-            .unwrap_or_default();
         let on_conflict = self.src.conflicts.on_conflict;
-        let mut from: Vec<Option<At>> = vec![None; self.src.columns.len()];
+        let from_at = self.froms.len();
+        self.froms.resize(from_at + self.src.columns.len(), None);
         let mut field_sources = Vec::new();
         let mut conflict_fields = Vec::new();
-        let mut new_conflicts = Vec::new();
+        let mut new_conflicts: Vec<ConflictRow> = Vec::new();
         let units = std::mem::take(&mut self.units);
-        for unit in &units {
-            let mut with: Vec<At> = group.iter().copied().filter(|a| self.has_value(unit, *a)).collect();
+        let mut with = std::mem::take(&mut self.scratch);
+        for (u, unit) in units.iter().enumerate() {
+            with.clear();
+            with.extend(group.iter().copied().filter(|a| self.has_value(unit, *a)));
             if let Order::Only(s) = &unit.order {
                 with.retain(|a| self.source(*a) == s);
             }
             with.sort_by(|a, b| self.full_order(&unit.order, *a, *b));
             let mut winner = with.first().copied();
             let differs = |set: &[At]| set.windows(2).any(|w| !self.same_values(unit, w[0], w[1]));
-            let tied: Vec<At> = match winner {
+            // the candidates tied with the winner: a prefix of the sorted ones
+            let tied = match winner {
                 Some(w) => with
                     .iter()
-                    .copied()
-                    .take_while(|a| self.deciding(&unit.order, w, *a) == Ordering::Equal)
-                    .collect(),
-                None => Vec::new(),
+                    .take_while(|a| self.deciding(&unit.order, w, **a) == Ordering::Equal)
+                    .count(),
+                None => 0,
             };
             let tie = !matches!(unit.order, Order::Only(_))
                 && self.src.conflicts.same_precedence == SamePrecedence::Conflict
-                && differs(&tied);
+                && differs(&with[..tied]);
             let listed = unit.listed && differs(&with);
             let decision = self.decisions.get(fp, &unit.name);
             if tie || listed {
@@ -425,7 +435,7 @@ impl<'a> Pass<'a> {
                         if d.is_some() {
                             self.counts.stale += 1;
                         }
-                        conflict_fields.push(unit.name.clone());
+                        conflict_fields.push(u);
                         if on_conflict == OnConflict::Hold
                             && let Some(h) = self.held.get(&fp)
                             && let Some(at) = with
@@ -444,8 +454,14 @@ impl<'a> Pass<'a> {
                     .cloned()
                     .unwrap_or_else(|| self.build_id.clone());
                 let rejected = status == "open" && matches!(on_conflict, OnConflict::Reject | OnConflict::Fail);
+                let hex = self.live[primary.0]
+                    .batch
+                    .column(self.schema.index_of(FINGERPRINT)?)
+                    .as_string_opt::<i32>()
+                    .map(|a| a.value(primary.1).to_string())
+                    .unwrap_or_default();
                 new_conflicts.push(ConflictRow {
-                    fingerprint: hex.clone(),
+                    fingerprint: hex,
                     field: unit.name.clone(),
                     kind: if listed { "listed" } else { "tie" }.into(),
                     candidates,
@@ -466,25 +482,22 @@ impl<'a> Pass<'a> {
             if let Some(w) = winner
                 && self.source(w) != self.source(primary)
             {
-                field_sources.push((unit.name.clone(), self.source(w).to_string()));
+                field_sources.push((u, w));
             }
             for c in &unit.cols {
-                from[*c] = winner;
+                self.froms[from_at + *c] = winner;
             }
         }
+        self.scratch = with;
+        let reject = (!conflict_fields.is_empty() && matches!(on_conflict, OnConflict::Reject | OnConflict::Fail))
+            .then(|| {
+                let names: Vec<String> = conflict_fields.iter().map(|u| units[*u].name.clone()).collect();
+                self.reject_reason(&names, &new_conflicts)
+            });
         self.units = units;
         for c in &new_conflicts {
             self.counts.add(c);
         }
-        let reject = (!conflict_fields.is_empty() && matches!(on_conflict, OnConflict::Reject | OnConflict::Fail))
-            .then(|| self.reject_reason(&conflict_fields, &new_conflicts));
-        let mut by_name: Vec<At> = group.to_vec();
-        by_name.sort_by(|a, b| self.source(*a).cmp(self.source(*b)));
-        let state_run = by_name
-            .iter()
-            .map(|a| self.live[a.0].run.value(a.1))
-            .collect::<Vec<_>>()
-            .join("+");
         self.conflicts.extend(new_conflicts);
         let rejected_by = group.iter().find_map(|a| {
             let p = &self.live[a.0];
@@ -495,14 +508,14 @@ impl<'a> Pass<'a> {
                 )
             })
         });
+        let start = self.members.len();
+        self.members.extend_from_slice(group);
         self.rows.push(Merged {
             rejected_by,
-            from,
+            members: start..self.members.len(),
             primary,
-            contributing: group.iter().map(|a| self.source(*a).to_string()).collect(),
             field_sources,
             conflict_fields,
-            state_run,
             reject,
         });
         Ok(())
@@ -535,13 +548,16 @@ impl<'a> Pass<'a> {
         }
         let rows = std::mem::take(&mut self.rows);
         let n_data = self.src.columns.len();
+        let (members, froms) = (std::mem::take(&mut self.members), std::mem::take(&mut self.froms));
         let mut cols: Vec<ArrayRef> = Vec::with_capacity(self.out_schema.fields().len());
         let column_of = |c: usize, picks: &[At]| -> Result<ArrayRef> {
             let arrays: Vec<&dyn Array> = self.live.iter().map(|p| p.batch.column(c).as_ref()).collect();
             Ok(interleave(&arrays, picks)?)
         };
         for c in 0..n_data {
-            let picks: Vec<At> = rows.iter().map(|m| m.from[c].unwrap_or((0, 0))).collect();
+            let picks: Vec<At> = (0..rows.len())
+                .map(|k| froms[k * n_data + c].unwrap_or((0, 0)))
+                .collect();
             cols.push(column_of(c, &picks)?);
         }
         let mut contributing = ListBuilder::new(StringBuilder::new());
@@ -550,14 +566,30 @@ impl<'a> Pass<'a> {
                 datafusion::arrow::datatypes::Field::new("item", DataType::Struct(field_source_fields()), true),
             ));
         let mut conflict_fields = ListBuilder::new(StringBuilder::new());
+        let mut state_run = StringBuilder::with_capacity(rows.len(), rows.len() * 40);
+        let mut by_name: Vec<At> = Vec::new();
+        let mut id = String::new();
         for m in &rows {
-            for s in &m.contributing {
-                contributing.values().append_value(s);
+            let group = &members[m.members.clone()];
+            for a in group {
+                contributing.values().append_value(self.source(*a));
             }
             contributing.append(true);
-            for (f, s) in &m.field_sources {
+            // the record's version: its candidates' runs in source-name order, joined by `+`
+            by_name.clear();
+            by_name.extend_from_slice(group);
+            by_name.sort_by(|a, b| self.source(*a).cmp(self.source(*b)));
+            id.clear();
+            for a in &by_name {
+                if !id.is_empty() {
+                    id.push('+');
+                }
+                id.push_str(self.live[a.0].run.value(a.1));
+            }
+            state_run.append_value(&id);
+            for (u, w) in &m.field_sources {
                 let entry = fields.values();
-                for (i, v) in [f, s].into_iter().enumerate() {
+                for (i, v) in [self.units[*u].name.as_str(), self.source(*w)].into_iter().enumerate() {
                     if let Some(b) = entry.field_builder::<StringBuilder>(i) {
                         b.append_value(v);
                     }
@@ -565,8 +597,8 @@ impl<'a> Pass<'a> {
                 entry.append(true);
             }
             fields.append(true);
-            for f in &m.conflict_fields {
-                conflict_fields.values().append_value(f);
+            for u in &m.conflict_fields {
+                conflict_fields.values().append_value(&self.units[*u].name);
             }
             conflict_fields.append(!m.conflict_fields.is_empty());
         }
@@ -577,9 +609,7 @@ impl<'a> Pass<'a> {
         for k in 0..meta_fields().len() {
             cols.push(column_of(n_data + k, &primaries)?);
         }
-        cols.push(Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|m| m.state_run.as_str()),
-        )));
+        cols.push(Arc::new(state_run.finish()));
         cols.push(Arc::new(StringArray::from_iter(
             rows.iter().map(|m| m.reject.as_deref()),
         )));
