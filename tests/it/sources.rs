@@ -1088,3 +1088,149 @@ fn a_build_on_a_cluster_gives_the_rows_and_conflicts_a_local_build_gives() {
         );
     }
 }
+
+#[test]
+fn incremental_builds_are_delta_layers_equal_to_full_builds() {
+    let mut l = Lake::new(FLAG);
+    // layers may replace any share of this small table
+    l.t.envs.push(("INGOT_SILVER_DELTA_LIMIT".into(), "100".into()));
+    l.deliver(
+        "crm",
+        &[
+            "g1,a@x.nl,gold,1 Main St,Amsterdam,2026-01-01",
+            "g2,b@x.nl,silver,2 Side St,Utrecht,2026-01-05",
+            "g4,d@x.nl,bronze,4 Dam,Delft,2026-01-03",
+        ],
+    );
+    let pms1 = l.deliver(
+        "pms",
+        &[
+            "g1,a2@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01",
+            "g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02",
+            "g4,d@x.nl,+31 4,4 Dam,Delft,2026-01-04",
+        ],
+    );
+    l.build();
+    let plan =
+        |l: &Lake| -> Value { serde_json::from_str(l.ok(&["build", "guests", "--dry-run", "--json"]).trim()).unwrap() };
+    let delta_of = |p: &Value, n: u64| {
+        assert_eq!((&p["kind"], &p["process"]), (&json!("delta"), &json!(n)), "{p}");
+    };
+
+    // crm corrects g1 alone: one record, its pms candidate read from pms's older run
+    let crm2 = l.deliver("crm", &["g1,a@x.nl,platinum,1 Main St,Amsterdam,2026-03-01"]);
+    delta_of(&plan(&l), 1);
+    l.build();
+    let rows = l.silver();
+    let g1 = &rows["G1"];
+    assert_eq!((&g1["tier"], &g1["phone"]), (&s("platinum"), &s("+31 1")));
+    assert_eq!(provenance(g1).0, json!(["crm", "pms"]));
+    assert_eq!(g1["ingestion_run_id"], s(&crm2));
+    let c1 = &l.conflicts()[&("G1".into(), "email".into())];
+    assert_eq!(c1["candidates"][0]["ingestion_run_id"], s(&crm2));
+    assert_eq!(c1["candidates"][1]["ingestion_run_id"], s(&pms1));
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    l.assert_full_equals_incremental("a correction in one source");
+
+    // a full delivery of pms without g4: g4 stays, from crm alone
+    l.deliver(
+        "pms",
+        &[
+            "g1,a2@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01",
+            "g3,c@x.nl,+31 3,3 Dock,Rotterdam,2026-01-02",
+        ],
+    );
+    delta_of(&plan(&l), 1);
+    l.build();
+    let g4 = &l.silver()["G4"];
+    assert_eq!(provenance(g4), (json!(["crm"]), json!([]), Value::Null));
+    assert!(g4.get("phone").is_none_or(Value::is_null), "{g4:?}");
+    let b = l.latest_build();
+    assert_eq!(b["conflicts_open"], json!(1), "g1's conflict is carried: {b:?}");
+    l.assert_full_equals_incremental("a deletion in one source");
+
+    // and then without g3, which no other source has: the row is gone
+    l.deliver("pms", &["g1,a2@x.nl,+31 1,1 Main St,Amsterdam,2026-02-01"]);
+    delta_of(&plan(&l), 0);
+    l.build();
+    let rows = l.silver();
+    assert!(!rows.contains_key("G3"), "{rows:?}");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    l.assert_full_equals_incremental("a deletion of the last candidate");
+
+    // a decision alone, with no new run: a delta layer of its record
+    let fp = l.fingerprints()["G1"].clone();
+    let out = l.ok(&[
+        "resolve",
+        "guests",
+        &fp,
+        "--field",
+        "email",
+        "--take",
+        "pms",
+        "--reason",
+        "PMS checked it",
+    ]);
+    let id = out.split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string();
+    delta_of(&plan(&l), 1);
+    l.build();
+    // (crm's email is the later one, so the decision changes the winner)
+    assert_eq!(l.silver()["G1"]["email"], s("a2@x.nl"));
+    assert_eq!(l.conflicts()[&("G1".into(), "email".into())]["status"], s("decided"));
+    l.assert_full_equals_incremental("a decision");
+
+    // withdrawn: the conflict is open again
+    l.ok(&["undo", &id]);
+    delta_of(&plan(&l), 1);
+    l.build();
+    assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"));
+    assert_eq!(l.conflicts()[&("G1".into(), "email".into())]["status"], s("open"));
+    l.assert_full_equals_incremental("a withdrawal");
+
+    // nothing since: the same table
+    assert_eq!(plan(&l)["process"], json!(0));
+    let manifest = l.latest_build();
+    l.build();
+    assert_eq!(l.latest_build()["rows_written"], json!(0), "{manifest:?}");
+}
+
+#[test]
+fn a_crash_at_every_failpoint_of_a_delta_build_then_the_same_build_equals_one_clean_build() {
+    let story = |l: &mut Lake| {
+        l.t.envs.push(("INGOT_SILVER_DELTA_LIMIT".into(), "100".into()));
+        crash_story(l);
+        l.build();
+        // g1 changes in crm; its pms candidate stays where it was
+        l.deliver("crm", &["g1,a@x.nl,platinum,1 Main St,Amsterdam,2026-03-01"]);
+    };
+    let mut clean = Lake::new(FLAG);
+    story(&mut clean);
+    let plan: Value = serde_json::from_str(clean.ok(&["build", "guests", "--dry-run", "--json"]).trim()).unwrap();
+    assert_eq!(plan["kind"], json!("delta"), "{plan}");
+    clean.build();
+    let want = state_of(&clean);
+    for point in ingot::table::failpoint::BUILD {
+        let mut l = Lake::new(FLAG);
+        story(&mut l);
+        let out =
+            l.t.command()
+                .arg("--rules")
+                .arg(&l.rules)
+                .env("INGOT_FAILPOINT", point)
+                .args(["build", "guests"])
+                .output()
+                .unwrap();
+        assert!(
+            stderr(&out).contains(&format!("failpoint {point} reached")),
+            "{point}: {}",
+            stderr(&out)
+        );
+        l.build();
+        assert_eq!(state_of(&l), want, "{point}: crash + the same build");
+        let builds =
+            l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE status = 'succeeded'");
+        let committed = *point == "build.after_commit";
+        assert_eq!(builds[0]["n"], json!(if committed { 3 } else { 2 }), "{point}");
+        assert_ok(&l.ingot(&["doctor"]));
+    }
+}

@@ -4,7 +4,7 @@
 //! or gone (docs/architecture.md#silver-builds). Past [`MAX_DELTAS`] layers or a fraction of the
 //! table deleted ([`delta_limit`]), the next build compacts into a whole snapshot.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Built;
@@ -84,13 +84,21 @@ pub(super) async fn delta_base<'a>(
     if seen.len() != before.len() {
         return Ok(Err(format!("a run build {} read was undone since", prev.build_id)));
     }
-    let newest = seen.iter().map(|r| r.seq).max();
+    // commit slots are per source (a table with several sources reads several)
+    let mut newest: HashMap<&str, u64> = HashMap::new();
+    for r in &seen {
+        let n = newest.entry(r.source.as_str()).or_insert(r.seq);
+        *n = (*n).max(r.seq);
+    }
     let new_runs: Vec<&'a RunRecord> = runs
         .iter()
         .filter(|r| !before.contains(r.run_id.as_str()))
         .copied()
         .collect();
-    if new_runs.iter().any(|r| newest.is_some_and(|n| r.seq <= n)) {
+    if new_runs
+        .iter()
+        .any(|r| newest.get(r.source.as_str()).is_some_and(|n| r.seq <= *n))
+    {
         return Ok(Err(format!(
             "a run committed since took a slot before one build {} read",
             prev.build_id
@@ -129,6 +137,10 @@ pub(super) struct DeltaFiles {
     pub filtered: u64,
     /// The new files have key indexes.
     pub keyed: bool,
+    /// Several sources: this build's conflict file (every conflict of the table) and the
+    /// decisions it applied.
+    pub conflicts: Option<String>,
+    pub decisions: Option<Vec<String>>,
 }
 
 /// Publish a delta build: its deletion files, then a manifest of the previous layers plus this
@@ -175,6 +187,8 @@ pub(super) async fn publish_delta(
     });
     m.runs = Some(files.run_ids);
     m.rows = Some(table_rows);
+    m.conflicts = files.conflicts;
+    m.decisions = files.decisions;
     m.published = published;
     put_manifest(lake, record, &m, &files.digest).await?;
     record.rows_written = total.written as i64;

@@ -91,7 +91,8 @@ pub(super) async fn execute(
                 table: env.table,
                 build_id: env.build_id,
             };
-            let out = sources::merged_input(&at, rules, m, keys, &plan.per_run, &mut key_files).await?;
+            let delta = plan.delta.is_some();
+            let out = sources::merged_input(&at, rules, m, keys, &plan.per_run, delta, &mut key_files).await?;
             let rows = out.rows.clone();
             merged = Some(out);
             rows
@@ -162,6 +163,8 @@ pub(super) async fn execute(
             total: outputs.total,
             filtered: outputs.filtered,
             keyed: outputs.keyed,
+            conflicts: outputs.conflicts,
+            decisions: outputs.decisions,
         };
         return publish_delta(ws, record, prev, d, out, files, prior).await;
     }

@@ -243,7 +243,7 @@ pub async fn plan<'a>(
     // runs committed since are read.
     let mut delta_keys: Option<Keys> = None;
     if let (Mode::Incremental { .. }, Some(prev)) = (&start.mode, start.previous) {
-        match layering(ws, ctx, prev, rules, &contract, &runs).await? {
+        match layering(ws, ctx, prev, rules, &contract, &runs, plan.multi.as_ref()).await? {
             Layering::Whole(why) => summary.reason = Some(why),
             Layering::Unchanged(mut m) => {
                 // nothing committed since: the table is the previous one
@@ -255,7 +255,10 @@ pub async fn plan<'a>(
                 summary.delta_layer = Some(d.manifest.deltas.len() + 1);
                 summary.kept = d.rows;
                 summary.removed = keys.tombstones.len() as u64;
-                plan.work_runs = d.new_runs.clone();
+                if plan.multi.is_none() {
+                    // several sources: the older runs hold candidates too (MultiPlan::count)
+                    plan.work_runs = d.new_runs.clone();
+                }
                 plan.delta = Some(d);
                 delta_keys = Some(*keys);
             }
@@ -352,7 +355,8 @@ enum Layering<'a> {
 }
 
 /// Can an incremental build on `prev` extend its layers (see `delta_base`), reading only the
-/// runs committed since? Not on a cluster, and not past the compaction limit.
+/// runs committed since (several sources: and the candidates their records have in older
+/// runs)? Not on a cluster, and not past the compaction limit.
 async fn layering<'a>(
     ws: &Workspace,
     ctx: &SessionContext,
@@ -360,21 +364,28 @@ async fn layering<'a>(
     rules: &RuleSet,
     contract: &Contract,
     runs: &[&'a RunRecord],
+    multi: Option<&MultiPlan<'a>>,
 ) -> Result<Layering<'a>> {
-    if rules.sources.is_some() {
-        return Ok(Layering::Whole(
-            "a table with several sources is built as a whole new snapshot".into(),
-        ));
-    }
     if ws.cluster.is_some() {
         return Ok(Layering::Whole("a build on a cluster writes no delta layers".into()));
     }
     let d = match delta_base(&ws.lake, &rules.table, prev, rules, runs).await? {
         Err(why) => return Ok(Layering::Whole(why)),
-        Ok(d) if d.new_runs.is_empty() => return Ok(Layering::Unchanged(Box::new(d.manifest))),
         Ok(d) => d,
     };
-    let keys = current_keys(ctx, None, &ws.lake, contract, &d.new_runs).await?;
+    let keys = match multi {
+        None if d.new_runs.is_empty() => return Ok(Layering::Unchanged(Box::new(d.manifest))),
+        None => current_keys(ctx, None, &ws.lake, contract, &d.new_runs).await?,
+        Some(m) => {
+            // a decision recorded or withdrawn since changes its record, as a new run would
+            let forced = m.changed_decisions(&ws.lake, &rules.table, prev).await?;
+            if d.new_runs.is_empty() && forced.is_empty() {
+                return Ok(Layering::Unchanged(Box::new(d.manifest)));
+            }
+            m.delta_keys(ctx, &ws.lake, &rules.table, prev, &d.new_runs, &forced)
+                .await?
+        }
+    };
     let deleted_before: u64 = d.manifest.deltas.iter().map(|x| x.deleted_keys).sum();
     // compaction: past a fraction of the table deleted, a build rewrites the whole snapshot
     let touched = (keys.map.len() + keys.tombstones.len()) as u64;

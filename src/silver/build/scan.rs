@@ -94,6 +94,32 @@ pub(super) async fn current_keys(
     Ok(keys)
 }
 
+/// The state of build `build_id` (of every layer), if it names any file.
+pub(super) async fn state_table(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+) -> Result<Option<datafusion::dataframe::DataFrame>> {
+    let m = manifest(lake, table, build_id).await?;
+    state_of(ctx, lake, table, build_id, &m).await
+}
+
+async fn state_of(
+    ctx: &SessionContext,
+    lake: &Lake,
+    table: &str,
+    build_id: &str,
+    m: &crate::table::silver::Manifest,
+) -> Result<Option<datafusion::dataframe::DataFrame>> {
+    if m.deltas.is_empty() {
+        return Ok(Some(ctx.read_table(
+            table_over_build_files(ctx, lake, table, build_id, &m.state).await?,
+        )?));
+    }
+    layers(ctx, lake, table, build_id, Side::State).await
+}
+
 /// Add the previous build's state to `keys`.
 pub(super) async fn previous_state(
     ctx: &SessionContext,
@@ -110,13 +136,8 @@ pub(super) async fn previous_state(
         .enumerate()
         .map(|(i, r)| (r.clone(), i as u32))
         .collect();
-    let df = if m.deltas.is_empty() {
-        ctx.read_table(table_over_build_files(ctx, lake, table, build_id, &m.state).await?)?
-    } else {
-        match layers(ctx, lake, table, build_id, Side::State).await? {
-            Some(df) => df,
-            None => return Ok(()),
-        }
+    let Some(df) = state_of(ctx, lake, table, build_id, &m).await? else {
+        return Ok(());
     };
     let df = df.select(vec![c(FP), c(RUN_ID), c(OUTCOME), c(RULES_VERSION)])?;
     let mut stream = crate::engine::exec::stream(cluster, df, "build: previous state").await?;

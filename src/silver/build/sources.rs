@@ -121,21 +121,8 @@ impl<'a> MultiPlan<'a> {
         let mut keys = current_keys(ctx, cluster, lake, &self.inputs, &self.runs).await?;
         if let Some(prev) = previous {
             previous_state(ctx, cluster, lake, &mut keys, table, &prev.build_id).await?;
-            let before: HashSet<String> = manifest(lake, table, &prev.build_id)
-                .await?
-                .decisions
-                .unwrap_or_default()
-                .into_iter()
-                .collect();
-            let now: HashSet<String> = self.decisions.ids().into_iter().collect();
-            let changed: HashSet<&String> = before.symmetric_difference(&now).collect();
-            for d in self
-                .decision_records
-                .iter()
-                .filter(|d| changed.contains(&d.decision_id))
-            {
-                if let Some(fp) = crate::hash::fp::fp_of_hex(&d.fingerprint)
-                    && let Some(e) = keys.map.get_mut(&fp)
+            for fp in self.changed_decisions(lake, table, prev).await? {
+                if let Some(e) = keys.map.get_mut(&fp)
                     && e.cur != NONE
                     && e.prev != NONE
                 {
@@ -144,6 +131,58 @@ impl<'a> MultiPlan<'a> {
             }
         }
         Ok(keys)
+    }
+
+    /// The records of the decisions recorded or withdrawn since `prev` (which must be processed).
+    pub(super) async fn changed_decisions(&self, lake: &Lake, table: &str, prev: &BuildRecord) -> Result<Vec<Fp>> {
+        let before: HashSet<String> = manifest(lake, table, &prev.build_id)
+            .await?
+            .decisions
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let now: HashSet<String> = self.decisions.ids().into_iter().collect();
+        let changed: HashSet<&String> = before.symmetric_difference(&now).collect();
+        Ok(self
+            .decision_records
+            .iter()
+            .filter(|d| changed.contains(&d.decision_id))
+            .filter_map(|d| crate::hash::fp::fp_of_hex(&d.fingerprint))
+            .collect())
+    }
+
+    /// The key map of a delta build on `prev`: the records of the runs committed since
+    /// (`new_runs`, the newest of their sources) and of `forced`, with their candidates in the
+    /// older runs as `prev`'s state names them.
+    pub(super) async fn delta_keys(
+        &self,
+        ctx: &SessionContext,
+        lake: &Lake,
+        table: &str,
+        prev: &BuildRecord,
+        new_runs: &[&RunRecord],
+        forced: &[Fp],
+    ) -> Result<Keys> {
+        let new: HashSet<&str> = new_runs.iter().map(|r| r.run_id.as_str()).collect();
+        let take: Vec<usize> = self
+            .runs
+            .iter()
+            .map(|runs| runs.iter().take_while(|r| new.contains(r.run_id.as_str())).count())
+            .collect();
+        if take.iter().sum::<usize>() != new.len() {
+            return Err(Error::Internal(format!(
+                "\"{table}\": a run committed since build {} is older than one it read",
+                prev.build_id
+            )));
+        }
+        let state = super::scan::state_table(ctx, lake, table, &prev.build_id).await?;
+        let Some(state) = state else {
+            return Err(Error::RunFailed(format!(
+                "build {} of \"{table}\" names no state files",
+                prev.build_id
+            )));
+        };
+        crate::silver::sources::scan::delta_keys(ctx, lake, &self.inputs, &self.runs, &take, forced, state).await
     }
 
     /// Candidates to read per work run (`per_run`, by [`MultiPlan::offsets`]) and the previous
@@ -184,6 +223,8 @@ pub(super) struct Merged {
     /// Decisions on processed records left with one candidate.
     single_stale: u64,
     keys: Arc<Keys>,
+    /// A delta build: the records its key map lacks are kept as they were.
+    delta: bool,
 }
 
 impl Merged {
@@ -201,6 +242,7 @@ impl Merged {
             found,
             &self.keys,
             stale + self.single_stale,
+            self.delta,
         ))
     }
 }
@@ -316,6 +358,7 @@ pub(super) async fn merged_input(
     m: &MultiPlan<'_>,
     keys: &Arc<Keys>,
     per_run: &[u64],
+    delta: bool,
     key_files: &mut Vec<String>,
 ) -> Result<Merged> {
     let src = sources_of(rules)?;
@@ -405,6 +448,9 @@ pub(super) async fn merged_input(
         .filter(|(fp, _)| keys.get(fp).is_some_and(|e| keys.process(e) && keys.candidates(e) == 1))
         .count() as u64;
     let singles = match singles {
+        // few of the rows read are processed (a delta build reading older runs for the
+        // candidates of a few records): filtered while Parquet decodes, as below
+        Some(df) if few_processed(m, per_run) => pushdown(df),
         Some(df) => df,
         None => at.ctx.read_table(table_over(vec![], schema.clone())?)?,
     };
@@ -415,6 +461,7 @@ pub(super) async fn merged_input(
             history,
             single_stale,
             keys: keys.clone(),
+            delta,
         });
     };
     let held = held_winners(at, rules, m, keys).await?;
@@ -428,13 +475,8 @@ pub(super) async fn merged_input(
             ))
         })
         .collect();
-    // a tenth of the rows, say: the key filter is evaluated while Parquet decodes (only the rows
-    // it keeps are decoded whole), not after reading every column of every row
-    let (state, plan) = multis.into_parts();
-    let mut state = state;
-    state.config_mut().options_mut().execution.parquet.pushdown_filters = true;
-    let multis = DataFrame::new(state, plan);
-    let sorted = multis.sort(vec![
+    // a tenth of the rows, say: the key filter is evaluated while Parquet decodes
+    let sorted = pushdown(multis).sort(vec![
         // the 16-byte key sorts as the hex text does, compared without reading text
         Arc::new(crate::hash::fp::fp128_udf())
             .call(vec![c(FP)])
@@ -474,7 +516,28 @@ pub(super) async fn merged_input(
         history,
         single_stale,
         keys: keys.clone(),
+        delta,
     })
+}
+
+/// `df` with its filters evaluated while Parquet decodes (only the rows they keep are decoded
+/// whole), not after every column of every row is read.
+fn pushdown(df: DataFrame) -> DataFrame {
+    let (mut state, plan) = df.into_parts();
+    state.config_mut().options_mut().execution.parquet.pushdown_filters = true;
+    DataFrame::new(state, plan)
+}
+
+/// Are the candidates to process under a tenth of the rows of the runs that hold them?
+fn few_processed(m: &MultiPlan<'_>, per_run: &[u64]) -> bool {
+    let (mut read, mut processed) = (0u64, 0u64);
+    for (run, n) in m.flat_runs().iter().zip(per_run) {
+        if *n > 0 {
+            read += u64::try_from(run.rows_written()).unwrap_or(0);
+            processed += n;
+        }
+    }
+    processed * 10 < read
 }
 
 /// The table's conflicts after the build: those of the records it kept, as the previous build
@@ -484,10 +547,18 @@ fn finish_conflicts(
     mut found: Vec<ConflictRow>,
     keys: &Keys,
     stale: u64,
+    delta: bool,
 ) -> (Vec<ConflictRow>, Counts) {
     let mut conflicts: Vec<ConflictRow> = history
         .into_iter()
-        .filter(|r| r.key().and_then(|fp| keys.get(&fp)).is_some_and(|e| keys.carry(e)))
+        .filter(|r| match r.key() {
+            None => false,
+            Some(fp) => match keys.get(&fp) {
+                Some(e) => keys.carry(e),
+                // a delta build's key map holds only the records it processes
+                None => delta && !keys.tombstones.contains(&fp),
+            },
+        })
         .collect();
     conflicts.append(&mut found);
     conflicts.sort_by(|a, b| (&a.fingerprint, &a.field).cmp(&(&b.fingerprint, &b.field)));

@@ -8,15 +8,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use datafusion::arrow::array::AsArray;
 use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::lit;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
 use super::SourceInputs;
 use crate::error::{Error, Result};
-use crate::hash::fp::for_each_fp;
+use crate::hash::fp::{Fp, FpSet, for_each_fp, in_set_udf};
 use crate::silver::keys::{Entry, Keys, NONE};
 use crate::spec::columns::{FINGERPRINT, IS_DELETED};
 use crate::table::audit::RunRecord;
@@ -98,8 +101,90 @@ pub async fn current_keys(
     inputs: &[SourceInputs],
     runs: &[Vec<&RunRecord>],
 ) -> Result<Keys> {
+    let all: Vec<usize> = runs.iter().map(Vec::len).collect();
+    let (keys, combos) = scan_runs(ctx, cluster, lake, inputs, runs, &all).await?;
+    Ok(settle(keys, combos, inputs, runs))
+}
+
+/// The key map of a delta build: the records of the newest `new[s]` runs of each source and the
+/// `forced` ones, each with its candidate per source: from those runs where they have it, else
+/// as the previous build's `state` (its key and run columns) names it.
+pub async fn delta_keys(
+    ctx: &SessionContext,
+    lake: &Lake,
+    inputs: &[SourceInputs],
+    runs: &[Vec<&RunRecord>],
+    new: &[usize],
+    forced: &[Fp],
+    state: DataFrame,
+) -> Result<Keys> {
+    let (mut keys, mut combos) = scan_runs(ctx, None, lake, inputs, runs, new).await?;
+    for fp in forced {
+        keys.map.entry(*fp).or_insert(Entry {
+            cur: 0,
+            prev: NONE,
+            version: 0,
+            outcome: 0,
+        });
+    }
+    let mut index: HashMap<&str, (usize, u32)> = HashMap::new();
+    for (s, runs) in runs.iter().enumerate() {
+        for (i, run) in runs.iter().enumerate() {
+            index.insert(run.run_id.as_str(), (s, i as u32));
+        }
+    }
+    let touched: Arc<FpSet> = Arc::new(keys.map.keys().copied().collect());
+    let state = state
+        .filter(Arc::new(in_set_udf(touched)).call(vec![c(FINGERPRINT)]))?
+        .select(vec![c(FINGERPRINT), c(crate::table::silver::RUN_ID)])?;
+    let mut stream = crate::engine::exec::stream(None, state, "build: previous state").await?;
+    while let Some(b) = stream.next().await {
+        let b = b?;
+        let ids = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8)?;
+        let ids = ids.as_string::<i32>();
+        let mut rows = Vec::with_capacity(b.num_rows());
+        for_each_fp(b.column(0), |i, fp| rows.extend(fp.map(|fp| (i, fp))))?;
+        for (i, fp) in rows {
+            let Some(e) = keys.map.get_mut(&fp) else { continue };
+            if ids.is_null(i) {
+                continue;
+            }
+            let mut next = combos.of[e.cur as usize].clone();
+            for id in ids.value(i).split('+') {
+                let Some(&(s, run)) = index.get(id) else {
+                    return Err(Error::RunFailed(format!(
+                        "the previous build's state names run {id}, which no source of the table has \
+                         (undone since?): build the table with --full"
+                    )));
+                };
+                // the newest runs' version (or tombstone) wins over the older one
+                if next[s] == NONE {
+                    next[s] = run;
+                }
+            }
+            e.cur = combos.intern(next);
+        }
+    }
+    Ok(settle(keys, combos, inputs, runs))
+}
+
+/// One pass over the newest `take[s]` runs of each source: the key map with each record's
+/// combination (tombstones still marked), and the combinations.
+async fn scan_runs(
+    ctx: &SessionContext,
+    cluster: Option<&str>,
+    lake: &Lake,
+    inputs: &[SourceInputs],
+    runs: &[Vec<&RunRecord>],
+    take: &[usize],
+) -> Result<(Keys, Combos)> {
     let width = inputs.len();
-    let capacity: i64 = runs.iter().flatten().map(|r| r.rows_inserted + r.rows_updated).sum();
+    let capacity: i64 = runs
+        .iter()
+        .zip(take)
+        .flat_map(|(r, n)| r.iter().take(*n))
+        .map(|r| r.rows_inserted + r.rows_updated)
+        .sum();
     let mut keys = Keys::new(Vec::new(), usize::try_from(capacity).unwrap_or(0));
     let mut combos = Combos::new(width);
     // Each source's fingerprints are read and decoded by a task of its own (newest run first),
@@ -109,7 +194,7 @@ pub async fn current_keys(
     let mut tasks = Vec::with_capacity(width);
     for (s, (input, runs)) in inputs.iter().zip(runs).enumerate() {
         let mut plans = Vec::with_capacity(runs.len());
-        for (i, run) in runs.iter().enumerate() {
+        for (i, run) in runs.iter().enumerate().take(take.get(s).copied().unwrap_or(0)) {
             let stored = crate::table::evolve::stored_runs(lake, &input.contract, &[*run])?;
             let table = crate::table::evolve::read_stored(ctx, &input.contract, &stored.iter().collect::<Vec<_>>())?;
             let fps = table.select(vec![
@@ -171,6 +256,13 @@ pub async fn current_keys(
         }
     }
     drop(tasks);
+    Ok((keys, combos))
+}
+
+/// The key map after the runs were read: tombstoned candidates are no candidates, a record with
+/// none left is not current; each combination named by its runs.
+fn settle(mut keys: Keys, combos: Combos, inputs: &[SourceInputs], runs: &[Vec<&RunRecord>]) -> Keys {
+    let width = inputs.len();
     // tombstoned candidates are no candidates; a record with none left is not current
     let mut current = Combos::new(width);
     let remap: Vec<u32> = combos
@@ -202,7 +294,7 @@ pub async fn current_keys(
         .map(|combo| combination_id(&by_name, combo, runs))
         .collect();
     keys.current_runs = keys.runs.len();
-    Ok(keys)
+    keys
 }
 
 /// The id of a combination: its runs in source-name order (`by_name`), joined by `+`.

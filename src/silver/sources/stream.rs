@@ -90,7 +90,8 @@ impl Survivors {
                 job.first_seen.clone(),
                 &job.build_id,
             )?;
-            // in this process: a Ballista job of this sort never finished (docs/guide.md)
+            // in this process, on a cluster too (docs/guide.md#several-sources): as a Ballista
+            // job this sort did not finish
             let input = crate::engine::exec::stream(None, job.sorted.clone(), "build: survivorship").await?;
             Ok::<_, Error>(futures::stream::try_unfold(
                 (input, pass, Vec::new(), false, job),
