@@ -492,7 +492,7 @@ pub(super) async fn merged_input(
         Arc::new(held),
         Arc::new(first_seen),
         at.build_id,
-    );
+    )?;
     let merged = match at.cluster {
         // the merged rows are decided as the build's plan reads them
         None => at.ctx.read_table(survivors.table()?)?,

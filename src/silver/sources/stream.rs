@@ -6,6 +6,9 @@
 //! A plan may run its input more than once (window anomalies read it before the writers do):
 //! each run sorts and decides again, the same rows (the pass is deterministic), and the first
 //! run that ends keeps what it found.
+//!
+//! Memory: the sort runs in a pool of its own, a share of the build's reserved before the
+//! writers take theirs (writers cannot spill: beside them a sort could be left nothing).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,6 +18,9 @@ use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::{FairSpillPool, MemoryConsumer, MemoryLimit, MemoryReservation};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
@@ -38,6 +44,8 @@ pub struct Found {
 /// pass reads; see the module documentation.
 pub struct Survivors {
     sorted: DataFrame,
+    /// The build pool's share the sort's own pool stands for (held while the build runs).
+    _share: MemoryReservation,
     src: Arc<Sources>,
     candidates: SchemaRef,
     merged: SchemaRef,
@@ -64,10 +72,12 @@ impl Survivors {
         held: Arc<HashMap<Fp, Held>>,
         first_seen: Arc<FirstSeen>,
         build_id: &str,
-    ) -> Arc<Survivors> {
-        Arc::new(Survivors {
+    ) -> Result<Arc<Survivors>> {
+        let (sorted, share) = own_pool(sorted)?;
+        Ok(Arc::new(Survivors {
             merged: super::merged_schema(&src),
             sorted,
+            _share: share,
             src,
             candidates,
             decisions,
@@ -75,7 +85,7 @@ impl Survivors {
             first_seen,
             build_id: build_id.to_string(),
             found: Mutex::new(None),
-        })
+        }))
     }
 
     /// The merged rows ([`super::merged_schema`]), decided as the stream is read.
@@ -140,6 +150,33 @@ impl Survivors {
             .and_then(|mut slot| slot.take())
             .ok_or_else(|| Error::Internal("the survivorship pass of the build did not finish".into()))
     }
+}
+
+/// A quarter of the build's pool (halved while the pool has less free, down to 16 MiB, which it
+/// takes even past the limit), reserved there, and `df` set to run in a pool of that size.
+fn own_pool(df: DataFrame) -> Result<(DataFrame, MemoryReservation)> {
+    const MIN: usize = 16 << 20;
+    let (state, plan) = df.into_parts();
+    let runtime = state.runtime_env().clone();
+    let pool = runtime.memory_pool.clone();
+    let share = MemoryConsumer::new("silver survivorship sort").register(&pool);
+    let mut want = match pool.memory_limit() {
+        MemoryLimit::Finite(limit) => (limit / 4).max(MIN),
+        _ => 256 << 20,
+    };
+    while want > MIN && share.try_grow(want).is_err() {
+        want /= 2;
+    }
+    if share.size() == 0 {
+        share.grow(MIN);
+    }
+    let own = RuntimeEnvBuilder::from_runtime_env(&runtime)
+        .with_memory_pool(Arc::new(FairSpillPool::new(share.size())))
+        .build_arc()?;
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_runtime_env(own)
+        .build();
+    Ok((DataFrame::new(state, plan), share))
 }
 
 /// [`Survivors`] as the one partition of a [`StreamingTable`].
