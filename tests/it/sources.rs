@@ -1237,18 +1237,18 @@ fn a_crash_at_every_failpoint_of_a_delta_build_then_the_same_build_equals_one_cl
 
 #[test]
 fn a_build_under_a_small_memory_limit_sorts_the_shared_records_within_it() {
-    // 20,000 records in both sources, each with a listed conflict: the survivorship sort gets
-    // a share of the 64 MiB pool beside the writers, and spills rather than fail
+    // 10,000 records in both sources, each with a listed conflict: the survivorship sort gets
+    // a share of the 32 MiB pool beside the writers, and spills rather than fail
     let mut l = Lake::new(FLAG);
-    let crm: Vec<String> = (0..40_000)
+    let crm: Vec<String> = (0..20_000)
         .map(|i| format!("g{i},e{i}@x.nl,gold,{i} Main St,Amsterdam,2026-01-01"))
         .collect();
-    let pms: Vec<String> = (20_000..60_000)
+    let pms: Vec<String> = (10_000..30_000)
         .map(|i| format!("g{i},f{i}@x.nl,+31 {i},{i} Main St,Amsterdam,2026-02-01"))
         .collect();
     l.deliver("crm", &crm.iter().map(String::as_str).collect::<Vec<_>>());
     l.deliver("pms", &pms.iter().map(String::as_str).collect::<Vec<_>>());
-    let out = l.ingot(&["--memory-limit", "64M", "build", "guests"]);
+    let out = l.ingot(&["--memory-limit", "32M", "build", "guests"]);
     assert_ok(&out);
     let counts = l.t.query(
         "SELECT count(*) AS n, count(*) FILTER (WHERE cardinality(contributing_sources) = 2) AS both, \
@@ -1256,10 +1256,10 @@ fn a_build_under_a_small_memory_limit_sorts_the_shared_records_within_it() {
     );
     assert_eq!(
         (&counts[0]["n"], &counts[0]["both"], &counts[0]["pms_email"]),
-        (&json!(60_000), &json!(20_000), &json!(40_000)),
+        (&json!(30_000), &json!(10_000), &json!(20_000)),
         "{counts:?}"
     );
     let b = l.latest_build();
-    assert_eq!(b["conflicts_open"], json!(20_000), "{b:?}");
+    assert_eq!(b["conflicts_open"], json!(10_000), "{b:?}");
     l.assert_full_equals_incremental("under a small memory limit");
 }

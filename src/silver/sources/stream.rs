@@ -156,7 +156,10 @@ impl Survivors {
 /// takes even past the limit), reserved there, and `df` set to run in a pool of that size.
 fn own_pool(df: DataFrame) -> Result<(DataFrame, MemoryReservation)> {
     const MIN: usize = 16 << 20;
-    let (state, plan) = df.into_parts();
+    let (mut state, plan) = df.into_parts();
+    // one sort over the coalesced input, not one per partition and a merge: that merge's
+    // memory cannot spill, and the sorts would have taken the pool
+    state.config_mut().options_mut().optimizer.repartition_sorts = false;
     let runtime = state.runtime_env().clone();
     let pool = runtime.memory_pool.clone();
     let share = MemoryConsumer::new("silver survivorship sort").register(&pool);
