@@ -11,7 +11,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, FixedSizeBinaryBuilder, StringArrayType,
 };
-use datafusion::arrow::buffer::{Buffer, NullBuffer};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{exec_err, plan_err};
 use datafusion::logical_expr::{
@@ -246,16 +246,17 @@ impl ScalarUDFImpl for InSet {
         if array.data_type() == &DataType::Utf8 {
             // most rows are ruled out after reading 6 hex characters (see [`Heads`])
             let a = array.as_string::<i32>();
-            let out: BooleanArray = (0..a.len())
-                .map(|i| {
-                    if a.is_null(i) || set.is_empty() {
-                        return Some(false);
+            let out = if set.is_empty() {
+                BooleanBuffer::new_unset(a.len())
+            } else {
+                BooleanBuffer::collect_bool(a.len(), |i| {
+                    a.is_valid(i) && {
+                        let v = a.value(i);
+                        heads.may_contain_hex(v.as_bytes()) && fp_of_hex(v).is_some_and(|fp| set.contains(&fp))
                     }
-                    let v = a.value(i);
-                    Some(heads.may_contain_hex(v.as_bytes()) && fp_of_hex(v).is_some_and(|fp| set.contains(&fp)))
                 })
-                .collect();
-            return Ok(ColumnarValue::Array(Arc::new(out)));
+            };
+            return Ok(ColumnarValue::Array(Arc::new(BooleanArray::new(out, None))));
         }
         let mut out = vec![false; array.len()];
         for_each_fp(&array, |i, fp| out[i] = fp.is_some_and(|fp| set.contains(&fp)))

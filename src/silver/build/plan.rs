@@ -256,8 +256,7 @@ pub async fn plan<'a>(
                 summary.kept = d.rows;
                 summary.removed = keys.tombstones.len() as u64;
                 if plan.multi.is_none() {
-                    // several sources: the older runs hold candidates too (MultiPlan::count)
-                    plan.work_runs = d.new_runs.clone();
+                    plan.work_runs = d.new_runs.clone(); // (several sources: older runs too)
                 }
                 plan.delta = Some(d);
                 delta_keys = Some(*keys);

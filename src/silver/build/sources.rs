@@ -349,6 +349,76 @@ fn local_rows(
     Ok((ones, severals))
 }
 
+/// Each source's candidates down their path: those of records with one candidate as merged
+/// rows ([`single_rows`]), those of records with several (`many`) as candidates.
+#[allow(clippy::too_many_arguments)]
+async fn route(
+    at: &At<'_>,
+    src: &crate::spec::rules::sources::Sources,
+    m: &MultiPlan<'_>,
+    keys: &Arc<Keys>,
+    per_run: &[u64],
+    many: &Arc<FpSet>,
+    many_file: Option<&str>,
+    key_files: &mut Vec<String>,
+) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
+    // the records with several candidates by (source, run) of their candidates there
+    let mut by_run: HashMap<(usize, u32), FpSet> = HashMap::new();
+    if at.cluster.is_none() {
+        for fp in many.iter() {
+            let Some(combo) = keys.get(fp).and_then(|e| keys.combos.get(e.cur as usize)) else {
+                continue;
+            };
+            for (s, r) in combo.iter().enumerate().filter(|(_, r)| **r != NONE) {
+                by_run.entry((s, *r)).or_default().insert(*fp);
+            }
+        }
+    }
+    let (mut singles, mut multis): (Option<DataFrame>, Option<DataFrame>) = (None, None);
+    for (s, entry) in src.entries.iter().enumerate() {
+        let input = &m.inputs[s];
+        let (one, several) = match at.cluster {
+            None => {
+                let (one, several) = local_rows(at, m, s, keys, per_run, many, &mut by_run)?;
+                if one.is_none() && several.is_none() {
+                    continue;
+                }
+                let several = several.map(|df| candidates(df, src, entry, input)).transpose()?;
+                let one = match one {
+                    Some(df) => candidates(df, src, entry, input)?,
+                    None => at.ctx.read_table(table_over(vec![], candidate_schema(src))?)?,
+                };
+                (one, several)
+            }
+            Some(_) => {
+                let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
+                    continue;
+                };
+                let cands = candidates(rows, src, entry, input)?;
+                match many_file {
+                    None => (cands, None),
+                    Some(rel) => (
+                        join_keys(at.ctx, at.lake, cands.clone(), rel, JoinType::LeftAnti)?,
+                        Some(join_keys(at.ctx, at.lake, cands, rel, JoinType::LeftSemi)?),
+                    ),
+                }
+            }
+        };
+        let one = single_rows(one, src, Some(entry.source.as_str()))?;
+        singles = Some(match singles {
+            None => one,
+            Some(df) => df.union(one)?,
+        });
+        if let Some(several) = several {
+            multis = Some(match multis {
+                None => several,
+                Some(df) => df.union(several)?,
+            });
+        }
+    }
+    Ok((singles, multis))
+}
+
 /// The merged input of the records to process ([`merged_schema`]): records with one candidate
 /// projected, those with several decided by survivorship into a build-scoped file
 /// (`key_files` lists it for deletion before the commit).
@@ -381,60 +451,7 @@ pub(super) async fn merged_input(
         }
         _ => None,
     };
-    // the records with several candidates by (source, run) of their candidates there
-    let mut by_run: HashMap<(usize, u32), FpSet> = HashMap::new();
-    if at.cluster.is_none() {
-        for fp in many.iter() {
-            let Some(combo) = keys.get(fp).and_then(|e| keys.combos.get(e.cur as usize)) else {
-                continue;
-            };
-            for (s, r) in combo.iter().enumerate().filter(|(_, r)| **r != NONE) {
-                by_run.entry((s, *r)).or_default().insert(*fp);
-            }
-        }
-    }
-    let (mut singles, mut multis): (Option<DataFrame>, Option<DataFrame>) = (None, None);
-    for (s, entry) in src.entries.iter().enumerate() {
-        let input = &m.inputs[s];
-        let (one, several) = match at.cluster {
-            None => {
-                let (one, several) = local_rows(at, m, s, keys, per_run, &many, &mut by_run)?;
-                if one.is_none() && several.is_none() {
-                    continue;
-                }
-                let several = several.map(|df| candidates(df, src, entry, input)).transpose()?;
-                let one = match one {
-                    Some(df) => candidates(df, src, entry, input)?,
-                    None => at.ctx.read_table(table_over(vec![], candidate_schema(src))?)?,
-                };
-                (one, several)
-            }
-            Some(_) => {
-                let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
-                    continue;
-                };
-                let cands = candidates(rows, src, entry, input)?;
-                match &many_file {
-                    None => (cands, None),
-                    Some(rel) => (
-                        join_keys(at.ctx, at.lake, cands.clone(), rel, JoinType::LeftAnti)?,
-                        Some(join_keys(at.ctx, at.lake, cands, rel, JoinType::LeftSemi)?),
-                    ),
-                }
-            }
-        };
-        let one = single_rows(one, src, Some(entry.source.as_str()))?;
-        singles = Some(match singles {
-            None => one,
-            Some(df) => df.union(one)?,
-        });
-        if let Some(several) = several {
-            multis = Some(match multis {
-                None => several,
-                Some(df) => df.union(several)?,
-            });
-        }
-    }
+    let (singles, multis) = route(at, src, m, keys, per_run, &many, many_file.as_deref(), key_files).await?;
     let schema = merged_schema(src);
     let history = match m.latest {
         Some(b) => conflicts::read(at.lake, at.table, &b.build_id).await?,

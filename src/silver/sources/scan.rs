@@ -228,7 +228,7 @@ async fn scan_runs(
     drop(tx);
     // (source, combination, this source's run) -> the combination with it: a few distinct
     // steps per run, no combination built per row
-    let mut steps: HashMap<(usize, u32, u32), u32> = HashMap::new();
+    let mut steps: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
     while let Some(batch) = rx.recv().await {
         let Fps {
             source: s,
@@ -236,6 +236,10 @@ async fn scan_runs(
             fps,
             deleted,
         } = batch?;
+        // per value this batch gives (its run, or a tombstone): the next combination by the
+        // current one, looked up by index (NONE: not yet interned)
+        let mut live = steps.remove(&(s, run)).unwrap_or_default();
+        let mut dead = steps.remove(&(s, DELETED)).unwrap_or_default();
         for (row, fp) in fps.into_iter().enumerate() {
             let e = keys.map.entry(fp).or_insert(Entry {
                 cur: 0,
@@ -243,17 +247,28 @@ async fn scan_runs(
                 version: 0,
                 outcome: 0,
             });
-            if combos.of[e.cur as usize][s] != NONE {
+            let cur = e.cur as usize;
+            if combos.of[cur][s] != NONE {
                 continue; // a newer run of this source has the record
             }
             let tombstone = deleted.as_ref().is_some_and(|d| d.is_valid(row) && d.value(row));
-            let value = if tombstone { DELETED } else { run };
-            e.cur = *steps.entry((s, e.cur, value)).or_insert_with(|| {
-                let mut next = combos.of[e.cur as usize].clone();
+            let (value, step) = if tombstone {
+                (DELETED, &mut dead)
+            } else {
+                (run, &mut live)
+            };
+            if step.len() <= cur {
+                step.resize(cur + 1, NONE);
+            }
+            if step[cur] == NONE {
+                let mut next = combos.of[cur].clone();
                 next[s] = value;
-                combos.intern(next)
-            });
+                step[cur] = combos.intern(next);
+            }
+            e.cur = step[cur];
         }
+        steps.insert((s, run), live);
+        steps.insert((s, DELETED), dead);
     }
     drop(tasks);
     Ok((keys, combos))

@@ -152,10 +152,11 @@ impl Survivors {
     }
 }
 
-/// A quarter of the build's pool (halved while the pool has less free, down to 16 MiB, which it
-/// takes even past the limit), reserved there, and `df` set to run in a pool of that size.
+/// A quarter of the build's pool (halved while the pool has less free, down to 32 MiB, which it
+/// takes even past the limit), reserved there, and `df` set to run in a pool of that size, a
+/// quarter of it kept for merging what the sort spilled.
 fn own_pool(df: DataFrame) -> Result<(DataFrame, MemoryReservation)> {
-    const MIN: usize = 16 << 20;
+    const MIN: usize = 32 << 20;
     let (mut state, plan) = df.into_parts();
     // one sort over the coalesced input, not one per partition and a merge: that merge's
     // memory cannot spill, and the sorts would have taken the pool
@@ -173,6 +174,9 @@ fn own_pool(df: DataFrame) -> Result<(DataFrame, MemoryReservation)> {
     if share.size() == 0 {
         share.grow(MIN);
     }
+    let options = state.config_mut().options_mut();
+    options.execution.sort_spill_reservation_bytes =
+        options.execution.sort_spill_reservation_bytes.min(share.size() / 4);
     let own = RuntimeEnvBuilder::from_runtime_env(&runtime)
         .with_memory_pool(Arc::new(FairSpillPool::new(share.size())))
         .build_arc()?;
