@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod build;
 pub mod compile;
+pub mod fps;
 pub mod keys;
 pub mod sources;
 

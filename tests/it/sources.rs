@@ -859,15 +859,12 @@ fn crash_story(l: &mut Lake) {
     );
 }
 
-#[test]
-fn a_crash_at_every_build_failpoint_then_the_same_build_equals_one_clean_build() {
-    let mut clean = Lake::new(FLAG);
-    crash_story(&mut clean);
-    clean.build();
-    let want = state_of(&clean);
+/// For every build failpoint: `story`, a crash there during `build guests`, then the same build
+/// gives the clean lake's state (`want`), with `built` succeeded builds before it.
+fn crash_at_every_build_failpoint(story: impl Fn(&mut Lake), want: &str, built: u64) {
     for point in ingot::table::failpoint::BUILD {
         let mut l = Lake::new(FLAG);
-        crash_story(&mut l);
+        story(&mut l);
         let out =
             l.t.command()
                 .arg("--rules")
@@ -886,10 +883,17 @@ fn a_crash_at_every_build_failpoint_then_the_same_build_equals_one_clean_build()
         let builds =
             l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE status = 'succeeded'");
         let committed = *point == "build.after_commit";
-        assert_eq!(builds[0]["n"], json!(if committed { 2 } else { 1 }), "{point}");
-        let doctor = l.ingot(&["doctor"]);
-        assert_ok(&doctor);
+        assert_eq!(builds[0]["n"], json!(built + if committed { 2 } else { 1 }), "{point}");
+        assert_ok(&l.ingot(&["doctor"]));
     }
+}
+
+#[test]
+fn a_crash_at_every_build_failpoint_then_the_same_build_equals_one_clean_build() {
+    let mut clean = Lake::new(FLAG);
+    crash_story(&mut clean);
+    clean.build();
+    crash_at_every_build_failpoint(crash_story, &state_of(&clean), 0);
 }
 
 #[test]
@@ -1208,31 +1212,7 @@ fn a_crash_at_every_failpoint_of_a_delta_build_then_the_same_build_equals_one_cl
     let plan: Value = serde_json::from_str(clean.ok(&["build", "guests", "--dry-run", "--json"]).trim()).unwrap();
     assert_eq!(plan["kind"], json!("delta"), "{plan}");
     clean.build();
-    let want = state_of(&clean);
-    for point in ingot::table::failpoint::BUILD {
-        let mut l = Lake::new(FLAG);
-        story(&mut l);
-        let out =
-            l.t.command()
-                .arg("--rules")
-                .arg(&l.rules)
-                .env("INGOT_FAILPOINT", point)
-                .args(["build", "guests"])
-                .output()
-                .unwrap();
-        assert!(
-            stderr(&out).contains(&format!("failpoint {point} reached")),
-            "{point}: {}",
-            stderr(&out)
-        );
-        l.build();
-        assert_eq!(state_of(&l), want, "{point}: crash + the same build");
-        let builds =
-            l.t.query("SELECT count(*) AS n FROM audit.silver_build_log WHERE status = 'succeeded'");
-        let committed = *point == "build.after_commit";
-        assert_eq!(builds[0]["n"], json!(if committed { 3 } else { 2 }), "{point}");
-        assert_ok(&l.ingot(&["doctor"]));
-    }
+    crash_at_every_build_failpoint(story, &state_of(&clean), 1);
 }
 
 #[test]

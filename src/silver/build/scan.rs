@@ -13,7 +13,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hash::fp::for_each_fp;
 use crate::silver::compile::RULES_VERSION;
 use crate::silver::keys::{Keys, NONE, outcome_of};
@@ -66,30 +66,26 @@ pub(super) async fn current_keys(
         runs.iter().map(|r| r.run_id.to_string()).collect(),
         usize::try_from(capacity).unwrap_or(0),
     );
+    // the runs' fingerprints are read and decoded by a task of their own (newest run first, in
+    // order) while this one fills the map
+    let mut plans = Vec::with_capacity(runs.len());
     for (i, run) in runs.iter().enumerate() {
-        let fps = ctx
-            .read_table(run_table(ctx, lake, contract, run)?)?
-            .select(vec![c(FP), c(crate::table::bronze::IS_DELETED)])?;
-        let mut stream = crate::engine::exec::stream(cluster, fps, "build: bronze fingerprints").await?;
-        while let Some(b) = stream.next().await {
-            let b = b?;
-            let mut missing = false;
-            let deleted = b.column(1).as_boolean_opt();
-            for_each_fp(b.column(0), |row, fp| match fp {
-                Some(fp) => {
-                    let tombstone = deleted.is_some_and(|d| d.is_valid(row) && d.value(row));
-                    keys.see_current(fp, i as u32, tombstone)
-                }
-                None => missing = true,
-            })?;
-            if missing {
-                return Err(Error::RunFailed(format!(
-                    "bronze run {} of \"{}\" has a row without {FP}",
-                    run.run_id, run.source
-                )));
-            }
+        plans.push(crate::silver::fps::Run {
+            run: i as u32,
+            what: format!("bronze run {} of \"{}\"", run.run_id, run.source),
+            rows: ctx
+                .read_table(run_table(ctx, lake, contract, run)?)?
+                .select(vec![c(FP), c(crate::table::bronze::IS_DELETED)])?,
+        });
+    }
+    let (mut rx, tasks) = crate::silver::fps::read(cluster, vec![plans]);
+    while let Some(batch) = rx.recv().await {
+        let batch = batch?;
+        for (row, fp) in batch.fps.iter().enumerate() {
+            keys.see_current(*fp, batch.run, batch.is_deleted(row));
         }
     }
+    drop(tasks);
     keys.forget_deleted();
     Ok(keys)
 }

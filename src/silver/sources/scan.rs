@@ -9,9 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::AsArray;
-use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
+use datafusion::arrow::array::Array;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::runtime::SpawnedTask;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::lit;
 use datafusion::prelude::SessionContext;
@@ -20,6 +19,7 @@ use futures::StreamExt;
 use super::SourceInputs;
 use crate::error::{Error, Result};
 use crate::hash::fp::{Fp, FpSet, for_each_fp, in_set_udf};
+use crate::silver::fps;
 use crate::silver::keys::{Entry, Keys, NONE};
 use crate::spec::columns::{FINGERPRINT, IS_DELETED};
 use crate::table::audit::RunRecord;
@@ -52,34 +52,6 @@ impl Combos {
         self.of.push(combo.clone());
         self.index.insert(combo, i);
         i
-    }
-}
-
-/// One batch of a source's run: its decoded keys and tombstone flags.
-struct Fps {
-    source: usize,
-    run: u32,
-    fps: Vec<crate::hash::fp::Fp>,
-    deleted: Option<BooleanArray>,
-}
-
-impl Fps {
-    fn of(source: usize, run: u32, b: &RecordBatch, what: &str) -> Result<Fps> {
-        let mut fps = Vec::with_capacity(b.num_rows());
-        let mut missing = false;
-        for_each_fp(b.column(0), |_, fp| match fp {
-            Some(fp) => fps.push(fp),
-            None => missing = true,
-        })?;
-        if missing {
-            return Err(Error::RunFailed(format!("{what} has a row without {FINGERPRINT}")));
-        }
-        Ok(Fps {
-            source,
-            run,
-            fps,
-            deleted: b.column(1).as_any().downcast_ref::<BooleanArray>().cloned(),
-        })
     }
 }
 
@@ -190,57 +162,35 @@ async fn scan_runs(
     // Each source's fingerprints are read and decoded by a task of its own (newest run first),
     // while this one steps the key map: a source's batches arrive in order, and sources only
     // touch their own slot of a combination, so their interleaving does not matter.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Fps>>(4 * width.max(1));
-    let mut tasks = Vec::with_capacity(width);
+    let mut groups = Vec::with_capacity(width);
     for (s, (input, runs)) in inputs.iter().zip(runs).enumerate() {
         let mut plans = Vec::with_capacity(runs.len());
         for (i, run) in runs.iter().enumerate().take(take.get(s).copied().unwrap_or(0)) {
             let stored = crate::table::evolve::stored_runs(lake, &input.contract, &[*run])?;
             let table = crate::table::evolve::read_stored(ctx, &input.contract, &stored.iter().collect::<Vec<_>>())?;
-            let fps = table.select(vec![
-                table_key(input.namespace.as_deref()).alias(FINGERPRINT),
-                c(IS_DELETED),
-            ])?;
-            let what = format!("bronze run {} of \"{}\"", run.run_id, run.source);
-            plans.push((i as u32, what, fps));
+            plans.push(fps::Run {
+                run: i as u32,
+                what: format!("bronze run {} of \"{}\"", run.run_id, run.source),
+                rows: table.select(vec![
+                    table_key(input.namespace.as_deref()).alias(FINGERPRINT),
+                    c(IS_DELETED),
+                ])?,
+            });
         }
-        let (tx, cluster) = (tx.clone(), cluster.map(str::to_string));
-        tasks.push(SpawnedTask::spawn(async move {
-            for (run, what, df) in plans {
-                let mut stream =
-                    match crate::engine::exec::stream(cluster.as_deref(), df, "build: bronze fingerprints").await {
-                        Ok(st) => st,
-                        Err(e) => {
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    };
-                while let Some(b) = stream.next().await {
-                    let out = b.map_err(Error::from).and_then(|b| Fps::of(s, run, &b, &what));
-                    let failed = out.is_err();
-                    if tx.send(out).await.is_err() || failed {
-                        return;
-                    }
-                }
-            }
-        }));
+        groups.push(plans);
     }
-    drop(tx);
+    let (mut rx, tasks) = fps::read(cluster, groups);
     // (source, combination, this source's run) -> the combination with it: a few distinct
     // steps per run, no combination built per row
     let mut steps: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
     while let Some(batch) = rx.recv().await {
-        let Fps {
-            source: s,
-            run,
-            fps,
-            deleted,
-        } = batch?;
+        let batch = batch?;
+        let (s, run) = (batch.group, batch.run);
         // per value this batch gives (its run, or a tombstone): the next combination by the
         // current one, looked up by index (NONE: not yet interned)
         let mut live = steps.remove(&(s, run)).unwrap_or_default();
         let mut dead = steps.remove(&(s, DELETED)).unwrap_or_default();
-        for (row, fp) in fps.into_iter().enumerate() {
+        for (row, fp) in batch.fps.iter().copied().enumerate() {
             let e = keys.map.entry(fp).or_insert(Entry {
                 cur: 0,
                 prev: NONE,
@@ -251,7 +201,7 @@ async fn scan_runs(
             if combos.of[cur][s] != NONE {
                 continue; // a newer run of this source has the record
             }
-            let tombstone = deleted.as_ref().is_some_and(|d| d.is_valid(row) && d.value(row));
+            let tombstone = batch.is_deleted(row);
             let (value, step) = if tombstone {
                 (DELETED, &mut dead)
             } else {
