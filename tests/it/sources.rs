@@ -135,6 +135,14 @@ impl Lake {
         self.ok(&["build", "guests"]);
     }
 
+    /// `ingot resolve guests FP --field F --take S --reason R`; the decision's id.
+    fn decide(&self, fp: &str, field: &str, take: &str, reason: &str) -> String {
+        let out = self.ok(&[
+            "resolve", "guests", fp, "--field", field, "--take", take, "--reason", reason,
+        ]);
+        out.split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string()
+    }
+
     /// silver.guests by guest, without the build id.
     fn silver(&self) -> BTreeMap<String, Row> {
         self.t
@@ -430,18 +438,7 @@ fn two_sources_survive_field_by_field_and_conflicts_are_decided() {
     l.assert_full_equals_incremental("after a stale decision");
 
     // decide again, then withdraw it: the conflict is open again
-    let out = l.ok(&[
-        "resolve",
-        "guests",
-        &fp,
-        "--field",
-        "email",
-        "--take",
-        "crm",
-        "--reason",
-        "still CRM",
-    ]);
-    let id = out.split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string();
+    let id = l.decide(&fp, "email", "crm", "still CRM");
     l.build();
     assert_eq!(l.silver()["G1"]["email"], s("a@x.nl"));
     let undone = l.ok(&["undo", &id]);
@@ -1164,18 +1161,7 @@ fn incremental_builds_are_delta_layers_equal_to_full_builds() {
 
     // a decision alone, with no new run: a delta layer of its record
     let fp = l.fingerprints()["G1"].clone();
-    let out = l.ok(&[
-        "resolve",
-        "guests",
-        &fp,
-        "--field",
-        "email",
-        "--take",
-        "pms",
-        "--reason",
-        "PMS checked it",
-    ]);
-    let id = out.split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string();
+    let id = l.decide(&fp, "email", "pms", "PMS checked it");
     delta_of(&plan(&l), 1);
     l.build();
     // (crm's email is the later one, so the decision changes the winner)
