@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::AsArray;
 use datafusion::arrow::array::Array;
+use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::lit;
