@@ -297,8 +297,9 @@ async fn picked(
 
 /// One source's bronze rows of the records to process, in this process: those of records with
 /// one candidate (`one`: a run's rows picked from the key map, unless all its rows are; then
-/// those of `many` left out) and those of records with several (`several`: the run's few keys of
-/// `by_run`, a small set).
+/// those of the records with several left out) and those of records with several (`several`).
+/// Both tests ask the run's few keys of `by_run` (a picked row of the run is a record with several
+/// candidates exactly when its key is among them).
 #[allow(clippy::type_complexity)]
 fn local_rows(
     at: &At<'_>,
@@ -306,7 +307,6 @@ fn local_rows(
     s: usize,
     keys: &Arc<Keys>,
     per_run: &[u64],
-    many: &Arc<FpSet>,
     by_run: &mut HashMap<(usize, u32), FpSet>,
 ) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
     let input = &m.inputs[s];
@@ -325,25 +325,25 @@ fn local_rows(
             continue;
         }
         let rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
-        let several = by_run.remove(&(s, i as u32));
+        let several = by_run
+            .remove(&(s, i as u32))
+            .filter(|set| !set.is_empty())
+            .map(Arc::new);
         let several_n = several.as_ref().map_or(0, |set| set.len() as u64);
+        let test = several.map(|set| Arc::new(in_set_udf(set)).call(vec![key.clone()]));
         if n > several_n {
             let mut one = rows.clone();
             if !reads_whole(run, n) {
                 one =
                     one.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![key.clone()]))?;
             }
-            if several_n > 0 {
-                let test = Arc::new(in_set_udf(many.clone())).call(vec![key.clone()]);
-                one = one.filter(Expr::Not(Box::new(test)))?;
+            if let Some(test) = &test {
+                one = one.filter(Expr::Not(Box::new(test.clone())))?;
             }
             add(&mut ones, one)?;
         }
-        if let Some(set) = several.filter(|set| !set.is_empty()) {
-            add(
-                &mut severals,
-                rows.filter(Arc::new(in_set_udf(Arc::new(set))).call(vec![key.clone()]))?,
-            )?;
+        if let Some(test) = test {
+            add(&mut severals, rows.filter(test)?)?;
         }
     }
     Ok((ones, severals))
@@ -379,7 +379,7 @@ async fn route(
         let input = &m.inputs[s];
         let (one, several) = match at.cluster {
             None => {
-                let (one, several) = local_rows(at, m, s, keys, per_run, many, &mut by_run)?;
+                let (one, several) = local_rows(at, m, s, keys, per_run, &mut by_run)?;
                 if one.is_none() && several.is_none() {
                     continue;
                 }
@@ -481,7 +481,7 @@ pub(super) async fn merged_input(
             delta,
         });
     };
-    let held = held_winners(at, rules, m, keys).await?;
+    let held = held_winners(at, rules, m, &many).await?;
     let first_seen: HashMap<(Fp, String, String), String> = history
         .iter()
         .filter_map(|r| {
@@ -590,8 +590,8 @@ fn finish_conflicts(
 }
 
 /// For `on_conflict: hold`: what the latest build took for each record with several candidates
-/// this build processes (its first contributing source and `field_sources`).
-async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, keys: &Arc<Keys>) -> Result<HashMap<Fp, Held>> {
+/// this build processes (`many`; its first contributing source and `field_sources`).
+async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, many: &Arc<FpSet>) -> Result<HashMap<Fp, Held>> {
     let mut out = HashMap::new();
     let src = sources_of(rules)?;
     let Some(latest) = m.latest.filter(|_| src.conflicts.on_conflict == OnConflict::Hold) else {
@@ -604,17 +604,11 @@ async fn held_winners(at: &At<'_>, rules: &RuleSet, m: &MultiPlan<'_>, keys: &Ar
     if !has(CONTRIBUTING_SOURCES) || !has(FIELD_SOURCES) {
         return Ok(out); // built before the table had several sources
     }
-    let many: crate::hash::fp::FpSet = keys
-        .map
-        .iter()
-        .filter(|(_, e)| keys.process(e) && keys.candidates(e) > 1)
-        .map(|(fp, _)| *fp)
-        .collect();
     if many.is_empty() {
         return Ok(out);
     }
     let rows = snap
-        .filter(Arc::new(in_set_udf(Arc::new(many))).call(vec![c(FP)]))?
+        .filter(Arc::new(in_set_udf(many.clone())).call(vec![c(FP)]))?
         .select(vec![c(FP), c(CONTRIBUTING_SOURCES), c(FIELD_SOURCES)])?;
     let mut stream = crate::engine::exec::stream(None, rows, "build: held winners").await?;
     while let Some(b) = stream.next().await {
