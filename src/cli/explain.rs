@@ -183,7 +183,8 @@ async fn sources_summary(catalog: &crate::engine::catalog::Catalog, rules: &Rule
         return Ok(s);
     };
     let _ = writeln!(s, "sources, in precedence order (each keyed as the table keys it):");
-    for e in &src.entries {
+    let inputs = crate::silver::sources::read_source_inputs(&catalog.ctx, &catalog.contracts, rules).await?;
+    for (e, input) in src.entries.iter().zip(&inputs) {
         let Some(contract) = catalog.contracts.contracts.get(&e.source) else {
             continue;
         };
@@ -208,6 +209,13 @@ async fn sources_summary(catalog: &crate::engine::catalog::Catalog, rules: &Rule
                 r.name, r.from, r.lookup, r.value, r.alias
             );
         }
+        if !e.shared_key.is_empty() {
+            let _ = writeln!(
+                s,
+                "    shared_key: a record that resolve {} maps is keyed as the sources without a namespace key the mapped value(s); the others keep the namespaced key",
+                e.shared_key.join(", ")
+            );
+        }
         if !e.steps.is_empty() {
             let kinds: Vec<&str> = e.steps.iter().map(Step::kind).collect();
             let _ = writeln!(s, "    its steps: {}", kinds.join(", "));
@@ -218,12 +226,10 @@ async fn sources_summary(catalog: &crate::engine::catalog::Catalog, rules: &Rule
             .iter()
             .filter_map(|i| contract.fields.get(*i))
             .map(|f| datafusion::prelude::col(f.name.as_str()))
-            .chain([crate::silver::sources::scan::table_key(e.key_namespace.as_deref()).alias("__key")])
+            .chain([datafusion::prelude::col(crate::spec::columns::FINGERPRINT).alias("__key")])
             .collect();
-        let sample = catalog
-            .ctx
-            .table(crate::silver::compile::current_table(&e.source))
-            .await?
+        let sample = input
+            .keyed(input.current.clone())?
             .select(names)?
             .limit(0, Some(1))?
             .collect()

@@ -681,27 +681,39 @@ async fn check_silver_current(
         let Some(b) = latest_build(&catalog.builds, table) else {
             continue;
         };
-        let sources = silver_sources(ws, catalog, table, b.rules_version);
-        if sources.is_empty() || sources.iter().any(|(s, _)| damaged.has(s)) {
+        let Some(rules) = table_rules(ws, catalog, table, b.rules_version) else {
+            continue;
+        };
+        let sources: Vec<String> = match &rules.sources {
+            Some(src) => src.entries.iter().map(|e| e.source.clone()).collect(),
+            None => vec![rules.source.clone()],
+        };
+        if sources.iter().any(|s| damaged.has(s)) {
             continue;
         }
         // a table with several sources: the keys of every source, each as the table keys it
         let mut current: Option<datafusion::dataframe::DataFrame> = None;
-        for (s, ns) in &sources {
-            let keys = catalog.ctx.table(current_table(s)).await?.select(vec![
-                crate::silver::sources::scan::table_key(ns.as_deref()).alias(CURRENT_FP),
-            ])?;
+        let keyed = match &rules.sources {
+            Some(_) => {
+                let inputs =
+                    crate::silver::sources::read_source_inputs(&catalog.ctx, &catalog.contracts, &rules).await?;
+                let mut out = Vec::with_capacity(inputs.len());
+                for input in &inputs {
+                    out.push(input.keyed(input.current.clone())?);
+                }
+                out
+            }
+            None => vec![catalog.ctx.table(current_table(&rules.source)).await?],
+        };
+        for rows in keyed {
+            let keys = rows.select(vec![col(FP).alias(CURRENT_FP)])?;
             current = Some(match current {
                 None => keys,
                 Some(df) => df.union(keys)?,
             });
         }
         let Some(current) = current else { continue };
-        let source = sources
-            .iter()
-            .map(|(s, _)| s.as_str())
-            .collect::<Vec<_>>()
-            .join(", bronze.");
+        let source = sources.iter().map(String::as_str).collect::<Vec<_>>().join(", bronze.");
         let not_current = catalog
             .ctx
             .table(TableReference::partial("silver", *table))
@@ -755,24 +767,18 @@ fn check_rules_files(ws: &Workspace, builds: &[BuildRecord], out: &mut Vec<Viola
     }
 }
 
-/// The sources a table's rules read, each with its key namespace (one, without, for a table
-/// with `source:`).
-fn silver_sources(ws: &Workspace, catalog: &Catalog, table: &str, version: i32) -> Vec<(String, Option<String>)> {
+/// The rules version `version` of `table` (its newest when that one is gone).
+fn table_rules(
+    ws: &Workspace,
+    catalog: &Catalog,
+    table: &str,
+    version: i32,
+) -> Option<std::sync::Arc<crate::spec::rules::RuleSet>> {
     let mut ignored = crate::spec::yaml::Problems::default();
     let rules = crate::spec::rules::RulesSet::load(&ws.rules_dir, &catalog.contracts, &mut ignored);
-    let Some(r) = rules
+    rules
         .tables
         .get(table)
         .and_then(|v| v.get(&version).or_else(|| v.values().next_back()))
-    else {
-        return Vec::new();
-    };
-    match &r.sources {
-        Some(src) => src
-            .entries
-            .iter()
-            .map(|e| (e.source.clone(), e.key_namespace.clone()))
-            .collect(),
-        None => vec![(r.source.clone(), None)],
-    }
+        .cloned()
 }

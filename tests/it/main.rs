@@ -59,6 +59,7 @@ mod slt;
 mod sources;
 #[cfg(feature = "s3")]
 mod sources_s3;
+mod sources_shared;
 mod undo;
 mod util;
 mod workspace;

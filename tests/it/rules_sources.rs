@@ -96,9 +96,25 @@ natural_key: {version: 1, fields: [id]}
 fields:
   - {name: id, type: string, required: true, normalize: [trim]}
 natural_key: {version: 1, fields: [id]}
+# k_map
+fields:
+  - {name: id, type: string, required: true, normalize: [trim]}
+  - {name: other, type: string}
+natural_key: {version: 1, fields: [id]}
+resolve:
+  - {name: to_base, from: id, lookup: k_xref, key: id, value: base_id, as: base_a, on_missing: 'null'}
+  - {name: by_other, from: other, lookup: k_xref, key: id, value: base_id, as: base_b, on_missing: 'null'}
+  - {name: to_int, from: id, lookup: k_xref, key: id, value: n, as: n_c, on_missing: 'null'}
+# k_xref
+fields:
+  - {name: id, type: string, required: true}
+  - {name: base_id, type: string}
+  - {name: n, type: int64}
+natural_key: {version: 1, fields: [id]}
 ";
 
-const ALL: &str = "ali, crm, k_arity, k_base, k_normalize, k_same, k_type, k_version, nul, pms, rez, shops, web";
+const ALL: &str =
+    "ali, crm, k_arity, k_base, k_map, k_normalize, k_same, k_type, k_version, k_xref, nul, pms, rez, shops, web";
 
 /// The bronze columns every source has after its contract fields.
 const META: &str = "ingestion_run_id, file_hash, row_hash, natural_key_fingerprint, natural_key_version, \
@@ -458,7 +474,7 @@ sources:
         &[
             "4:5: a sources entry must be a mapping, found a scalar",
             "5:5: a sources entry is missing \"source\" (the contract whose rows it reads)",
-            "7:5: unknown key \"ranking\" in a sources entry; valid keys are: source, rank, key_namespace, steps",
+            "7:5: unknown key \"ranking\" in a sources entry; valid keys are: source, rank, key_namespace, shared_key, steps",
             "8:13: source \"crm\" is listed twice in sources (first at line 6); list each source once",
             &format!("9:13: source \"nope\" is not a known contract; sources are: {ALL}"),
             "11:11: rank must be an integer >= 1, found \"0\"",
@@ -653,6 +669,55 @@ fn sources_of_one_key_namespace_must_build_the_same_fingerprint() {
         text,
         &[
             "7:13: sources \"k_version\" and \"k_type\" do not build the same natural_key_fingerprint: key version 2 vs 1, part 1 type string vs int64, part 1 normalize [trim] vs []; the candidates of one record would never meet. Give both contracts the same natural key, or set key_namespace on one to keep their keys apart",
+        ],
+    );
+}
+
+/// k_base, then k_map with `entry` (its lines after `source`).
+fn mapped(entry: &str) -> String {
+    format!("table: guests\nversion: 1\nsources:\n  - source: k_base\n  - source: k_map\n{entry}")
+}
+
+#[test]
+fn a_shared_key_names_one_resolve_per_part_from_the_sources_own_key() {
+    let r = rules_of(&mapped("    key_namespace: m\n    shared_key: [to_base]\n"));
+    assert_eq!(sources(&r).entries[1].shared_key, vec!["to_base".to_string()]);
+    assert!(sources(&r).entries[0].shared_key.is_empty());
+    assert_problems(
+        &mapped("    shared_key: [to_base]\n"),
+        &[
+            "6:17: shared_key maps a namespaced source's keys to the shared ones, but source \"k_map\" has no key_namespace: its keys already are the shared ones; remove shared_key or add key_namespace",
+        ],
+    );
+    assert_problems(
+        &mapped("    key_namespace: m\n    shared_key: [nope]\n"),
+        &[
+            "7:18: \"nope\" is not a resolve entry of contract \"k_map\"; its resolve entries are: to_base, by_other, to_int",
+        ],
+    );
+    assert_problems(
+        &mapped("    key_namespace: m\n    shared_key: [by_other]\n"),
+        &[
+            "7:18: resolve \"by_other\" maps from \"other\", which is not a natural_key field of \"k_map\" (id): a shared key must come from the record's own key, or two versions of one record could map apart",
+        ],
+    );
+    assert_problems(
+        &mapped("    key_namespace: m\n    shared_key: [to_int]\n"),
+        &[
+            "7:18: resolve \"to_int\" gives k_xref.n of type int64, but part \"id\" of the shared key is string: the fingerprints would never meet",
+        ],
+    );
+    assert_problems(
+        &mapped("    key_namespace: m\n    shared_key: [to_base, to_int]\n"),
+        &[
+            "7:17: shared_key of \"k_map\" names 2 resolve entries, but the shared key of \"k_base\" has 1 part(s) (id): name one resolve per part, in that order",
+        ],
+    );
+    let all_namespaced = "table: guests\nversion: 1\nsources:\n  - source: k_base\n    key_namespace: b\n  - source: k_map\n    key_namespace: m\n    shared_key: [to_base]\n";
+    assert_problems(
+        all_namespaced,
+        &[
+            "8:17: shared_key maps keys to those of the sources without a key_namespace, and every source of this table has one",
         ],
     );
 }

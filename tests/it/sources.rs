@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 
 use crate::util::{TestLake, assert_ok, stderr, stdout};
 
-type Row = BTreeMap<String, Value>;
+pub(crate) type Row = BTreeMap<String, Value>;
 
-const CRM: &str = "source: crm
+pub(crate) const CRM: &str = "source: crm
 version: 1
 format: csv
 fields:
@@ -26,7 +26,7 @@ fields:
 natural_key: {version: 1, fields: [guest_id]}
 ";
 
-const PMS: &str = "source: pms
+pub(crate) const PMS: &str = "source: pms
 version: 1
 format: csv
 delivery: full
@@ -41,7 +41,7 @@ natural_key: {version: 1, fields: [guest_no]}
 ";
 
 /// Rules of `guests` with `extra` after the sources (survivorship, conflicts).
-fn rules(version: u32, conflicts: &str) -> String {
+pub(crate) fn rules(version: u32, conflicts: &str) -> String {
     format!(
         "table: guests
 version: {version}
@@ -64,19 +64,19 @@ conflicts:
     )
 }
 
-const FLAG: &str = "  fields: [email, address]\n  on_conflict: flag\n";
+pub(crate) const FLAG: &str = "  fields: [email, address]\n  on_conflict: flag\n";
 
-struct Lake {
-    t: TestLake,
-    rules: PathBuf,
-    inbox: PathBuf,
+pub(crate) struct Lake {
+    pub(crate) t: TestLake,
+    pub(crate) rules: PathBuf,
+    pub(crate) inbox: PathBuf,
     n: usize,
     /// Run every command on this cluster (with the placement trace on).
     cluster: Option<String>,
 }
 
 impl Lake {
-    fn new(conflicts: &str) -> Lake {
+    pub(crate) fn new(conflicts: &str) -> Lake {
         let t = TestLake::new();
         std::fs::write(t.contracts().join("crm.yaml"), CRM).unwrap();
         std::fs::write(t.contracts().join("pms.yaml"), PMS).unwrap();
@@ -94,13 +94,13 @@ impl Lake {
         l
     }
 
-    fn write_rules(&self, version: u32, conflicts: &str) {
+    pub(crate) fn write_rules(&self, version: u32, conflicts: &str) {
         let dir = self.rules.join("guests");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("v{version}.yaml")), rules(version, conflicts)).unwrap();
     }
 
-    fn ingot(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn ingot(&self, args: &[&str]) -> std::process::Output {
         let mut c = self.t.command();
         c.arg("--rules").arg(&self.rules);
         if let Some(url) = &self.cluster {
@@ -109,14 +109,14 @@ impl Lake {
         c.args(args).output().unwrap()
     }
 
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let out = self.ingot(args);
         assert_ok(&out);
         stdout(&out)
     }
 
     /// Deliver `lines` (after the header) as a file of `source`; returns its run id.
-    fn deliver(&mut self, source: &str, lines: &[&str]) -> String {
+    pub(crate) fn deliver(&mut self, source: &str, lines: &[&str]) -> String {
         let header = match source {
             "crm" => "guest_id,email,tier,street,city,updated_at",
             _ => "guest_no,email_address,phone,street,city,changed_on",
@@ -131,12 +131,12 @@ impl Lake {
         runs[0]["run_id"].as_str().unwrap().to_string()
     }
 
-    fn build(&self) {
+    pub(crate) fn build(&self) {
         self.ok(&["build", "guests"]);
     }
 
     /// `ingot resolve guests FP --field F --take S --reason R`; the decision's id.
-    fn decide(&self, fp: &str, field: &str, take: &str, reason: &str) -> String {
+    pub(crate) fn decide(&self, fp: &str, field: &str, take: &str, reason: &str) -> String {
         let out = self.ok(&[
             "resolve", "guests", fp, "--field", field, "--take", take, "--reason", reason,
         ]);
@@ -144,7 +144,7 @@ impl Lake {
     }
 
     /// silver.guests by guest, without the build id.
-    fn silver(&self) -> BTreeMap<String, Row> {
+    pub(crate) fn silver(&self) -> BTreeMap<String, Row> {
         self.t
             .query("SELECT * FROM silver.guests")
             .into_iter()
@@ -155,14 +155,14 @@ impl Lake {
             .collect()
     }
 
-    fn latest_build(&self) -> Row {
+    pub(crate) fn latest_build(&self) -> Row {
         self.t
             .query("SELECT * FROM audit.silver_build_log WHERE \"table\" = 'guests' ORDER BY commit_seq DESC LIMIT 1")
             .remove(0)
     }
 
     /// The conflicts the table holds now (its latest build's), by guest and field.
-    fn conflicts(&self) -> BTreeMap<(String, String), Row> {
+    pub(crate) fn conflicts(&self) -> BTreeMap<(String, String), Row> {
         let b = self.latest_build();
         let fps = self.fingerprints();
         self.t
@@ -183,7 +183,7 @@ impl Lake {
             .collect()
     }
 
-    fn fingerprints(&self) -> BTreeMap<String, String> {
+    pub(crate) fn fingerprints(&self) -> BTreeMap<String, String> {
         self.t
             .query("SELECT guest_id, natural_key_fingerprint FROM silver.guests")
             .into_iter()
@@ -196,7 +196,7 @@ impl Lake {
             .collect()
     }
 
-    fn row_hash(&self, source: &str, key: &str) -> String {
+    pub(crate) fn row_hash(&self, source: &str, key: &str) -> String {
         let col = if source == "crm" { "guest_id" } else { "guest_no" };
         let r = self.t.query(&format!(
             "SELECT row_hash FROM bronze.{source}_current WHERE normalize_text({col}, 'trim,upper') = '{key}'"
@@ -205,7 +205,7 @@ impl Lake {
     }
 
     /// A full build of the same lake (in a copy) gives the same rows and conflicts.
-    fn assert_full_equals_incremental(&self, context: &str) {
+    pub(crate) fn assert_full_equals_incremental(&self, context: &str) {
         let copy = tempfile::tempdir().unwrap();
         copy_dir(self.t.dir.path(), copy.path());
         let other = Lake {
@@ -267,12 +267,12 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn s(v: &str) -> Value {
+pub(crate) fn s(v: &str) -> Value {
     json!(v)
 }
 
 /// The expected provenance of a row: contributing sources and field_sources (none: null).
-fn provenance(r: &Row) -> (Value, Value, Value) {
+pub(crate) fn provenance(r: &Row) -> (Value, Value, Value) {
     (
         r.get("contributing_sources").cloned().unwrap_or(Value::Null),
         r.get("field_sources").cloned().unwrap_or(Value::Null),

@@ -22,7 +22,7 @@ use crate::hash::fp::{Fp, for_each_fp};
 use crate::silver::keys::{FORCED, Keys, NONE, in_set_udf, pick_source_udf};
 use crate::silver::sources::conflicts::{self, ConflictRow, Counts, Stamp};
 use crate::silver::sources::decisions::{DecisionRecord, Decisions, read_decisions};
-use crate::silver::sources::scan::{current_keys, table_key};
+use crate::silver::sources::scan::current_keys;
 use crate::silver::sources::stream::Survivors;
 use crate::silver::sources::survive::Held;
 use crate::silver::sources::{
@@ -264,9 +264,8 @@ async fn picked(
         if n == 0 {
             continue;
         }
-        let mut rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
+        let mut rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
         if !reads_whole(run, n) {
-            let key = table_key(input.namespace.as_deref());
             let fps = keys.map.iter().filter(|(_, e)| {
                 keys.process(e) && keys.combos.get(e.cur as usize).and_then(|c| c.get(s)) == Some(&(i as u32))
             });
@@ -274,18 +273,7 @@ async fn picked(
             let rel = layout::silver_file(at.table, at.build_id, &name);
             write_keys(at.lake, &rel, fps.map(|(fp, _)| *fp)).await?;
             key_files.push(rel.clone());
-            let keyed = rows.with_column("__ingot_table_key", key)?;
-            rows = join_keys(
-                at.ctx,
-                at.lake,
-                keyed
-                    .with_column_renamed(FP, "__ingot_bronze_fp")?
-                    .with_column_renamed("__ingot_table_key", FP)?,
-                &rel,
-                JoinType::LeftSemi,
-            )?
-            .drop_columns(&[FP])?
-            .with_column_renamed("__ingot_bronze_fp", FP)?;
+            rows = join_keys(at.ctx, at.lake, rows, &rel, JoinType::LeftSemi)?;
         }
         out = Some(match out {
             None => rows,
@@ -310,7 +298,7 @@ fn local_rows(
     by_run: &mut HashMap<(usize, u32), FpSet>,
 ) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
     let input = &m.inputs[s];
-    let key = table_key(input.namespace.as_deref());
+    let key = c(FP);
     let (mut ones, mut severals): (Option<DataFrame>, Option<DataFrame>) = (None, None);
     let add = |to: &mut Option<DataFrame>, df: DataFrame| -> Result<()> {
         *to = Some(match to.take() {
@@ -324,7 +312,7 @@ fn local_rows(
         if n == 0 {
             continue;
         }
-        let rows = at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?;
+        let rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
         let several = by_run
             .remove(&(s, i as u32))
             .filter(|set| !set.is_empty())

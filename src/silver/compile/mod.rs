@@ -33,7 +33,7 @@ use crate::spec::rules::RuleSet;
 
 pub use anomaly::{flag, flag_projection, is_window, window_fired_column, window_fires, window_fires_with};
 pub use inputs::{Inputs, Lookup, Lookups, contract_of, current_table, lookups_of, read_inputs};
-pub use resolve::resolve;
+pub use resolve::{normalized, resolve};
 pub use transform::{
     SPLIT_PAYLOAD, SPLIT_REASON, SPLIT_ROW_NUMBER, SPLIT_RULE, Split, Transformed, transform, transform_split,
 };

@@ -14,7 +14,7 @@ use crate::spec::contract::{Contract, Field, OnMissing};
 
 /// `e` after the field's `normalize` steps (via the `normalize_text` UDF); unchanged when the
 /// field is not a string or has no steps.
-fn normalized(e: Expr, field: &Field) -> Expr {
+pub fn normalized(e: Expr, field: &Field) -> Expr {
     if field.normalize.is_empty() || field.ty.arrow_type() != DataType::Utf8 {
         return e;
     }

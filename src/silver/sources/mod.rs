@@ -10,6 +10,7 @@
 
 pub use crate::table::{conflicts, decisions};
 pub mod scan;
+pub mod shared;
 pub mod stream;
 pub mod survive;
 
@@ -25,7 +26,7 @@ use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
 use crate::silver::compile::{Lookups, RESOLVE_REASON, RESOLVE_RULE, current_table, resolve};
-use crate::spec::columns::{FINGERPRINT, meta_fields};
+use crate::spec::columns::meta_fields;
 use crate::spec::contract::{Contract, ContractSet};
 use crate::spec::rules::RuleSet;
 use crate::spec::rules::sources::{
@@ -57,6 +58,8 @@ pub const HIDDEN: [&str; 4] = [STATE_RUN, CONFLICT, REJECT_RULE, REJECT_REASON];
 pub struct SourceInputs {
     pub source: String,
     pub namespace: Option<String>,
+    /// Its `shared_key` (with a namespace).
+    pub shared: Option<shared::SharedKey>,
     pub contract: Arc<Contract>,
     /// `bronze.<source>_current`.
     pub current: DataFrame,
@@ -78,6 +81,10 @@ pub async fn read_source_inputs(
     rules: &RuleSet,
 ) -> Result<Vec<SourceInputs>> {
     let src = sources_of(rules)?;
+    let target = match src.entries.iter().find(|e| e.key_namespace.is_none()) {
+        Some(e) => Some(crate::silver::compile::contract_of(contracts, rules, &e.source)?),
+        None => None,
+    };
     let mut out = Vec::with_capacity(src.entries.len());
     for e in &src.entries {
         let contract = crate::silver::compile::contract_of(contracts, rules, &e.source)?;
@@ -85,6 +92,7 @@ pub async fn read_source_inputs(
         out.push(SourceInputs {
             source: e.source.clone(),
             namespace: e.key_namespace.clone(),
+            shared: shared::shared_key_of(e, &contract, &lookups, target.as_deref())?,
             current: ctx.table(current_table(&e.source)).await?,
             contract,
             lookups,
@@ -136,14 +144,17 @@ fn typed_null(ty: &DataType) -> Result<Expr> {
     Ok(lit(ScalarValue::try_from(ty)?))
 }
 
-/// The candidates of one source: `rows` (its bronze rows) keyed as the table keys them, with
+impl SourceInputs {
+    /// `rows` (this source's bronze rows) keyed as the table keys them ([`shared::keyed`]).
+    pub fn keyed(&self, rows: DataFrame) -> Result<DataFrame> {
+        shared::keyed(rows, self.namespace.as_deref(), self.shared.as_ref())
+    }
+}
+
+/// The candidates of one source: `rows` (its bronze rows, already [`SourceInputs::keyed`]), with
 /// its contract's `resolve` values and its own steps, in [`candidate_schema`]'s columns (a
 /// column the source lacks is null).
 pub fn candidates(rows: DataFrame, src: &Sources, entry: &SourceEntry, input: &SourceInputs) -> Result<DataFrame> {
-    let rows = match &entry.key_namespace {
-        Some(ns) => rows.with_column(FINGERPRINT, scan::table_key(Some(ns)))?,
-        None => rows,
-    };
     let resolved = resolve(rows, &input.contract, &input.lookups)?;
     let stepped =
         crate::silver::apply::apply_step_list(resolved, &entry.input_schema, &entry.steps, &input.contract.path)?;
@@ -240,7 +251,7 @@ pub fn merged_contract(input: &SourceInputs) -> Arc<Contract> {
 pub fn planned_rows(src: &Sources, inputs: &[SourceInputs]) -> Result<DataFrame> {
     let mut all: Option<DataFrame> = None;
     for (entry, input) in src.entries.iter().zip(inputs) {
-        let cands = candidates(input.current.clone(), src, entry, input)?;
+        let cands = candidates(input.keyed(input.current.clone())?, src, entry, input)?;
         all = Some(match all {
             None => cands,
             Some(df) => df.union(cands)?,

@@ -12,7 +12,6 @@ use datafusion::arrow::array::Array;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::lit;
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
@@ -52,15 +51,6 @@ impl Combos {
         self.of.push(combo.clone());
         self.index.insert(combo, i);
         i
-    }
-}
-
-/// The fingerprint column of `input`'s rows as the table keys them (namespaced for an entry with
-/// a `key_namespace`).
-pub fn table_key(namespace: Option<&str>) -> datafusion::logical_expr::Expr {
-    match namespace {
-        None => c(FINGERPRINT),
-        Some(ns) => Arc::new(crate::hash::namespace::namespaced_fingerprint_udf()).call(vec![lit(ns), c(FINGERPRINT)]),
     }
 }
 
@@ -171,10 +161,7 @@ async fn scan_runs(
             plans.push(fps::Run {
                 run: i as u32,
                 what: format!("bronze run {} of \"{}\"", run.run_id, run.source),
-                rows: table.select(vec![
-                    table_key(input.namespace.as_deref()).alias(FINGERPRINT),
-                    c(IS_DELETED),
-                ])?,
+                rows: input.keyed(table)?.select(vec![c(FINGERPRINT), c(IS_DELETED)])?,
             });
         }
         groups.push(plans);

@@ -143,6 +143,10 @@ pub struct SourceEntry {
     /// `key_namespace:`: the source's keys are its own; they only merge with entries of the same
     /// namespace (the silver fingerprint is `namespaced_fingerprint(namespace, fingerprint)`).
     pub key_namespace: Option<String>,
+    /// `shared_key:` (with a `key_namespace`): one `resolve` entry of the contract per part of
+    /// the shared key (that of the entries without a namespace). A record whose resolves all find
+    /// a value is keyed as those sources key that value; the others keep their namespaced key.
+    pub shared_key: Vec<String>,
     /// The entry's own steps (no `filter`): its columns to the table's names.
     pub steps: Vec<Step>,
     /// Columns its steps see first: `bronze.<source>_current` then the contract's resolve values.

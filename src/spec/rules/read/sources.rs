@@ -23,7 +23,7 @@ use crate::spec::rules::sources::{
 };
 use crate::spec::yaml::{Kind, MapNode, Node, Pos, is_valid_name, scalar_int, scalar_str, seq};
 
-const ENTRY_KEYS: &[&str] = &["source", "rank", "key_namespace", "steps"];
+const ENTRY_KEYS: &[&str] = &["source", "rank", "key_namespace", "shared_key", "steps"];
 const SURVIVORSHIP_KEYS: &[&str] = &["default", "order_by", "fields", "groups"];
 const GROUP_KEYS: &[&str] = &["fields", "rule"];
 const CONFLICTS_KEYS: &[&str] = &["fields", "same_precedence", "on_conflict"];
@@ -39,6 +39,9 @@ struct Entry {
     rank: Option<u32>,
     rank_pos: Option<Pos>,
     key_namespace: Option<String>,
+    /// `shared_key:` as read: resolve names, each with its position.
+    shared_key: Vec<(String, Pos)>,
+    shared_key_pos: Option<Pos>,
     steps: Vec<Step>,
     input: Option<Columns>,
     output: Option<Columns>,
@@ -151,6 +154,7 @@ impl Reader<'_> {
         }
         self.check_ranks(&entries);
         self.check_keys(&entries);
+        self.check_shared_keys(&entries);
         let columns = self.union_columns(&entries);
         let table = Table {
             entries: &entries,
@@ -175,6 +179,7 @@ impl Reader<'_> {
                     source: e.source?,
                     rank: e.rank?,
                     key_namespace: e.key_namespace,
+                    shared_key: e.shared_key.into_iter().map(|(n, _)| n).collect(),
                     steps: e.steps,
                     input_schema: e.input?.df_schema(),
                     output_schema: e.output?.df_schema(),
@@ -244,6 +249,18 @@ impl Reader<'_> {
             }
             Some(s.to_string())
         });
+        let shared_key_pos = map.get("shared_key").map(|n| n.pos);
+        let shared_key = match map.get("shared_key") {
+            Some(n) => seq(self.file, n, "shared_key", self.problems)
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|item| {
+                    scalar_str(self.file, item, "a shared_key entry (a resolve name)", self.problems)
+                        .map(|s| (s.to_string(), item.pos))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         self.protected.clear();
         let mut cols = contract.as_ref().map(|c| self.input_columns(c));
         let input = cols.clone();
@@ -258,6 +275,8 @@ impl Reader<'_> {
             rank,
             rank_pos,
             key_namespace,
+            shared_key,
+            shared_key_pos,
             steps,
             input,
             output: cols,
@@ -337,6 +356,116 @@ impl Reader<'_> {
                 diffs.join(", ")
             );
             self.err(e.source_pos, msg);
+        }
+    }
+
+    /// `shared_key:` names, for a namespaced entry, one `resolve` of its contract per part of
+    /// the key of the entries without a namespace: each from one of its own key fields (so every
+    /// version of a record maps alike), its value of that part's type.
+    fn check_shared_keys(&mut self, entries: &[Entry]) {
+        let shared = entries
+            .iter()
+            .find(|e| e.key_namespace.is_none())
+            .and_then(|e| Some((e, e.contract.as_deref()?)));
+        for e in entries {
+            let Some(at) = e.shared_key_pos else { continue };
+            let name = e.source.as_deref().unwrap_or("");
+            if e.key_namespace.is_none() {
+                self.err(
+                    at,
+                    format!("shared_key maps a namespaced source's keys to the shared ones, but source \"{name}\" has no key_namespace: its keys already are the shared ones; remove shared_key or add key_namespace"),
+                );
+                continue;
+            }
+            let Some((first, target)) = shared else {
+                self.err(
+                    at,
+                    "shared_key maps keys to those of the sources without a key_namespace, and every source of this table has one",
+                );
+                continue;
+            };
+            let Some(c) = e.contract.as_deref() else { continue };
+            let parts = &target.natural_key.fields;
+            if e.shared_key.len() != parts.len() {
+                let names: Vec<&str> = parts
+                    .iter()
+                    .filter_map(|i| target.fields.get(*i))
+                    .map(|f| f.name.as_str())
+                    .collect();
+                self.err(
+                    at,
+                    format!(
+                        "shared_key of \"{name}\" names {} resolve entries, but the shared key of \"{}\" has {} part(s) ({}): name one resolve per part, in that order",
+                        e.shared_key.len(),
+                        first.source.as_deref().unwrap_or(""),
+                        parts.len(),
+                        names.join(", ")
+                    ),
+                );
+                continue;
+            }
+            let mut seen: Vec<&str> = Vec::new();
+            for ((r_name, pos), part) in e.shared_key.iter().zip(parts) {
+                let Some(r) = c.resolve.iter().find(|r| r.name == *r_name) else {
+                    let known: Vec<&str> = c.resolve.iter().map(|r| r.name.as_str()).collect();
+                    self.err(
+                        *pos,
+                        format!(
+                            "\"{r_name}\" is not a resolve entry of contract \"{name}\"; its resolve entries are: {}",
+                            if known.is_empty() {
+                                "(none)".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
+                    continue;
+                };
+                if seen.contains(&r_name.as_str()) {
+                    self.err(*pos, format!("resolve \"{r_name}\" is named twice in shared_key"));
+                    continue;
+                }
+                seen.push(r_name);
+                let key_fields: Vec<&str> = c
+                    .natural_key
+                    .fields
+                    .iter()
+                    .filter_map(|i| c.fields.get(*i))
+                    .map(|f| f.name.as_str())
+                    .collect();
+                if !key_fields.contains(&r.from.as_str()) {
+                    self.err(
+                        *pos,
+                        format!(
+                            "resolve \"{r_name}\" maps from \"{}\", which is not a natural_key field of \"{name}\" ({}): a shared key must come from the record's own key, or two versions of one record could map apart",
+                            r.from,
+                            key_fields.join(", ")
+                        ),
+                    );
+                }
+                let (Some(want), Some(have)) = (
+                    target.fields.get(*part),
+                    self.contracts
+                        .contracts
+                        .get(&r.lookup)
+                        .and_then(|l| l.field_index(&r.value).map(|i| &l.fields[i])),
+                ) else {
+                    continue;
+                };
+                if want.ty.key_name() != have.ty.key_name() {
+                    self.err(
+                        *pos,
+                        format!(
+                            "resolve \"{r_name}\" gives {}.{} of type {}, but part \"{}\" of the shared key is {}: the fingerprints would never meet",
+                            r.lookup,
+                            r.value,
+                            have.ty.name(),
+                            want.name,
+                            want.ty.name()
+                        ),
+                    );
+                }
+            }
         }
     }
 
