@@ -571,6 +571,11 @@ fn reject_sends_the_record_to_the_failure_log_and_fail_fails_the_build() {
     let failures = l.t.query("SELECT * FROM audit.row_failure_log WHERE layer = 'silver'");
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0]["rule"], s("source_conflict"));
+    assert_eq!(
+        failures[0]["source"],
+        s("crm"),
+        "the record's first contributing source"
+    );
     let reason = failures[0]["reason"].as_str().unwrap();
     assert!(reason.contains("email: crm a@x.nl vs pms z@x.nl"), "{reason}");
     let b = l.latest_build();
@@ -978,6 +983,7 @@ fn a_candidate_whose_lookup_misses_rejects_its_record() {
         &[
             "g1,a@x.nl,+31 1,1 Main St,Amsterdam,2026-01-01",
             "g3,c@x.nl,+31 9,3 C,Rdam,2026-01-01",
+            "g7,g@x.nl,+31 7,7 G,Gouda,2026-01-01",
         ],
     );
     l.build();
@@ -985,8 +991,12 @@ fn a_candidate_whose_lookup_misses_rejects_its_record() {
     assert_eq!(rows.keys().cloned().collect::<Vec<_>>(), vec!["G1".to_string()]);
     assert_eq!(rows["G1"]["pms_tier"], s("gold"));
     let f =
-        l.t.query("SELECT rule, reason FROM audit.row_failure_log WHERE layer = 'silver'");
-    assert_eq!(f.len(), 1, "{f:?}");
+        l.t.query("SELECT rule, reason, source FROM audit.row_failure_log WHERE layer = 'silver' ORDER BY reason");
+    assert_eq!(f.len(), 2, "{f:?}");
+    // each failure names the record's first contributing source: g7 is pms's alone
+    assert_eq!((&f[0]["source"], &f[1]["source"]), (&s("pms"), &s("crm")), "{f:?}");
+    assert!(f[0]["reason"].as_str().unwrap().contains("+31 7"), "{f:?}");
+    let f = &f[1..];
     assert_eq!(f[0]["rule"], s("resolve:tier"));
     assert!(
         f[0]["reason"]
@@ -996,7 +1006,7 @@ fn a_candidate_whose_lookup_misses_rejects_its_record() {
         "{f:?}"
     );
     // the lookup learns the code: the record comes in, nothing else is rebuilt wrongly
-    std::fs::write(&tiers, "code,label\n+31 1,gold\n+31 9,silver\n").unwrap();
+    std::fs::write(&tiers, "code,label\n+31 1,gold\n+31 9,silver\n+31 7,bronze\n").unwrap();
     l.ok(&["ingest", "tiers", tiers.to_str().unwrap()]);
     l.build();
     assert_eq!(l.silver()["G3"]["pms_tier"], s("silver"));

@@ -360,6 +360,10 @@ async fn write_outputs(
         base: base.clone(),
         width: split.silver_width,
         fp_idx: schema.index_of(FP)?,
+        sources_idx: match rules.sources {
+            Some(_) => schema.index_of(crate::spec::rules::sources::CONTRIBUTING_SOURCES).ok(),
+            None => None,
+        },
         run_idx: schema
             .index_of(crate::silver::sources::STATE_RUN)
             .or_else(|_| schema.index_of(crate::table::silver::RUN_ID))?,
@@ -412,7 +416,7 @@ async fn write_outputs(
                 .await?;
             let batch = part
                 .failures
-                .batch(b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?;
+                .batch(None, b.column(0), b.column(1), b.column(2), b.column(3), b.column(4))?;
             fail_w.lock().await.write(&batch).await?;
         }
         out.add_state(sw.finish().await?, st);

@@ -174,6 +174,7 @@ pub(super) fn join_keys(
 /// Failure-log rows of this build.
 pub(super) struct Failures {
     pub(super) build_id: String,
+    /// The table's (first) source: the failures' `source` when a row names none.
     pub(super) source: String,
     pub(super) table: String,
     pub(super) version: i32,
@@ -181,9 +182,11 @@ pub(super) struct Failures {
 }
 
 impl Failures {
-    /// From `(fingerprint, row number, rule, reason, payload)` columns.
+    /// From `(fingerprint, row number, rule, reason, payload)` columns; `sources`: the rows'
+    /// `contributing_sources` (several sources), whose first names the row's source.
     pub(super) fn batch(
         &self,
+        sources: Option<&ArrayRef>,
         fp: &ArrayRef,
         row: &ArrayRef,
         rule: &ArrayRef,
@@ -199,10 +202,26 @@ impl Failures {
             )))
         };
         let repeat = |v: &str| -> ArrayRef { Arc::new(StringArray::from_iter_values(std::iter::repeat_n(v, n))) };
+        let source = match sources.and_then(|a| a.as_list_opt::<i32>()) {
+            Some(lists) => {
+                let names = arrow_cast(lists.values(), &DataType::Utf8)?;
+                let names = names.as_string::<i32>();
+                let offsets = lists.value_offsets();
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                    let start = offsets[i] as usize;
+                    if lists.is_valid(i) && offsets[i + 1] > offsets[i] && names.is_valid(start) {
+                        names.value(start)
+                    } else {
+                        self.source.as_str()
+                    }
+                }))) as ArrayRef
+            }
+            None => repeat(&self.source),
+        };
         let cols: Vec<ArrayRef> = vec![
             repeat(&self.build_id),
             repeat("silver"),
-            repeat(&self.source),
+            source,
             repeat(&self.table),
             arrow_cast(row, &DataType::Int64)?,
             arrow_cast(fp, &DataType::Utf8)?,
@@ -333,6 +352,8 @@ pub(super) struct PartCtx {
     pub(super) base: SchemaRef,
     pub(super) width: usize,
     pub(super) fp_idx: usize,
+    /// Where `contributing_sources` is (several sources).
+    pub(super) sources_idx: Option<usize>,
     pub(super) run_idx: usize,
     pub(super) version: i32,
     pub(super) actions: Arc<HashMap<String, Action>>,
@@ -461,6 +482,7 @@ impl PartCtx {
                 )?)
                 .await?;
                 let batch = self.failures.batch(
+                    self.sources_idx.map(|i| rej.column(i)),
                     rej.column(self.fp_idx),
                     rej.column(width),
                     rej.column(width + 1),
