@@ -5,6 +5,7 @@
 //! table with several sources in `sources`.
 
 mod anomalies;
+mod keys;
 mod sources;
 mod steps;
 mod validations;
