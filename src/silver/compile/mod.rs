@@ -33,6 +33,7 @@ use crate::spec::rules::RuleSet;
 
 pub use anomaly::{flag, flag_projection, is_window, window_fired_column, window_fires, window_fires_with};
 pub use inputs::{Inputs, Lookup, Lookups, contract_of, current_table, lookups_of, read_inputs};
+pub(crate) use resolve::field_of;
 pub use resolve::{normalized, resolve};
 pub use transform::{
     SPLIT_PAYLOAD, SPLIT_REASON, SPLIT_ROW_NUMBER, SPLIT_RULE, Split, Transformed, transform, transform_split,
@@ -75,7 +76,7 @@ fn null_text() -> Expr {
 }
 
 /// Every column of `df`, as `(name, column expression)` keeping its qualifier.
-fn columns(df: &DataFrame) -> Vec<(String, Expr)> {
+pub(crate) fn columns(df: &DataFrame) -> Vec<(String, Expr)> {
     df.schema()
         .iter()
         .map(|(q, f)| (f.name().clone(), Expr::Column(Column::from((q, f)))))

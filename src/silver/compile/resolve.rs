@@ -23,7 +23,7 @@ pub fn normalized(e: Expr, field: &Field) -> Expr {
     udf.call(vec![e, lit(steps.join(","))])
 }
 
-fn field_of<'a>(contract: &'a Contract, name: &str) -> Result<&'a Field> {
+pub(crate) fn field_of<'a>(contract: &'a Contract, name: &str) -> Result<&'a Field> {
     contract.field_index(name).map(|i| &contract.fields[i]).ok_or_else(|| {
         Error::Invalid(format!(
             "{}: \"{name}\" is not a field of \"{}\"; its fields are: {}",

@@ -15,7 +15,7 @@ use datafusion::functions_aggregate::expr_fn::{count, min};
 use datafusion::logical_expr::{Expr, JoinType, ScalarUDF, lit, when};
 
 use crate::error::{Error, Result};
-use crate::silver::compile::{Lookups, normalized};
+use crate::silver::compile::{Lookups, columns, field_of, normalized};
 use crate::spec::columns::FINGERPRINT;
 use crate::spec::contract::{Contract, Field};
 use crate::spec::rules::sources::SourceEntry;
@@ -35,13 +35,6 @@ struct Part {
 pub struct SharedKey {
     version: i64,
     parts: Vec<Part>,
-}
-
-fn field_of<'a>(contract: &'a Contract, name: &str) -> Result<&'a Field> {
-    contract
-        .field_index(name)
-        .map(|i| &contract.fields[i])
-        .ok_or_else(|| Error::Internal(format!("{}: no field \"{name}\"", contract.path.display())))
 }
 
 /// The shared key of `entry` (whose contract is `contract`, its lookups `lookups`), `None` when
@@ -137,11 +130,7 @@ pub fn keyed(rows: DataFrame, namespace: Option<&str>, shared: Option<&SharedKey
     let Some(shared) = shared else {
         return Ok(rows.with_column(FINGERPRINT, own)?);
     };
-    let keep: Vec<(String, Expr)> = rows
-        .schema()
-        .iter()
-        .map(|(q, f)| (f.name().clone(), Expr::Column(datafusion::common::Column::from((q, f)))))
-        .collect();
+    let keep = columns(&rows);
     let mut df = rows;
     let mut values = Vec::with_capacity(shared.parts.len() + 1);
     values.push(lit(shared.version));
