@@ -242,27 +242,32 @@ impl ScalarUDFImpl for InSet {
             return exec_err!("__ingot_in_set takes 1 argument");
         };
         let array = arg.to_array(args.number_rows)?;
-        let (set, heads) = (&self.set, &self.heads);
-        if array.data_type() == &DataType::Utf8 {
-            // most rows are ruled out after reading 6 hex characters (see [`Heads`])
-            let a = array.as_string::<i32>();
-            let out = if set.is_empty() {
-                BooleanBuffer::new_unset(a.len())
-            } else {
-                BooleanBuffer::collect_bool(a.len(), |i| {
-                    a.is_valid(i) && {
-                        let v = a.value(i);
-                        heads.may_contain_hex(v.as_bytes()) && fp_of_hex(v).is_some_and(|fp| set.contains(&fp))
-                    }
-                })
-            };
-            return Ok(ColumnarValue::Array(Arc::new(BooleanArray::new(out, None))));
-        }
-        let mut out = vec![false; array.len()];
-        for_each_fp(&array, |i, fp| out[i] = fp.is_some_and(|fp| set.contains(&fp)))
+        let mask = in_set_mask(&self.set, &self.heads, &array)
             .map_err(|e| datafusion::error::DataFusionError::Execution(e.to_string()))?;
-        Ok(ColumnarValue::Array(Arc::new(BooleanArray::from(out))))
+        Ok(ColumnarValue::Array(Arc::new(mask)))
     }
+}
+
+/// Which rows of the fingerprint column `array` are in `set` (`heads`: [`Heads::of`] the set);
+/// never null. What `__ingot_in_set` computes, for code that splits batches itself.
+pub fn in_set_mask(set: &FpSet, heads: &Heads, array: &ArrayRef) -> Result<BooleanArray> {
+    if set.is_empty() {
+        return Ok(BooleanArray::new(BooleanBuffer::new_unset(array.len()), None));
+    }
+    if array.data_type() == &DataType::Utf8 {
+        // most rows are ruled out after reading 6 hex characters (see [`Heads`])
+        let a = array.as_string::<i32>();
+        let out = BooleanBuffer::collect_bool(a.len(), |i| {
+            a.is_valid(i) && {
+                let v = a.value(i);
+                heads.may_contain_hex(v.as_bytes()) && fp_of_hex(v).is_some_and(|fp| set.contains(&fp))
+            }
+        });
+        return Ok(BooleanArray::new(out, None));
+    }
+    let mut out = vec![false; array.len()];
+    for_each_fp(array, |i, fp| out[i] = fp.is_some_and(|fp| set.contains(&fp)))?;
+    Ok(BooleanArray::from(out))
 }
 
 /// Bits of a key [`Heads`] looks at: its first 22 (a 512 KiB bitmap).

@@ -1,7 +1,8 @@
 //! The build of a table with several sources ([`crate::silver::sources`]): what the plan reads
 //! (each source's runs, the decisions in force), its key map (a record's version is its
 //! sources' runs), and the merged input the transform then cleans as it would one source's
-//! rows. A build of such a table always writes a whole snapshot (no delta layers).
+//! rows. Each source's candidates are read once, split by the records with several as the plan
+//! runs ([`Sink`]), where the plan reads its input once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::silver::sources::decisions::{DecisionRecord, Decisions, read_decision
 use crate::silver::sources::scan::current_keys;
 use crate::silver::sources::stream::Survivors;
 use crate::silver::sources::survive::Held;
+use crate::silver::sources::tee::Sink;
 use crate::silver::sources::{
     RANK, SOURCE, SourceInputs, candidate_schema, candidates, merged_schema, read_source_inputs, single_rows,
     sources_of,
@@ -337,6 +339,28 @@ fn local_rows(
     Ok((ones, severals))
 }
 
+/// One source's bronze rows of the records to process, in this process, for a [`Sink`] to split:
+/// a run's rows picked from the key map, unless all its rows are.
+fn local_all(at: &At<'_>, m: &MultiPlan<'_>, s: usize, keys: &Arc<Keys>, per_run: &[u64]) -> Result<Option<DataFrame>> {
+    let input = &m.inputs[s];
+    let mut out: Option<DataFrame> = None;
+    for (i, run) in m.runs[s].iter().enumerate() {
+        let n = per_run[m.offsets[s] + i];
+        if n == 0 {
+            continue;
+        }
+        let mut rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
+        if !reads_whole(run, n) {
+            rows = rows.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![c(FP)]))?;
+        }
+        out = Some(match out {
+            None => rows,
+            Some(df) => df.union(rows)?,
+        });
+    }
+    Ok(out)
+}
+
 /// Each source's candidates down their path: those of records with one candidate as merged
 /// rows ([`single_rows`]), those of records with several (`many`) as candidates.
 #[allow(clippy::too_many_arguments)]
@@ -348,11 +372,12 @@ async fn route(
     per_run: &[u64],
     many: &Arc<FpSet>,
     many_file: Option<&str>,
+    sink: Option<&Arc<Sink>>,
     key_files: &mut Vec<String>,
 ) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
     // the records with several candidates by (source, run) of their candidates there
     let mut by_run: HashMap<(usize, u32), FpSet> = HashMap::new();
-    if at.cluster.is_none() {
+    if at.cluster.is_none() && sink.is_none() {
         for fp in many.iter() {
             let Some(combo) = keys.get(fp).and_then(|e| keys.combos.get(e.cur as usize)) else {
                 continue;
@@ -365,8 +390,16 @@ async fn route(
     let (mut singles, mut multis): (Option<DataFrame>, Option<DataFrame>) = (None, None);
     for (s, entry) in src.entries.iter().enumerate() {
         let input = &m.inputs[s];
-        let (one, several) = match at.cluster {
-            None => {
+        let (one, several) = match (at.cluster, sink) {
+            // one read: the candidates of records with several go to the sink as it runs
+            (None, Some(sink)) => {
+                let Some(rows) = local_all(at, m, s, keys, per_run)? else {
+                    continue;
+                };
+                let cands = candidates(rows, src, entry, input)?;
+                (at.ctx.read_table(sink.tee(cands).await?)?, None)
+            }
+            (None, None) => {
                 let (one, several) = local_rows(at, m, s, keys, per_run, &mut by_run)?;
                 if one.is_none() && several.is_none() {
                     continue;
@@ -378,7 +411,7 @@ async fn route(
                 };
                 (one, several)
             }
-            Some(_) => {
+            (Some(_), _) => {
                 let Some(rows) = picked(at, m, s, keys, per_run, key_files).await? else {
                     continue;
                 };
@@ -403,6 +436,9 @@ async fn route(
                 Some(df) => df.union(several)?,
             });
         }
+    }
+    if let Some(sink) = sink.filter(|_| singles.is_some()) {
+        multis = Some(at.ctx.read_table(sink.table()?)?);
     }
     Ok((singles, multis))
 }
@@ -439,7 +475,23 @@ pub(super) async fn merged_input(
         }
         _ => None,
     };
-    let (singles, multis) = route(at, src, m, keys, per_run, &many, many_file.as_deref(), key_files).await?;
+    // One read of each source's candidates for both paths ([`Sink`]), unless the plan reads its
+    // input more than once (a tee is read once), few of the rows read are processed (then the
+    // key filters below skip most of them as Parquet decodes), or on a cluster.
+    let sink = (at.cluster.is_none() && !many.is_empty() && !few_processed(m, per_run) && reads_input_once(rules))
+        .then(|| Sink::new(candidate_schema(src), many.clone()));
+    let (singles, multis) = route(
+        at,
+        src,
+        m,
+        keys,
+        per_run,
+        &many,
+        many_file.as_deref(),
+        sink.as_ref(),
+        key_files,
+    )
+    .await?;
     let schema = merged_schema(src);
     let history = match m.latest {
         Some(b) => conflicts::read(at.lake, at.table, &b.build_id).await?,
@@ -500,7 +552,14 @@ pub(super) async fn merged_input(
     )?;
     let merged = match at.cluster {
         // the merged rows are decided as the build's plan reads them
-        None => at.ctx.read_table(survivors.table()?)?,
+        // and written by as many writers as the others (the pass ends only after the last
+        // candidate was read: its rows come last, and one writer would leave the others idle)
+        None => {
+            let n = at.ctx.copied_config().target_partitions().max(1);
+            at.ctx
+                .read_table(survivors.table()?)?
+                .repartition(datafusion::logical_expr::Partitioning::RoundRobinBatch(n))?
+        }
         // a plan for the cluster cannot hold this process's pass: its rows go to a build-scoped
         // file first
         Some(_) => {
@@ -523,6 +582,16 @@ pub(super) async fn merged_input(
         keys: keys.clone(),
         delta,
     })
+}
+
+/// Does the build's plan read its merged input once? Window anomalies read it before the
+/// writers do, a `filter` step reads it again for the rows it removes.
+fn reads_input_once(rules: &RuleSet) -> bool {
+    !rules.anomalies.iter().any(crate::silver::compile::is_window)
+        && !rules
+            .steps
+            .iter()
+            .any(|s| matches!(s, crate::spec::rules::Step::Filter(_)))
 }
 
 /// `df` with its filters evaluated while Parquet decodes (only the rows they keep are decoded

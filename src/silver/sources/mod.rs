@@ -13,6 +13,7 @@ pub mod scan;
 pub mod shared;
 pub mod stream;
 pub mod survive;
+pub mod tee;
 
 use std::sync::Arc;
 
