@@ -122,7 +122,7 @@ pub fn transform(
     )?;
 
     let stepped = crate::silver::apply_steps(ok.clone(), rules)?;
-    let filtered = filtered_rows(ok, rules)?;
+    let filtered = filtered_rows(ok, rules, LINEAGE_COLUMNS[2])?;
     let stepped_cols = columns(&stepped);
     let data = data_of(&stepped_cols);
 
@@ -261,7 +261,7 @@ pub fn transform_split(
         LINEAGE_COLUMNS[2]
     };
     let filtered = if rules.steps.iter().any(|s| matches!(s, Step::Filter(_))) {
-        Some(filtered_rows(ok, rules)?.select(vec![c(FINGERPRINT), c(state_run).alias(LINEAGE_COLUMNS[2])])?)
+        Some(filtered_rows(ok, rules, state_run)?.select(vec![c(FINGERPRINT), c(LINEAGE_COLUMNS[2])])?)
     } else {
         None
     };
@@ -334,8 +334,9 @@ pub fn transform_split(
     })
 }
 
-/// The rows each `filter` step removes, planned over the steps before it.
-fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
+/// The rows each `filter` step removes, planned over the steps before it; `run`: the column of
+/// the record's version in the state (as `ingestion_run_id`).
+fn filtered_rows(ok: DataFrame, rules: &RuleSet, run: &str) -> Result<DataFrame> {
     let mut out: Option<DataFrame> = None;
     for (k, step) in rules.steps.iter().enumerate() {
         let Step::Filter(predicate) = step else {
@@ -352,7 +353,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
                 c(ROW_NUMBER),
                 lit(i32::try_from(k + 1).unwrap_or(i32::MAX)).alias("step"),
                 lit(predicate.sql.as_str()).alias("filter"),
-                c(LINEAGE_COLUMNS[2]),
+                c(run).alias(LINEAGE_COLUMNS[2]),
             ])?;
         out = Some(match out {
             None => removed,
@@ -366,7 +367,7 @@ fn filtered_rows(ok: DataFrame, rules: &RuleSet) -> Result<DataFrame> {
             c(ROW_NUMBER),
             lit(0i32).alias("step"),
             lit("").alias("filter"),
-            c(LINEAGE_COLUMNS[2]),
+            c(run).alias(LINEAGE_COLUMNS[2]),
         ])?),
     }
 }
