@@ -249,6 +249,26 @@ impl Merged {
     }
 }
 
+/// Source `s`'s runs that hold candidates to process: (its index, the run, how many, its bronze
+/// rows keyed as the table keys them).
+fn run_rows<'r>(
+    at: &At<'_>,
+    m: &MultiPlan<'r>,
+    s: usize,
+    per_run: &[u64],
+) -> Result<Vec<(usize, &'r RunRecord, u64, DataFrame)>> {
+    let input = &m.inputs[s];
+    let mut out = Vec::new();
+    for (i, run) in m.runs[s].iter().enumerate() {
+        let n = per_run[m.offsets[s] + i];
+        if n > 0 {
+            let rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
+            out.push((i, *run, n, rows));
+        }
+    }
+    Ok(out)
+}
+
 /// On a cluster, the processed records' candidates of one source: the rows of its runs picked
 /// by the key map (every row of a run all of whose rows are picked), by joins with key files.
 async fn picked(
@@ -259,14 +279,8 @@ async fn picked(
     per_run: &[u64],
     key_files: &mut Vec<String>,
 ) -> Result<Option<DataFrame>> {
-    let input = &m.inputs[s];
     let mut out: Option<DataFrame> = None;
-    for (i, run) in m.runs[s].iter().enumerate() {
-        let n = per_run[m.offsets[s] + i];
-        if n == 0 {
-            continue;
-        }
-        let mut rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
+    for (i, run, n, mut rows) in run_rows(at, m, s, per_run)? {
         if !reads_whole(run, n) {
             let fps = keys.map.iter().filter(|(_, e)| {
                 keys.process(e) && keys.combos.get(e.cur as usize).and_then(|c| c.get(s)) == Some(&(i as u32))
@@ -299,7 +313,6 @@ fn local_rows(
     per_run: &[u64],
     by_run: &mut HashMap<(usize, u32), FpSet>,
 ) -> Result<(Option<DataFrame>, Option<DataFrame>)> {
-    let input = &m.inputs[s];
     let key = c(FP);
     let (mut ones, mut severals): (Option<DataFrame>, Option<DataFrame>) = (None, None);
     let add = |to: &mut Option<DataFrame>, df: DataFrame| -> Result<()> {
@@ -309,12 +322,7 @@ fn local_rows(
         });
         Ok(())
     };
-    for (i, run) in m.runs[s].iter().enumerate() {
-        let n = per_run[m.offsets[s] + i];
-        if n == 0 {
-            continue;
-        }
-        let rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
+    for (i, run, n, rows) in run_rows(at, m, s, per_run)? {
         let several = by_run
             .remove(&(s, i as u32))
             .filter(|set| !set.is_empty())
@@ -342,14 +350,8 @@ fn local_rows(
 /// One source's bronze rows of the records to process, in this process, for a [`Sink`] to split:
 /// a run's rows picked from the key map, unless all its rows are.
 fn local_all(at: &At<'_>, m: &MultiPlan<'_>, s: usize, keys: &Arc<Keys>, per_run: &[u64]) -> Result<Option<DataFrame>> {
-    let input = &m.inputs[s];
     let mut out: Option<DataFrame> = None;
-    for (i, run) in m.runs[s].iter().enumerate() {
-        let n = per_run[m.offsets[s] + i];
-        if n == 0 {
-            continue;
-        }
-        let mut rows = input.keyed(at.ctx.read_table(run_table(at.ctx, at.lake, &input.contract, run)?)?)?;
+    for (i, run, n, mut rows) in run_rows(at, m, s, per_run)? {
         if !reads_whole(run, n) {
             rows = rows.filter(Arc::new(pick_source_udf(keys.clone(), s as u32, i as u32)).call(vec![c(FP)]))?;
         }
