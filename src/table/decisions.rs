@@ -4,7 +4,7 @@
 //! conflict's candidate set hash is the one decided on; otherwise it is stale and the conflict
 //! is open again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
@@ -125,6 +125,8 @@ pub async fn read_decisions(lake: &Lake, table: &str) -> Result<Vec<DecisionReco
 #[derive(Debug, Default, Clone)]
 pub struct Decisions {
     pub by_key: HashMap<(Fp, String), DecisionRecord>,
+    /// The records decided (a lookup of a field asks here first, without making a key).
+    decided: HashSet<Fp>,
 }
 
 impl Decisions {
@@ -135,10 +137,14 @@ impl Decisions {
                 by_key.insert((fp, d.field.clone()), d.clone());
             }
         }
-        Decisions { by_key }
+        let decided = by_key.keys().map(|(fp, _)| *fp).collect();
+        Decisions { by_key, decided }
     }
 
     pub fn get(&self, fp: Fp, field: &str) -> Option<&DecisionRecord> {
+        if !self.decided.contains(&fp) {
+            return None;
+        }
         self.by_key.get(&(fp, field.to_string()))
     }
 

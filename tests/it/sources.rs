@@ -1212,7 +1212,7 @@ fn a_crash_at_every_failpoint_of_a_delta_build_then_the_same_build_equals_one_cl
 }
 
 #[test]
-fn a_build_under_a_small_memory_limit_sorts_the_shared_records_within_it() {
+fn a_build_under_a_small_memory_limit_decides_the_shared_records_within_it() {
     // 10,000 records in both sources, each with a listed conflict: the survivorship sort gets
     // a share of the 32 MiB pool beside the writers, and spills rather than fail
     let mut l = Lake::new(FLAG);
@@ -1238,6 +1238,26 @@ fn a_build_under_a_small_memory_limit_sorts_the_shared_records_within_it() {
     let b = l.latest_build();
     assert_eq!(b["conflicts_open"], json!(10_000), "{b:?}");
     l.assert_full_equals_incremental("under a small memory limit");
+    // the candidates met in memory, or (none may wait) all of them through the sort that
+    // spills: the same rows and conflicts
+    let (met, met_conflicts) = (l.silver(), strip(l.conflicts()));
+    let out =
+        l.t.command()
+            .arg("--rules")
+            .arg(&l.rules)
+            .env("INGOT_SURVIVORSHIP_MEMORY", "1")
+            .args(["--memory-limit", "32M", "build", "guests", "--full"])
+            .output()
+            .unwrap();
+    assert_ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("did not fit in the survivorship's memory"), "{said}");
+    assert_eq!(l.silver(), met, "the sorted candidates give other rows");
+    assert_eq!(
+        strip(l.conflicts()),
+        met_conflicts,
+        "the sorted candidates give other conflicts"
+    );
 }
 
 #[test]

@@ -31,13 +31,15 @@ use crate::error::{Error, Result};
 
 /// Every scalar UDF an ingot plan may send to a cluster: the hashing UDFs of [`crate::hash`]
 /// (`row_hash`, `natural_key_fingerprint`, `canonical_text`, `normalize_text`), silver's
-/// `to_json_row` and `__ingot_fp128`. (`__ingot_pick` and `__ingot_in_set` hold a build's key
+/// `to_json_row`, `__ingot_fp128` and the list UDFs of [`crate::engine::lists`]. (`__ingot_pick` and `__ingot_in_set` hold a build's key
 /// sets, `__ingot_slot_of` the slots of a source's current runs: they never leave the client; see
 /// [`crate::engine::exec::local_only`].)
 pub fn udfs() -> Vec<ScalarUDF> {
     let mut out = crate::hash::udfs();
     out.push(crate::hash::json::to_json_row_udf());
     out.push(crate::hash::fp::fp128_udf());
+    out.push(crate::engine::lists::repeat_udf());
+    out.push(crate::engine::lists::flags_udf());
     out
 }
 

@@ -28,8 +28,7 @@ use crate::silver::sources::stream::Survivors;
 use crate::silver::sources::survive::Held;
 use crate::silver::sources::tee::Sink;
 use crate::silver::sources::{
-    RANK, SOURCE, SourceInputs, candidate_schema, candidates, merged_schema, read_source_inputs, single_rows,
-    sources_of,
+    SourceInputs, candidate_schema, candidates, merged_schema, read_source_inputs, single_rows, sources_of,
 };
 use crate::spec::rules::RuleSet;
 use crate::spec::rules::sources::{CONTRIBUTING_SOURCES, FIELD_SOURCES, OnConflict};
@@ -534,17 +533,10 @@ pub(super) async fn merged_input(
             ))
         })
         .collect();
-    // a tenth of the rows, say: the key filter is evaluated while Parquet decodes
-    let sorted = pushdown(multis).sort(vec![
-        // the 16-byte key sorts as the hex text does, compared without reading text
-        Arc::new(crate::hash::fp::fp128_udf())
-            .call(vec![c(FP)])
-            .sort(true, false),
-        c(RANK).sort(true, false),
-        c(SOURCE).sort(true, false),
-    ])?;
     let survivors = Survivors::new(
-        sorted,
+        // a tenth of the rows, say: the key filter is evaluated while Parquet decodes
+        pushdown(multis),
+        keys.clone(),
         Arc::new(src.clone()),
         candidate_schema(src),
         Arc::new(m.decisions.clone()),

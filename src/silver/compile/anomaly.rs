@@ -5,7 +5,6 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::dataframe::DataFrame;
 use datafusion::functions_aggregate::sum::sum_udaf;
-use datafusion::functions_nested::expr_fn::array_concat;
 use datafusion::functions_window::expr_fn::{lag, row_number};
 use datafusion::logical_expr::{
     Expr, ExprFunctionExt, SortExpr, WindowFrame, WindowFrameBound, WindowFrameUnits, cast, lit, when,
@@ -191,21 +190,16 @@ fn flag_output(all: &[(String, Expr)], rules: &RuleSet, fires: Vec<Expr>) -> Res
         .or_else(|| all.iter().position(|(n, _)| n == RULES_VERSION).map(|i| i + 1))
         .unwrap_or(all.len());
     let keep = |(n, _): &&(String, Expr)| n != ANOMALY_FLAGS && n != IS_ANOMALY;
-    let names = |names: &[&str]| {
-        let values: Vec<ScalarValue> = names.iter().map(|n| ScalarValue::Utf8(Some(n.to_string()))).collect();
-        lit(ScalarValue::List(ScalarValue::new_list_nullable(
-            &values,
-            &DataType::Utf8,
-        )))
-    };
-    let mut arms = Vec::new();
-    for (a, f) in rules.anomalies.iter().zip(&fires) {
-        arms.push(when(f.clone(), names(&[a.name.as_str()])).otherwise(names(&[]))?);
-    }
-    let flags = match arms.len() {
-        0 => names(&[]),
-        1 => arms.remove(0),
-        _ => array_concat(arms),
+    // lists made per batch ([`crate::engine::lists`]), not a `CASE` per row and anomaly
+    let flags = match all.first() {
+        Some((_, like)) if fires.is_empty() => crate::engine::lists::repeat(
+            ScalarValue::List(ScalarValue::new_list_nullable(&[], &DataType::Utf8)),
+            like.clone(),
+        ),
+        _ => {
+            let names: Vec<&str> = rules.anomalies.iter().map(|a| a.name.as_str()).collect();
+            crate::engine::lists::flags(&names, fires.clone())
+        }
     };
     let is_anomaly = fires.into_iter().reduce(Expr::or).unwrap_or(lit(false));
     let mut out: Vec<Expr> = all[..position].iter().filter(keep).map(|(_, e)| e.clone()).collect();

@@ -9,6 +9,7 @@
 //! source name and `row_hash`, never by a clock.
 
 pub use crate::table::{conflicts, decisions};
+pub mod meet;
 pub mod scan;
 pub mod shared;
 pub mod stream;
@@ -129,7 +130,7 @@ pub fn candidate_schema(src: &Sources) -> SchemaRef {
 }
 
 /// An empty `field_sources` (empty, not null: one way to say "none").
-fn no_field_sources() -> Result<Expr> {
+fn no_field_sources() -> Result<ScalarValue> {
     use datafusion::arrow::array::{ListBuilder, StructBuilder};
     let fields = crate::spec::rules::sources::field_source_fields();
     let mut b = ListBuilder::new(StructBuilder::from_fields(fields.clone(), 0)).with_field(Arc::new(Field::new(
@@ -138,7 +139,7 @@ fn no_field_sources() -> Result<Expr> {
         true,
     )));
     b.append(true);
-    Ok(lit(ScalarValue::try_from_array(&b.finish(), 0)?))
+    Ok(ScalarValue::try_from_array(&b.finish(), 0)?)
 }
 
 fn typed_null(ty: &DataType) -> Result<Expr> {
@@ -181,7 +182,13 @@ pub fn candidates(rows: DataFrame, src: &Sources, entry: &SourceEntry, input: &S
     cols.push(lit(i32::try_from(entry.rank).unwrap_or(i32::MAX)).alias(RANK));
     // a candidate whose lookup missed rejects its record (its reason names the source)
     cols.push(c(RESOLVE_RULE).alias(CAND_RULE));
-    cols.push(concat(vec![lit(format!("{}: ", entry.source)), c(RESOLVE_REASON)]).alias(CAND_REASON));
+    // (made only where a lookup missed: `concat` of a null is the prefix alone, not null)
+    let reason = concat(vec![lit(format!("{}: ", entry.source)), c(RESOLVE_REASON)]);
+    cols.push(
+        when(c(RESOLVE_RULE).is_not_null(), reason)
+            .otherwise(typed_null(&DataType::Utf8)?)?
+            .alias(CAND_REASON),
+    );
     Ok(stepped.select(cols)?)
 }
 
@@ -207,12 +214,16 @@ pub fn single_rows(cands: DataFrame, src: &Sources, source: Option<&str>) -> Res
             continue;
         }
         let e = match (name, source) {
-            (CONTRIBUTING_SOURCES, Some(from)) => lit(ScalarValue::List(ScalarValue::new_list_nullable(
-                &[ScalarValue::from(from)],
-                &DataType::Utf8,
-            ))),
+            (CONTRIBUTING_SOURCES, Some(from)) => crate::engine::lists::repeat(
+                ScalarValue::List(ScalarValue::new_list_nullable(
+                    &[ScalarValue::from(from)],
+                    &DataType::Utf8,
+                )),
+                // a column, not SOURCE: that is a literal, and the optimizer would fold the call
+                c(crate::table::silver::FP),
+            ),
             (CONTRIBUTING_SOURCES, None) => make_array(vec![c(SOURCE)]),
-            (FIELD_SOURCES, _) => no_field_sources()?,
+            (FIELD_SOURCES, _) => crate::engine::lists::repeat(no_field_sources()?, c(crate::table::silver::FP)),
             (CONFLICT_FIELDS | CONFLICT, _) => typed_null(f.data_type())?,
             (STATE_RUN, _) => c(crate::table::silver::RUN_ID),
             (REJECT_RULE, _) => c(CAND_RULE),

@@ -81,7 +81,7 @@ struct Prepared {
 }
 
 /// A candidate: (prepared batch, row).
-type At = (usize, usize);
+pub(super) type At = (usize, usize);
 
 /// The survivorship pass; see the module documentation.
 pub struct Pass {
@@ -98,7 +98,9 @@ pub struct Pass {
     /// First build of the candidate sets the previous build logged, by (record, field, hash).
     first_seen: Arc<FirstSeen>,
     build_id: String,
-    live: Vec<Prepared>,
+    /// The batches candidates are read from (0: the null row); a slot whose candidates were all
+    /// decided and flushed holds the null row again ([`Pass::release`]).
+    live: Vec<Arc<Prepared>>,
     /// The merged rows decided since the last [`Pass::flush`].
     rows: Vec<Merged>,
     /// Their candidates ([`Merged::members`]).
@@ -209,7 +211,7 @@ impl Pass {
             .collect();
         let null_batch = RecordBatch::try_new(schema, nulls)?;
         let p = pass.prepare(null_batch, true)?;
-        pass.live.push(p);
+        pass.live.push(Arc::new(p));
         Ok(pass)
     }
 
@@ -264,9 +266,7 @@ impl Pass {
         if batch.num_rows() == 0 {
             return Ok(None);
         }
-        let p = self.prepare(batch, false)?;
-        self.live.push(p);
-        let b = self.live.len() - 1;
+        let b = self.add(batch)?;
         for r in 0..self.live[b].batch.num_rows() {
             if let Some(&first) = pending.first()
                 && self.fp(first) != self.live[b].fps[r]
@@ -290,7 +290,59 @@ impl Pass {
         self.flush()
     }
 
-    fn fp(&self, at: At) -> Fp {
+    /// Prepare `batch` (candidates in any order) and keep it: its index in [`Pass::live`].
+    pub(super) fn add(&mut self, batch: RecordBatch) -> Result<usize> {
+        let p = self.prepare(batch, false)?;
+        self.live.push(Arc::new(p));
+        Ok(self.live.len() - 1)
+    }
+
+    pub(super) fn rows_in(&self, b: usize) -> usize {
+        self.live[b].batch.num_rows()
+    }
+
+    /// Bytes batch `b` holds (its columns and what the pass made of them).
+    pub(super) fn size_of(&self, b: usize) -> usize {
+        let p = &self.live[b];
+        p.batch.get_array_memory_size()
+            + p.eq.iter().chain(&p.order).map(Rows::size).sum::<usize>()
+            + p.fps.capacity() * std::mem::size_of::<Fp>()
+            + p.rank.capacity() * std::mem::size_of::<i32>()
+    }
+
+    /// Batch `b` is no longer read (its candidates decided, their rows flushed).
+    pub(super) fn release(&mut self, b: usize) {
+        if b != 0 {
+            self.live[b] = self.live[0].clone();
+        }
+    }
+
+    /// Order a record's candidates as the sorted input has them: by rank, then source name.
+    pub(super) fn order_group(&self, group: &mut [At]) {
+        group.sort_by(|a, b| {
+            self.rank(*a)
+                .cmp(&self.rank(*b))
+                .then_with(|| self.source(*a).cmp(self.source(*b)))
+        });
+    }
+
+    /// The candidates at `ats` copied into batches of `schema` (at most `size` rows each), the
+    /// live batches given up (only the null row stays): call after a flush.
+    pub(super) fn take_out(&mut self, ats: &[At], schema: &SchemaRef, size: usize) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for chunk in ats.chunks(size.max(1)) {
+            let mut cols = Vec::with_capacity(schema.fields().len());
+            for c in 0..schema.fields().len() {
+                let arrays: Vec<&dyn Array> = self.live.iter().map(|p| p.batch.column(c).as_ref()).collect();
+                cols.push(interleave(&arrays, chunk)?);
+            }
+            out.push(RecordBatch::try_new(schema.clone(), cols)?);
+        }
+        self.live.truncate(1);
+        Ok(out)
+    }
+
+    pub(super) fn fp(&self, at: At) -> Fp {
         self.live[at.0].fps[at.1]
     }
 
@@ -371,7 +423,7 @@ impl Pass {
     }
 
     /// Decide one record from its candidates (sorted by rank, then source name).
-    fn decide(&mut self, group: &[At]) -> Result<()> {
+    pub(super) fn decide(&mut self, group: &[At]) -> Result<()> {
         let primary = group[0];
         let fp = self.fp(primary);
         let on_conflict = self.src.conflicts.on_conflict;
@@ -542,7 +594,7 @@ impl Pass {
     }
 
     /// The merged rows decided since the last flush.
-    fn flush(&mut self) -> Result<Option<RecordBatch>> {
+    pub(super) fn flush(&mut self) -> Result<Option<RecordBatch>> {
         if self.rows.is_empty() {
             return Ok(None);
         }
