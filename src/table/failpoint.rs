@@ -75,7 +75,9 @@ pub const PULL: &[&str] = &[
 ];
 
 /// Every failpoint.
-pub const ALL: &[&[&str]] = &[INGEST, BUILD, UNDO, REKEY, GC, CACHE, COMPACT, DELTA, DOCTOR, PULL];
+pub const ALL: &[&[&str]] = &[
+    INGEST, BUILD, UNDO, RESOLVE, REKEY, GC, CACHE, COMPACT, DELTA, DOCTOR, PULL,
+];
 
 /// Crash (or fail) here if `INGOT_FAILPOINT` names this point.
 pub fn hit(name: &str) -> Result<()> {
@@ -98,4 +100,43 @@ pub fn hit(name: &str) -> Result<()> {
     }
     crate::tell!("ingot: failpoint {name} reached: aborting");
     std::process::abort();
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every point the code names by a literal (a call of `hit` with a quoted name) is in [`super::ALL`].
+    #[test]
+    fn every_named_point_is_listed() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        let listed: Vec<&str> = super::ALL.iter().flat_map(|g| g.iter().copied()).collect();
+        let mut named = 0;
+        let call = concat!("failpoint::hit", "(\"");
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for part in text.split(call).skip(1) {
+                let name = part.split('"').next().unwrap();
+                assert!(
+                    listed.contains(&name),
+                    "{}: failpoint {name} is not in failpoint::ALL",
+                    f.display()
+                );
+                named += 1;
+            }
+        }
+        assert!(named >= 30, "only {named} failpoints found: is the search right?");
+    }
 }
