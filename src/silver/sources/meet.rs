@@ -55,8 +55,6 @@ pub struct Meet {
     waiting: HashMap<Fp, Waiting, FpBuild>,
     /// Per live batch: its candidates still waiting, and its bytes.
     held: Vec<(usize, usize)>,
-    /// Candidates waiting, over all records.
-    pending: usize,
     /// Decided records not yet flushed.
     unflushed: usize,
     reservation: MemoryReservation,
@@ -86,7 +84,6 @@ impl Meet {
             sort: Some(sort),
             waiting: HashMap::default(),
             held: vec![(0, 0)],
-            pending: 0,
             unflushed: 0,
             reservation,
             budget,
@@ -147,7 +144,6 @@ impl Meet {
                     Some((ats, want)) if ats.len() + 1 < *want => {
                         ats.push((b, r));
                         self.held[b].0 += 1;
-                        self.pending += 1;
                         None
                     }
                     Some(_) => {
@@ -155,7 +151,6 @@ impl Meet {
                         for a in &ats {
                             self.held[a.0].0 -= 1;
                         }
-                        self.pending -= ats.len();
                         ats.push((b, r));
                         Some(ats)
                     }
@@ -167,7 +162,6 @@ impl Meet {
                         ats.push((b, r));
                         e.insert(Some((ats, want)));
                         self.held[b].0 += 1;
-                        self.pending += 1;
                         None
                     } else {
                         e.insert(None);
@@ -227,11 +221,11 @@ impl Meet {
         if self.fits() {
             return Ok(());
         }
-        let (ats, schema) = self.waiting_ats()?;
-        let schema = match schema {
-            Some(s) => s,
-            None => return Ok(()),
+        let Input::Meeting(input) = &self.input else {
+            return Ok(());
         };
+        let schema = input.schema();
+        let ats = self.waiting_ats();
         let held = self.live_bytes();
         let batches = self.pass.take_out(&ats, &schema, OUT_ROWS)?;
         self.held.truncate(1);
@@ -249,7 +243,7 @@ impl Meet {
             if self.fits() {
                 return Ok(());
             }
-            let (ats, _) = self.waiting_ats()?;
+            let ats = self.waiting_ats();
             let batches = self.pass.take_out(&ats, &schema, OUT_ROWS)?;
             self.held.truncate(1);
             return self.sort_the_rest(batches, schema).await;
@@ -257,19 +251,13 @@ impl Meet {
         self.sort_the_rest(batches, schema).await
     }
 
-    /// Every waiting candidate (map order) and the input's schema.
-    fn waiting_ats(&self) -> Result<(Vec<At>, Option<SchemaRef>)> {
-        let ats: Vec<At> = self
-            .waiting
+    /// Every waiting candidate, in map order.
+    fn waiting_ats(&self) -> Vec<At> {
+        self.waiting
             .values()
             .flatten()
             .flat_map(|(a, _)| a.iter().copied())
-            .collect();
-        let schema = match &self.input {
-            Input::Meeting(s) => Some(s.schema()),
-            _ => None,
-        };
-        Ok((ats, schema))
+            .collect()
     }
 
     /// The waiting candidates are now at `at` (in [`Meet::waiting_ats`]'s order).
@@ -293,9 +281,8 @@ impl Meet {
             .sort
             .take()
             .ok_or_else(|| Error::Internal("the survivorship sort was started twice".into()))?;
-        self.sorted = Some(self.pending);
+        self.sorted = Some(batches.iter().map(RecordBatch::num_rows).sum());
         self.waiting.retain(|_, w| w.is_none());
-        self.pending = 0;
         self.reservation.free();
         let first = futures::stream::iter(batches.into_iter().map(Ok));
         let all = Box::pin(RecordBatchStreamAdapter::new(schema, first.chain(rest)));
@@ -337,7 +324,6 @@ impl Meet {
             self.pass.order_group(&mut ats);
             self.pass.decide(&ats)?;
         }
-        self.pending = 0;
         self.unflushed = 0;
         let out = self.pass.flush()?;
         self.reservation.free();

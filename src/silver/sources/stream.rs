@@ -259,14 +259,10 @@ impl PartitionStream for Once {
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         match self.0.lock().ok().and_then(|mut s| s.take()) {
             Some(s) => s,
-            None => {
-                let e = Error::Internal("the candidates of the survivorship sort were read twice".into());
-                let schema = self.1.clone();
-                Box::pin(RecordBatchStreamAdapter::new(
-                    schema,
-                    futures::stream::once(async move { Err(DataFusionError::External(Box::new(e))) }),
-                ))
-            }
+            None => super::tee::failed(
+                self.1.clone(),
+                Error::Internal("the candidates of the survivorship sort were read twice".into()),
+            ),
         }
     }
 }

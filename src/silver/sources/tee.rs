@@ -241,8 +241,8 @@ fn split(
     Ok(filter_record_batch(&b, &not(&mask)?)?)
 }
 
-/// A stream that fails with `e`.
-fn failed(schema: SchemaRef, e: Error) -> SendableRecordBatchStream {
+/// A stream that fails with `e` when read.
+pub(super) fn failed(schema: SchemaRef, e: Error) -> SendableRecordBatchStream {
     let e = DataFusionError::External(Box::new(e));
     Box::pin(RecordBatchStreamAdapter::new(
         schema,
